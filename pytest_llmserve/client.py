@@ -1,0 +1,228 @@
+"""Requests for correctness checks: completions with logprobs, parsed into plain records.
+
+HTTP errors are *returned* as a :class:`Completion` with ``status`` and ``error`` set rather than
+raised, because an error can itself be evidence (vLLM answers HTTP 400 "Out of range float values
+are not JSON compliant" when a logprob is NaN). Transport failures (refused, timeout, a stream that
+stops mid-way) raise :class:`RequestError` with what was sent and what was received.
+
+JSON is parsed with Python's ``json`` module, which accepts ``NaN``/``Infinity`` tokens, so a server
+that emits them is seen, not hidden.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from pytest_llmserve.errors import RequestError
+
+
+@dataclass(slots=True)
+class TokenLogprob:
+    """One generated token, its logprob (None when the server sent null) and the top alternatives."""
+
+    token: str
+    logprob: float | None
+    top: dict[str, float | None] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class Completion:
+    """What one request sent and what came back."""
+
+    request: dict[str, Any]
+    status: int
+    text: str = ""
+    tokens: list[TokenLogprob] = field(default_factory=list)
+    finish_reason: str | None = None
+    matched_stop: Any = None
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    error: str | None = None
+    elapsed_s: float = 0.0
+    raw: dict[str, Any] | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.status == 200 and self.error is None
+
+    @property
+    def logprobs(self) -> list[float | None]:
+        return [t.logprob for t in self.tokens]
+
+    def describe(self, limit: int = 12) -> str:
+        """A short, human-readable account of the request and the first tokens that came back."""
+        prompt = self.request.get("prompt", self.request.get("messages"))
+        lines = [f"sent: prompt={_short(prompt)} max_tokens={self.request.get('max_tokens')} "
+                 f"temperature={self.request.get('temperature')}"]
+        if not self.ok:
+            lines.append(f"got: HTTP {self.status}: {_short(self.error, 300)}")
+            return "\n".join(lines)
+        lines.append(f"got: finish_reason={self.finish_reason} completion_tokens={self.completion_tokens} "
+                     f"text={_short(self.text, 200)}")
+        if self.tokens:
+            shown = ", ".join(f"{t.token!r}:{_fmt_lp(t.logprob)}" for t in self.tokens[:limit])
+            lines.append(f"first tokens (token:logprob): {shown}")
+        return "\n".join(lines)
+
+
+def _fmt_lp(value: float | None) -> str:
+    if value is None:
+        return "null"
+    return f"{value:.3f}" if math.isfinite(value) else str(value)
+
+
+def _short(value: Any, limit: int = 120) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def parse_completion_choice(choice: dict[str, Any]) -> tuple[str, list[TokenLogprob], str | None, Any]:
+    """Parse one ``/v1/completions`` choice (legacy logprobs format) into text and token records."""
+    text = choice.get("text") or ""
+    tokens: list[TokenLogprob] = []
+    lp = choice.get("logprobs")
+    if isinstance(lp, dict):
+        toks = lp.get("tokens") or []
+        vals = lp.get("token_logprobs") or []
+        tops = lp.get("top_logprobs") or []
+        for i, tok in enumerate(toks):
+            value = vals[i] if i < len(vals) else None
+            top_raw = tops[i] if i < len(tops) and isinstance(tops[i], dict) else {}
+            tokens.append(TokenLogprob(str(tok), _as_float(value), {str(k): _as_float(v) for k, v in top_raw.items()}))
+    # Chat format: logprobs.content = [{token, logprob, top_logprobs: [{token, logprob}]}]
+    if isinstance(lp, dict) and "content" in lp and isinstance(lp["content"], list):
+        tokens = [TokenLogprob(str(c.get("token")), _as_float(c.get("logprob")),
+                               {str(t.get("token")): _as_float(t.get("logprob")) for t in c.get("top_logprobs") or []})
+                  for c in lp["content"]]
+    return text, tokens, choice.get("finish_reason"), choice.get("matched_stop", choice.get("stop_reason"))
+
+
+def _as_float(value: Any) -> float | None:
+    if value is None:
+        return None
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return None
+
+
+class LLMClient:
+    """A small synchronous client for correctness requests (not for load generation)."""
+
+    def __init__(self, base_url: str, model: str, api_key: str | None = None, timeout_s: float = 300.0) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.model = model
+        self.timeout_s = timeout_s
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._http = httpx.Client(base_url=self.base_url, headers=headers, timeout=timeout_s)
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> LLMClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def get(self, path: str, timeout_s: float = 10.0) -> httpx.Response:
+        return self._http.get(path, timeout=timeout_s)
+
+    def complete(self, prompt: str | list[int], max_tokens: int = 16, *, temperature: float = 0.0,
+                 logprobs: int | None = 5, seed: int | None = 0, ignore_eos: bool = False,
+                 stop: list[str] | None = None, timeout_s: float | None = None, **extra: Any) -> Completion:
+        """POST /v1/completions and parse the first choice. HTTP errors come back as a Completion."""
+        body: dict[str, Any] = {"model": self.model, "prompt": prompt, "max_tokens": max_tokens,
+                                "temperature": temperature}
+        if logprobs is not None:
+            body["logprobs"] = logprobs
+        if seed is not None:
+            body["seed"] = seed
+        if ignore_eos:
+            body["ignore_eos"] = True
+        if stop:
+            body["stop"] = stop
+        body.update(extra)
+        return self._post("/v1/completions", body, timeout_s)
+
+    def chat(self, content: str, max_tokens: int = 32, *, temperature: float = 0.0, logprobs: int | None = 5,
+             seed: int | None = 0, timeout_s: float | None = None, **extra: Any) -> Completion:
+        """POST /v1/chat/completions with one user message (the chat template applies)."""
+        body: dict[str, Any] = {"model": self.model, "messages": [{"role": "user", "content": content}],
+                                "max_tokens": max_tokens, "temperature": temperature}
+        if logprobs is not None:
+            body["logprobs"] = True
+            body["top_logprobs"] = logprobs
+        if seed is not None:
+            body["seed"] = seed
+        body.update(extra)
+        return self._post("/v1/chat/completions", body, timeout_s)
+
+    def _post(self, path: str, body: dict[str, Any], timeout_s: float | None) -> Completion:
+        start = time.monotonic()
+        try:
+            resp = self._http.post(path, content=json.dumps(body), timeout=timeout_s or self.timeout_s,
+                                   headers={"Content-Type": "application/json"})
+        except httpx.TimeoutException as exc:
+            raise RequestError(f"POST {self.base_url}{path} timed out after {timeout_s or self.timeout_s:.0f} s "
+                               f"(sent {_short(body, 300)})") from exc
+        except httpx.HTTPError as exc:
+            raise RequestError(f"POST {self.base_url}{path} failed: {exc!r} (sent {_short(body, 300)})") from exc
+        elapsed = time.monotonic() - start
+        if resp.status_code != 200:
+            return Completion(request=body, status=resp.status_code, error=resp.text, elapsed_s=elapsed)
+        try:
+            data = json.loads(resp.text)
+        except json.JSONDecodeError as exc:
+            return Completion(request=body, status=resp.status_code, error=f"invalid JSON: {exc}: {resp.text[:500]}",
+                              elapsed_s=elapsed)
+        choices = data.get("choices") or []
+        if not choices:
+            return Completion(request=body, status=resp.status_code, error=f"no choices in {resp.text[:500]}",
+                              elapsed_s=elapsed, raw=data)
+        choice = choices[0]
+        if "message" in choice:
+            text = (choice.get("message") or {}).get("content") or ""
+            _, tokens, finish, matched = parse_completion_choice({**choice, "text": text})
+        else:
+            text, tokens, finish, matched = parse_completion_choice(choice)
+        usage = data.get("usage") or {}
+        return Completion(request=body, status=resp.status_code, text=text, tokens=tokens, finish_reason=finish,
+                          matched_stop=matched, prompt_tokens=usage.get("prompt_tokens"),
+                          completion_tokens=usage.get("completion_tokens"), elapsed_s=elapsed, raw=data)
+
+    def complete_concurrently(self, prompts: list[str | list[int]], max_tokens: int, **kwargs: Any) -> list[Completion]:
+        """Send all prompts at once (one thread each) so the server batches them together."""
+        if not prompts:
+            return []
+        with ThreadPoolExecutor(max_workers=len(prompts)) as pool:
+            futures = [pool.submit(self.complete, p, max_tokens, **kwargs) for p in prompts]
+            return [f.result() for f in futures]
+
+    def tokenize(self, text: str) -> list[int] | None:
+        """Token ids from the server's /tokenize (vLLM, SGLang); None when the server has none."""
+        try:
+            resp = self._http.post("/tokenize", json={"model": self.model, "prompt": text,
+                                                      "add_special_tokens": False}, timeout=30)
+        except httpx.HTTPError:
+            return None
+        if resp.status_code != 200:
+            return None
+        data = resp.json()
+        tokens = data.get("tokens")
+        return list(tokens) if isinstance(tokens, list) else None
+
+    def metrics_text(self) -> str | None:
+        """The Prometheus /metrics page, or None when the server has none."""
+        try:
+            resp = self._http.get("/metrics", timeout=10)
+        except httpx.HTTPError:
+            return None
+        return resp.text if resp.status_code == 200 else None

@@ -1,0 +1,536 @@
+"""Configuration: frozen dataclasses, loaded from ``[tool.llmserve]`` (pyproject.toml) or llmserve.toml.
+
+Every validation error is a :class:`ConfigError` whose message names the key, the bad value and the
+file it came from, e.g. ``llmserve.toml: [tool.llmserve.servers.a] startup_timeout_s = -1: must be > 0``.
+
+Shape of the file (all tables optional)::
+
+    [tool.llmserve]
+    default_server = "glm5"            # which server plain ``llm_server`` tests use
+
+    [tool.llmserve.servers.glm5]
+    engine = "sglang"                  # vllm | sglang | llamacpp | external | command
+    model = "/models/GLM-5-NVFP4"
+    tp = 8
+    args = ["--mem-fraction-static", "0.92"]
+    env = { SGLANG_X = "1" }
+    startup_timeout_s = 1800
+
+    [tool.llmserve.matrix.glm5]        # one boot per combination of these logical options
+    attention_backend = ["trtllm", "flashmla_kv"]
+    cuda_graph = [{ enabled = false }, { enabled = true, batch_sizes = [1, 2, 4, 8] }]
+
+    [tool.llmserve.workloads.saturated]
+    num_prompts = 64
+    input_len = 256
+    output_len = 256
+    request_rate = "inf"
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import os
+import tomllib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+from pytest_llmserve.errors import ConfigError
+
+ENGINES = ("vllm", "sglang", "llamacpp", "external", "command")
+DEFAULT_SERVER_NAME = "default"
+CACHE_ENV = "PYTEST_LLMSERVE_CACHE"
+
+
+def cache_dir() -> Path:
+    """Where the embedded default (venv, converted model) and server logs' defaults live."""
+    env = os.environ.get(CACHE_ENV)
+    if env:
+        return Path(env).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "pytest-llmserve"
+
+
+@dataclass(frozen=True, slots=True)
+class CudaGraphSpec:
+    """CUDA graphs requested: on or off, and the batch sizes to capture (None = engine default)."""
+
+    enabled: bool
+    batch_sizes: tuple[int, ...] | None = None
+    max_batch_size: int | None = None
+
+    @property
+    def label(self) -> str:
+        if not self.enabled:
+            return "off"
+        if self.batch_sizes:
+            return "on(" + ",".join(str(b) for b in self.batch_sizes) + ")"
+        if self.max_batch_size:
+            return f"on(max={self.max_batch_size})"
+        return "on"
+
+
+@dataclass(frozen=True, slots=True)
+class ServerSpec:
+    """One server configuration: how to launch it and which logical options it must run with.
+
+    Logical options (``attention_backend``, ``cuda_graph``...) are mapped to each engine's flags by
+    its adapter in :mod:`pytest_llmserve.engines`; ``args`` are passed through verbatim.
+    """
+
+    name: str
+    engine: str = "vllm"
+    model: str | None = None
+    source: str = "<built-in>"  # file the spec came from, for error messages
+    python: str | None = None  # interpreter that runs the engine (two builds side by side)
+    argv: tuple[str, ...] = ()  # engine = "command": the full command; {port} {host} {model} are filled in
+    url: str | None = None  # engine = "external": base URL of a running server
+    args: tuple[str, ...] = ()
+    env: tuple[tuple[str, str], ...] = ()
+    host: str = "127.0.0.1"
+    port: int | None = None  # None: a free port is picked
+    startup_timeout_s: float = 900.0
+    request_timeout_s: float = 300.0
+    served_model_name: str | None = None
+    api_key: str | None = None  # never logged, never stored in baselines
+    seed: int = 0
+    tp: int = 1
+    attention_backend: str | None = None
+    prefill_attention_backend: str | None = None
+    decode_attention_backend: str | None = None
+    nsa_prefill_backend: str | None = None
+    nsa_decode_backend: str | None = None
+    cuda_graph: CudaGraphSpec | None = None
+    eager: bool | None = None  # vLLM --enforce-eager (no torch.compile, no graphs)
+    max_batch_size: int | None = None  # vLLM --max-num-seqs, SGLang --max-running-requests
+    mem_fraction: float | None = None  # vLLM --gpu-memory-utilization, SGLang --mem-fraction-static
+    speculative: str | None = None  # algorithm/config string; None = must be off
+    deterministic: bool = False
+    flash_attention: bool | None = None  # llama.cpp -fa on/off
+    gpu_layers: int | None = None  # llama.cpp -ngl
+    context_size: int | None = None  # llama.cpp -c / vLLM --max-model-len
+    parallel: int | None = None  # llama.cpp --parallel slots
+    variant: tuple[tuple[str, str], ...] = ()  # matrix values that made this spec, for ids
+
+    @property
+    def id(self) -> str:
+        """Stable, readable id: ``name`` or ``name[key=value,key=value]`` for matrix combinations."""
+        if not self.variant:
+            return self.name
+        return self.name + "[" + ",".join(f"{k}={v}" for k, v in self.variant) + "]"
+
+    @property
+    def env_dict(self) -> dict[str, str]:
+        return dict(self.env)
+
+    def public_dict(self) -> dict[str, Any]:
+        """The spec as plain data for reports and baselines, secrets removed."""
+        out: dict[str, Any] = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name == "api_key":
+                value = "***" if value else None
+            elif f.name == "env":
+                value = {k: ("***" if is_secret_name(k) else v) for k, v in value}
+            elif isinstance(value, CudaGraphSpec):
+                value = {"enabled": value.enabled, "batch_sizes": list(value.batch_sizes or []) or None,
+                         "max_batch_size": value.max_batch_size}
+            elif isinstance(value, tuple):
+                value = [list(v) if isinstance(v, tuple) else v for v in value]
+            out[f.name] = value
+        out["args"] = redact_argv(list(self.args))
+        out["argv"] = redact_argv(list(self.argv))
+        return out
+
+
+SECRET_WORDS = ("KEY", "TOKEN", "SECRET", "PASSWORD", "CREDENTIAL")
+SECRET_FLAGS = ("--api-key", "--hf-token", "--token", "--api_key")
+
+
+def is_secret_name(name: str) -> bool:
+    upper = name.upper()
+    return any(word in upper for word in SECRET_WORDS)
+
+
+def redact_argv(argv: list[str]) -> list[str]:
+    """Replace values of secret flags (``--api-key X`` or ``--api-key=X``) with ``***``."""
+    out: list[str] = []
+    hide_next = False
+    for arg in argv:
+        if hide_next:
+            out.append("***")
+            hide_next = False
+            continue
+        flag, eq, _ = arg.partition("=")
+        if flag in SECRET_FLAGS:
+            if eq:
+                out.append(flag + "=***")
+            else:
+                out.append(arg)
+                hide_next = True
+            continue
+        out.append(arg)
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class Workload:
+    """A fixed benchmark workload. Lengths are exact (ignore_eos; prompts built to a token count)."""
+
+    name: str
+    num_prompts: int = 64
+    input_len: int = 256
+    output_len: int = 256
+    request_rate: float = math.inf  # requests/s; inf = all at t=0; finite = Poisson arrivals
+    max_concurrency: int | None = None
+    warmup: int = 2  # requests sent first and excluded from the figures
+    seed: int = 0
+    burstiness: float = 1.0  # gamma shape of inter-arrival times (1.0 = Poisson)
+
+
+WORKLOAD_PRESETS: dict[str, Workload] = {
+    # The seeds' benchmark: 64 prompts, 256 in / 256 out, everything sent at once.
+    "saturated": Workload("saturated", num_prompts=64, input_len=256, output_len=256),
+    "decode-heavy": Workload("decode-heavy", num_prompts=128, input_len=128, output_len=512),
+    "concurrency-8": Workload("concurrency-8", num_prompts=32, input_len=128, output_len=128, max_concurrency=8),
+    "poisson-2": Workload("poisson-2", num_prompts=32, input_len=128, output_len=128, request_rate=2.0),
+    # Small enough for the 2-core CPU default: ~20 s a round on vLLM CPU with SmolLM2-135M.
+    "smoke": Workload("smoke", num_prompts=16, input_len=64, output_len=64, max_concurrency=8, warmup=2),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class BenchDefaults:
+    """Benchmark gate settings from ini/env/CLI; a marker may override per test."""
+
+    workload: str = "smoke"
+    metric: str = "output_throughput"
+    tolerance: float = 0.05
+    rounds: int = 3
+    max_rounds: int = 6
+    alpha: float = 0.05
+
+
+@dataclass(frozen=True, slots=True)
+class LLMServeConfig:
+    """Everything loaded from the configuration file, plus where it came from."""
+
+    servers: tuple[ServerSpec, ...]
+    workloads: Mapping[str, Workload]
+    default_server: str
+    source: str
+    matrices: Mapping[str, tuple[ServerSpec, ...]] = field(default_factory=dict)
+
+    def server(self, name: str) -> ServerSpec:
+        for spec in self.servers:
+            if spec.name == name:
+                return spec
+        known = ", ".join(s.name for s in self.servers)
+        raise ConfigError(f"unknown server {name!r} (configured: {known}; from {self.source})")
+
+    def expanded(self, name: str) -> tuple[ServerSpec, ...]:
+        """The server's matrix combinations, or the server alone when it has no matrix."""
+        return tuple(self.matrices.get(name) or (self.server(name),))
+
+    def all_specs(self) -> tuple[ServerSpec, ...]:
+        out: list[ServerSpec] = []
+        for spec in self.servers:
+            out.extend(self.expanded(spec.name))
+        return tuple(out)
+
+    def workload(self, name: str, where: str = "") -> Workload:
+        try:
+            return self.workloads[name]
+        except KeyError:
+            known = ", ".join(sorted(self.workloads))
+            raise ConfigError(f"unknown workload {name!r}{' in ' + where if where else ''} "
+                              f"(known: {known}; configured in {self.source})") from None
+
+
+# --------------------------------------------------------------------------- loading
+
+_SERVER_KEYS = {f.name for f in fields(ServerSpec)} - {"name", "source", "variant"}
+_WORKLOAD_KEYS = {f.name for f in fields(Workload)} - {"name"}
+_TOP_KEYS = {"servers", "matrix", "workloads", "default_server", "bench"}
+
+
+def find_config_file(rootdir: Path) -> tuple[Path, dict[str, Any]] | None:
+    """Return (file, the llmserve table) from llmserve.toml or pyproject.toml in ``rootdir``."""
+    for name in ("llmserve.toml", "pyproject.toml"):
+        path = rootdir / name
+        if not path.is_file():
+            continue
+        try:
+            data = tomllib.loads(path.read_text(encoding="utf-8"))
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+        table = data.get("tool", {}).get("llmserve")
+        if table is None and name == "llmserve.toml":
+            table = data  # a bare llmserve.toml may omit [tool.llmserve]
+        if table is not None:
+            if not isinstance(table, dict):
+                raise ConfigError(f"{path}: [tool.llmserve] must be a table, got {table!r}")
+            return path, table
+    return None
+
+
+def load_config(rootdir: Path, default_factory: Any = None) -> LLMServeConfig:
+    """Load configuration from ``rootdir``; with no configuration, the embedded default server.
+
+    ``default_factory`` returns the embedded default :class:`ServerSpec` (injected so that this
+    module does not depend on the set-up code).
+    """
+    found = find_config_file(rootdir)
+    if found is None:
+        return config_from_table({}, "<no configuration: embedded default>", default_factory)
+    path, table = found
+    return config_from_table(table, str(path), default_factory)
+
+
+def config_from_table(table: Mapping[str, Any], source: str, default_factory: Any = None) -> LLMServeConfig:
+    for key in table:
+        if key not in _TOP_KEYS:
+            raise ConfigError(f"{source}: unknown key [tool.llmserve] {key!r} "
+                              f"(expected one of {', '.join(sorted(_TOP_KEYS))})")
+    servers_table = _table(table.get("servers", {}), "[tool.llmserve.servers]", source)
+    servers = [server_from_table(name, _table(body, f"[tool.llmserve.servers.{name}]", source), source)
+               for name, body in servers_table.items()]
+    if not servers:
+        if default_factory is None:
+            raise ConfigError(f"{source}: no servers configured and no embedded default available")
+        servers = [default_factory()]
+    names = [s.name for s in servers]
+    default_server = table.get("default_server", names[0])
+    if default_server not in names:
+        raise ConfigError(f"{source}: default_server = {default_server!r} is not a configured server "
+                          f"(configured: {', '.join(names)})")
+    workloads = dict(WORKLOAD_PRESETS)
+    for name, body in _table(table.get("workloads", {}), "[tool.llmserve.workloads]", source).items():
+        workloads[name] = workload_from_table(name, _table(body, f"[tool.llmserve.workloads.{name}]", source),
+                                              source, base=workloads.get(name))
+    matrices: dict[str, tuple[ServerSpec, ...]] = {}
+    by_name = {s.name: s for s in servers}
+    for name, body in _table(table.get("matrix", {}), "[tool.llmserve.matrix]", source).items():
+        where = f"[tool.llmserve.matrix.{name}]"
+        if name not in by_name:
+            raise ConfigError(f"{source}: {where} names no configured server {name!r} "
+                              f"(configured: {', '.join(names)})")
+        matrices[name] = expand_matrix(by_name[name], _table(body, where, source), source)
+    return LLMServeConfig(servers=tuple(servers), workloads=workloads, default_server=default_server,
+                          source=source, matrices=matrices)
+
+
+def _table(value: Any, where: str, source: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise ConfigError(f"{source}: {where} must be a table, got {value!r}")
+    return value
+
+
+def server_from_table(name: str, body: Mapping[str, Any], source: str,
+                      base: ServerSpec | None = None) -> ServerSpec:
+    where = f"[tool.llmserve.servers.{name}]"
+    kwargs: dict[str, Any] = {}
+    for key, value in body.items():
+        if key not in _SERVER_KEYS:
+            raise ConfigError(f"{source}: {where} unknown key {key!r} = {value!r} "
+                              f"(known keys: {', '.join(sorted(_SERVER_KEYS))})")
+        kwargs[key] = _server_value(key, value, f"{source}: {where} {key}")
+    spec = replace(base, **kwargs) if base else ServerSpec(name=name, source=source, **kwargs)
+    _check_spec(spec, f"{source}: {where}")
+    return spec
+
+
+def _check_spec(spec: ServerSpec, where: str) -> None:
+    if spec.engine not in ENGINES:
+        raise ConfigError(f"{where} engine = {spec.engine!r}: must be one of {', '.join(ENGINES)}")
+    if spec.engine == "external" and not spec.url:
+        raise ConfigError(f"{where} engine = 'external' needs url = 'http://host:port'")
+    if spec.engine == "command" and not spec.argv:
+        raise ConfigError(f"{where} engine = 'command' needs argv = [...] (the command that serves the OpenAI API)")
+    if spec.engine in ("vllm", "sglang", "llamacpp") and not spec.model:
+        raise ConfigError(f"{where} engine = {spec.engine!r} needs model = '<path or id>'")
+
+
+def _server_value(key: str, value: Any, where: str) -> Any:
+    def want(cond: bool, what: str) -> None:
+        if not cond:
+            raise ConfigError(f"{where} = {value!r}: must be {what}")
+
+    if key in ("args", "argv"):
+        want(isinstance(value, list) and all(isinstance(v, str | int | float) for v in value),
+             "a list of strings")
+        return tuple(str(v) for v in value)
+    if key == "env":
+        want(isinstance(value, dict), "a table of NAME = 'value'")
+        return tuple(sorted((str(k), str(v)) for k, v in value.items()))
+    if key == "cuda_graph":
+        return parse_cuda_graph(value, where)
+    if key in ("startup_timeout_s", "request_timeout_s"):
+        want(isinstance(value, int | float) and not isinstance(value, bool) and value > 0, "a number of seconds > 0")
+        return float(value)
+    if key == "mem_fraction":
+        want(isinstance(value, int | float) and not isinstance(value, bool) and 0 < value <= 1,
+             "a fraction in (0, 1]")
+        return float(value)
+    if key in ("tp", "max_batch_size", "gpu_layers", "context_size", "parallel"):
+        want(isinstance(value, int) and not isinstance(value, bool) and value >= (0 if key == "gpu_layers" else 1),
+             "a positive integer")
+        return value
+    if key in ("seed", "port"):
+        want(isinstance(value, int) and not isinstance(value, bool) and value >= 0, "a non-negative integer")
+        if key == "port":
+            want(value < 65536, "a port number below 65536")
+        return value
+    if key in ("deterministic", "eager", "flash_attention"):
+        want(isinstance(value, bool), "true or false")
+        return value
+    want(isinstance(value, str), "a string")
+    return value
+
+
+def parse_cuda_graph(value: Any, where: str) -> CudaGraphSpec:
+    if isinstance(value, bool):
+        return CudaGraphSpec(enabled=value)
+    if not isinstance(value, dict):
+        raise ConfigError(f"{where} = {value!r}: must be true/false or {{ enabled = true, batch_sizes = [1, 2, 4] }}")
+    unknown = set(value) - {"enabled", "batch_sizes", "max_batch_size"}
+    if unknown:
+        raise ConfigError(f"{where} = {value!r}: unknown key(s) {', '.join(sorted(unknown))} "
+                          "(known: enabled, batch_sizes, max_batch_size)")
+    enabled = value.get("enabled", True)
+    if not isinstance(enabled, bool):
+        raise ConfigError(f"{where}.enabled = {enabled!r}: must be true or false")
+    sizes = value.get("batch_sizes")
+    if sizes is not None:
+        if (not isinstance(sizes, list) or not sizes
+                or not all(isinstance(s, int) and not isinstance(s, bool) and s > 0 for s in sizes)):
+            raise ConfigError(f"{where}.batch_sizes = {sizes!r}: must be a non-empty list of positive integers")
+        if not enabled:
+            raise ConfigError(f"{where} = {value!r}: batch_sizes given but enabled = false")
+        sizes = tuple(sorted(set(sizes)))
+    max_bs = value.get("max_batch_size")
+    if max_bs is not None and (not isinstance(max_bs, int) or isinstance(max_bs, bool) or max_bs < 1):
+        raise ConfigError(f"{where}.max_batch_size = {max_bs!r}: must be a positive integer")
+    return CudaGraphSpec(enabled=enabled, batch_sizes=sizes, max_batch_size=max_bs)
+
+
+def workload_from_table(name: str, body: Mapping[str, Any], source: str, base: Workload | None = None) -> Workload:
+    where = f"{source}: [tool.llmserve.workloads.{name}]"
+    kwargs: dict[str, Any] = {}
+    for key, value in body.items():
+        if key not in _WORKLOAD_KEYS:
+            raise ConfigError(f"{where} unknown key {key!r} = {value!r} (known keys: {', '.join(sorted(_WORKLOAD_KEYS))})")
+        kwargs[key] = parse_workload_value(key, value, f"{where} {key}")
+    wl = replace(base, name=name, **kwargs) if base else Workload(name=name, **kwargs)
+    if wl.warmup >= 0 and wl.num_prompts < 1:
+        raise ConfigError(f"{where} num_prompts = {wl.num_prompts!r}: must be >= 1")
+    return wl
+
+
+def parse_workload_value(key: str, value: Any, where: str) -> Any:
+    if key == "request_rate":
+        if isinstance(value, str) and value.strip().lower() in ("inf", "infinite", "infinity"):
+            return math.inf
+        if isinstance(value, int | float) and not isinstance(value, bool) and value > 0:
+            return float(value)
+        raise ConfigError(f"{where} = {value!r}: must be a positive number of requests/s or \"inf\"")
+    if key == "max_concurrency":
+        if value is None or (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
+            return value
+        raise ConfigError(f"{where} = {value!r}: must be a positive integer")
+    if key == "burstiness":
+        if isinstance(value, int | float) and not isinstance(value, bool) and value > 0:
+            return float(value)
+        raise ConfigError(f"{where} = {value!r}: must be a number > 0")
+    if key in ("warmup", "seed"):
+        if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+            return value
+        raise ConfigError(f"{where} = {value!r}: must be a non-negative integer")
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
+        return value
+    raise ConfigError(f"{where} = {value!r}: must be a positive integer")
+
+
+def _variant_label(value: Any) -> str:
+    if isinstance(value, CudaGraphSpec):
+        return value.label
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    if isinstance(value, tuple):
+        return " ".join(value)
+    return str(value)
+
+
+def expand_matrix(base: ServerSpec, body: Mapping[str, Any], source: str) -> tuple[ServerSpec, ...]:
+    """Cartesian product of the matrix's lists, in file order, each a ServerSpec with a readable id."""
+    where = f"{source}: [tool.llmserve.matrix.{base.name}]"
+    axes: list[tuple[str, list[Any]]] = []
+    for key, values in body.items():
+        if key not in _SERVER_KEYS or key in ("engine", "url", "argv", "python", "name"):
+            if key not in ("python",):
+                raise ConfigError(f"{where} unknown or non-varying key {key!r} "
+                                  f"(a matrix varies logical options: attention_backend, cuda_graph, eager, ...)")
+        if not isinstance(values, list) or not values:
+            raise ConfigError(f"{where} {key} = {values!r}: must be a non-empty list of values")
+        parsed = [_server_value(key, v, f"{where} {key}[{i}]") for i, v in enumerate(values)]
+        axes.append((key, parsed))
+    out: list[ServerSpec] = []
+    seen: set[str] = set()
+    for combo in itertools.product(*(vals for _, vals in axes)):
+        changes = {key: val for (key, _), val in zip(axes, combo, strict=True)}
+        variant = tuple((key, _variant_label(val)) for key, val in changes.items())
+        spec = replace(base, variant=variant, **changes)
+        _check_spec(spec, where)
+        if spec.id in seen:
+            raise ConfigError(f"{where}: two combinations have the same id {spec.id!r}")
+        seen.add(spec.id)
+        out.append(spec)
+    return tuple(out)
+
+
+def parse_bool(value: str, where: str) -> bool:
+    low = value.strip().lower()
+    if low in ("1", "true", "yes", "on"):
+        return True
+    if low in ("0", "false", "no", "off", ""):
+        return False
+    raise ConfigError(f"{where} = {value!r}: must be true or false")
+
+
+def parse_positive_float(value: Any, where: str, allow_zero: bool = False) -> float:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{where} = {value!r}: must be a number") from None
+    if math.isnan(number) or number < 0 or (number == 0 and not allow_zero):
+        raise ConfigError(f"{where} = {value!r}: must be {'>= 0' if allow_zero else '> 0'}")
+    return number
+
+
+def parse_positive_int(value: Any, where: str) -> int:
+    if isinstance(value, bool):
+        raise ConfigError(f"{where} = {value!r}: must be a positive integer")
+    try:
+        number = int(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{where} = {value!r}: must be a positive integer") from None
+    if number < 1 or (isinstance(value, float) and value != number):
+        raise ConfigError(f"{where} = {value!r}: must be a positive integer")
+    return number
+
+
+def spec_from_overrides(base: ServerSpec, overrides: Mapping[str, Any], where: str) -> ServerSpec:
+    """Apply ``key=value`` overrides (from the command line) to a spec, validated like the file."""
+    kwargs = {}
+    for key, value in overrides.items():
+        if key not in _SERVER_KEYS:
+            raise ConfigError(f"{where}: unknown server key {key!r}")
+        kwargs[key] = _server_value(key, value, f"{where} {key}")
+    return replace(base, **kwargs)
+
+
+def as_sequence(value: Any) -> Sequence[Any]:
+    return value if isinstance(value, list | tuple) else [value]
