@@ -113,6 +113,7 @@ class ServerSpec:
     gpu_layers: int | None = None  # llama.cpp -ngl
     context_size: int | None = None  # llama.cpp -c / vLLM --max-model-len
     parallel: int | None = None  # llama.cpp --parallel slots
+    gpu: bool = False  # the server needs a GPU: its built-in suite items carry the ``gpu`` marker
     variant: tuple[tuple[str, str], ...] = ()  # matrix values that made this spec, for ids
 
     @property
@@ -384,7 +385,7 @@ def _server_value(key: str, value: Any, where: str) -> Any:
         if key == "port":
             want(value < 65536, "a port number below 65536")
         return value
-    if key in ("deterministic", "eager", "flash_attention"):
+    if key in ("deterministic", "eager", "flash_attention", "gpu"):
         want(isinstance(value, bool), "true or false")
         return value
     want(isinstance(value, str), "a string")

@@ -1,0 +1,265 @@
+"""The benchmark gate: rounds of a fixed workload, the stored baseline, and the statistical verdict.
+
+One round = one run of the workload (every request streamed, tokens counted from the server's usage).
+A round that is invalid (failed requests, wrong lengths, negative TPOT, empty ITL) is never a number:
+the gate fails with the reasons. The verdict (:func:`pytest_llmserve.stats.decide`) needs significance
+AND a median change beyond the tolerance; with too little evidence it runs more rounds, up to a bound.
+
+Baselines: a file per (test, server, workload) under ``baselines/`` holding every sample and the full
+context. A comparison whose context differs in more than the declared variable is refused with the
+differing keys; a baseline recorded on other hardware (or another Python/plugin version) is reported as
+"no baseline for this environment" and skipped, so a newcomer's first run on another machine is not a
+failure but an invitation to record one.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from pytest_llmserve.config import LLMServeConfig, ServerSpec, Workload
+
+ENVIRONMENT_KEYS = ("hardware", "python", "plugin_version")
+SAVE_MIN_ROUNDS = 5  # at 5 vs 3+ samples an exact one-sided Mann-Whitney test can reach p < 0.05
+
+
+class BenchSkip(Exception):
+    """The comparison cannot be made here (no baseline for this environment); the test is skipped."""
+
+
+def known_metric(name: str) -> bool:
+    from pytest_llmserve import load
+
+    return name in load.METRIC_DEFINITIONS or name in _summary_metric_names()
+
+
+def _summary_metric_names() -> set[str]:
+    from pytest_llmserve import load
+
+    out = set()
+    for base in load.LATENCY_METRICS:
+        for stat in ("mean", "median", "p90", "p99"):
+            out.add(f"{stat}_{base}_ms")
+    return out
+
+
+def higher_is_better(metric: str) -> bool:
+    from pytest_llmserve import load
+
+    return metric in load.HIGHER_IS_BETTER
+
+
+def round_samples(result: Any) -> dict[str, float]:
+    """The per-round sample of every metric: throughputs and latency summaries (ms)."""
+    out: dict[str, float] = {}
+    for name, value in result.metrics.items():
+        if isinstance(value, int | float):
+            out[name] = float(value)
+    for base, summary in result.summaries.items():
+        data = summary.to_dict() if hasattr(summary, "to_dict") else dict(summary)
+        for stat in ("mean", "median", "p90", "p99"):
+            key = f"{stat}_{base}_ms"
+            if key not in out and stat in data and data[stat] is not None:
+                out[key] = float(data[stat]) * (1000.0 if data.get("unit", "s") == "s" else 1.0)
+    return out
+
+
+class BenchGate:
+    """Bound to one server and one test; ``run()`` measures, compares and records."""
+
+    def __init__(self, *, server: Any, cfg: LLMServeConfig, options: dict[str, Any], store_dir: Path,
+                 results_dir: Path, save: bool, allow_confounded: bool, test_id: str,
+                 record: Callable[[dict[str, Any]], None], fail: Callable[[str], None], pool: Any = None,
+                 skip: Callable[[str], None] | None = None, say: Callable[[str], None] | None = None) -> None:
+        self.server = server
+        self.cfg = cfg
+        self.options = options
+        self.store_dir = store_dir
+        self.results_dir = results_dir
+        self.save = save
+        self.allow_confounded = allow_confounded
+        self.test_id = test_id
+        self.record = record
+        self.fail = fail
+        self.skip = skip
+        self.pool = pool
+        self.say = say or (lambda msg: None)
+
+    @property
+    def spec(self) -> ServerSpec:
+        return getattr(self.server, "spec_for_checks", None) or self.server.spec
+
+    def engine_version(self) -> str | None:
+        try:
+            facts = self.server.facts()
+            if getattr(facts, "version", None):
+                return str(facts.version)
+        except Exception:  # noqa: BLE001 - the version is context, not a verdict
+            pass
+        try:
+            resp = self.server.client().get("/version")
+            if resp.status_code == 200:
+                return str(resp.json().get("version"))
+        except Exception:  # noqa: BLE001
+            pass
+        return None
+
+    def measure(self, workload: Workload, rounds: int, prompts: Any = None) -> tuple[list[dict[str, float]], Any]:
+        """Run ``rounds`` rounds; raise via ``fail`` on an invalid round."""
+        from pytest_llmserve import load
+
+        client = self.server.client()
+        if prompts is None:
+            prompts = load.build_prompts(workload, tokenize=client.tokenize)
+        samples: list[dict[str, float]] = []
+        last = None
+        for i in range(rounds):
+            self.server.ensure_alive()
+            self.say(f"{self.spec.id}: round {i + 1}/{rounds} of workload {workload.name}")
+            result = load.run_workload(self.server.base_url, self.server.model_name, workload, prompts=prompts,
+                                       api_key=self.spec.api_key, progress=False,
+                                       server_counter=self.server.adapter.generation_counter)
+            last = result
+            if not result.valid:
+                self.fail(f"benchmark round {i + 1} on {self.spec.id} is INVALID (not a number):\n  - "
+                          + "\n  - ".join(result.invalid_reasons)
+                          + f"\nworkload: {asdict(workload)}\nserver: {self.server.describe()}")
+            samples.append(round_samples(result))
+        return samples, last
+
+    def run(self, workload: str | None = None) -> dict[str, Any]:
+        from pytest_llmserve import baselines, stats
+
+        opts = self.options
+        wl = self.cfg.workload(workload or opts["workload"], where=self.test_id)
+        metric = opts["metric"]
+        hib = opts["higher_is_better"] if opts["higher_is_better"] is not None else higher_is_better(metric)
+        spec = self.spec
+        context = baselines.build_context(spec, wl, engine_version=self.engine_version())
+        test_base = self.test_id.split("[", 1)[0]
+        key = baselines.BenchKey(test=test_base, server=str(opts.get("baseline_server") or spec.id), workload=wl.name)
+        store = baselines.BaselineStore(self.store_dir)
+        outcome: dict[str, Any] = {"test": self.test_id, "server": spec.id, "workload": wl.name, "metric": metric,
+                                   "higher_is_better": hib, "tolerance": opts["tolerance"],
+                                   "baseline_file": str(store.path_for(key)), "context": context}
+        started = time.monotonic()
+        if self.save:
+            rounds = max(opts["rounds"], SAVE_MIN_ROUNDS)
+            samples, last = self.measure(wl, rounds)
+            series = _series(samples)
+            store.save(key, context, series, metric=metric, higher_is_better=hib, run_id=uuid.uuid4().hex[:12],
+                       info={"test": self.test_id, "cross_check": _cross(last)})
+            outcome.update(verdict="saved", current=series, baseline=None, rounds=rounds,
+                           message=f"saved {rounds} rounds as a new baseline record in {store.path_for(key)}",
+                           seconds=time.monotonic() - started, cross_check=_cross(last))
+            self._finish(outcome)
+            return outcome
+        doc = store.load(key)
+        if doc is None:
+            samples, last = self.measure(wl, opts["rounds"])
+            series = _series(samples)
+            outcome.update(verdict="no-baseline", current=series, baseline=None, rounds=len(samples),
+                           message=f"no baseline at {store.path_for(key)}; record one with --llmserve-save-baseline",
+                           seconds=time.monotonic() - started, cross_check=_cross(last))
+            self._finish(outcome)
+            return outcome
+        comp = baselines.comparability(doc.context, context, opts.get("variable"), self.allow_confounded)
+        outcome["comparability"] = comp.to_dict()
+        if not comp.ok:
+            env_only = all(any(d.key == k or d.key.startswith(k + ".") for k in ENVIRONMENT_KEYS)
+                           for d in comp.confounders)
+            outcome.update(verdict="refused", current=None, baseline=None, rounds=0, message=comp.message,
+                           seconds=time.monotonic() - started)
+            self._finish(outcome)
+            if env_only and self.skip is not None:
+                self.skip(f"no baseline for this environment in {store.path_for(key)} (recorded elsewhere):\n"
+                          f"{comp.message}")
+            self.fail(f"{self.test_id}: {comp.message}\nbaseline: {store.path_for(key)}")
+            return outcome
+        base_samples = doc.samples(metric)
+        samples, last = self.measure(wl, opts["rounds"])
+        verdict = stats.decide(base_samples, [s[metric] for s in samples], higher_is_better=hib,
+                               tolerance=opts["tolerance"], alpha=opts.get("alpha", 0.05))
+        while stats.needs_more_rounds(verdict, len(samples), opts["max_rounds"]):
+            more, last = self.measure(wl, 1)
+            samples.extend(more)
+            verdict = stats.decide(base_samples, [s[metric] for s in samples], higher_is_better=hib,
+                                   tolerance=opts["tolerance"], alpha=opts.get("alpha", 0.05))
+        series = _series(samples)
+        outcome.update(verdict=verdict.outcome, verdict_detail=verdict.to_dict(), current=series,
+                       baseline={m: v for m, v in doc.latest.samples.items()}, rounds=len(samples),
+                       message=verdict.reason, seconds=time.monotonic() - started, cross_check=_cross(last))
+        self._finish(outcome)
+        if verdict.outcome == "regressed":
+            base_s = stats.summarize(base_samples)
+            cur_s = stats.summarize(series[metric])
+            self.fail(
+                f"{self.test_id}: {metric} REGRESSED on {spec.id} (workload {wl.name})\n"
+                f"  baseline: median {base_s.median:.3f} over {base_s.n} rounds {_fmt(base_samples)}\n"
+                f"  now:      median {cur_s.median:.3f} over {cur_s.n} rounds {_fmt(series[metric])}\n"
+                f"  change:   {verdict.change:+.1%} (tolerance {opts['tolerance']:.0%}, good direction "
+                f"{'up' if hib else 'down'})\n  {verdict.reason}\n  comparison: {comp.label}\n"
+                f"  baseline file: {store.path_for(key)}")
+        return outcome
+
+    def _finish(self, outcome: dict[str, Any]) -> None:
+        self.results_dir.mkdir(parents=True, exist_ok=True)
+        self.record(outcome)
+
+
+def _series(samples: list[dict[str, float]]) -> dict[str, list[float]]:
+    names = sorted(set().union(*[set(s) for s in samples])) if samples else []
+    return {n: [s[n] for s in samples if n in s] for n in names}
+
+
+def _cross(result: Any) -> Any:
+    if result is None:
+        return None
+    data = getattr(result, "server_check", None)
+    return data if isinstance(data, dict | str | type(None)) else str(data)
+
+
+def _fmt(values: list[float]) -> str:
+    return "[" + ", ".join(f"{v:.2f}" for v in values) + "]"
+
+
+def render_outcomes(outcomes: list[dict[str, Any]], settings: Any, run_dir: Path, wall_s: float,
+                    boot_s: float) -> str:
+    """Terminal table plus the paths of the written reports."""
+    lines = []
+    header = f"{'benchmark':<52} {'metric':<20} {'baseline':>10} {'now':>10} {'change':>8}  verdict"
+    lines.append(header)
+    lines.append("-" * len(header))
+    from pytest_llmserve.stats import summarize
+
+    for o in outcomes:
+        metric = o["metric"]
+        base = o.get("baseline") or {}
+        cur = o.get("current") or {}
+        b = summarize(base[metric]).median if base.get(metric) else None
+        c = summarize(cur[metric]).median if cur.get(metric) else None
+        change = f"{(c - b) / b:+.1%}" if b and c is not None else "-"
+        name = f"{o['test'].split('::')[-1]}"[:52]
+        lines.append(f"{name:<52} {metric:<20} {b if b is None else round(b, 2)!s:>10} "
+                     f"{c if c is None else round(c, 2)!s:>10} {change:>8}  {o['verdict']}")
+        if o["verdict"] in ("refused", "no-baseline", "inconclusive", "improved", "saved"):
+            lines.append(f"    {o.get('message', '').splitlines()[0] if o.get('message') else ''}")
+    try:
+        from pytest_llmserve import report
+
+        paths = report.write_all(outcomes, settings.results_dir, bench_json=settings.bench_json)
+        for p in paths:
+            lines.append(f"report: {p}")
+    except ImportError:
+        pass
+    results = settings.results_dir / "results.json"
+    settings.results_dir.mkdir(parents=True, exist_ok=True)
+    results.write_text(json.dumps(outcomes, indent=2, default=str))
+    lines.append(f"results: {results}")
+    lines.append(f"suite wall time {wall_s:.1f} s, of which server boots {boot_s:.1f} s")
+    return "\n".join(lines)

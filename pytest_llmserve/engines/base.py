@@ -1,0 +1,55 @@
+"""What every engine adapter provides: how to launch, how to tell it is ready, what it says it did."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pytest_llmserve.config import ServerSpec
+    from pytest_llmserve.facts import CheckResult, ServerFacts
+
+
+@dataclass(frozen=True, slots=True)
+class LaunchPlan:
+    """The exact process to start (never through a shell) and how to reach it."""
+
+    argv: list[str]
+    env: dict[str, str]  # added to the inherited environment
+    base_url: str
+    model_name: str  # the name to put in request bodies
+    health_path: str = "/health"
+    generation_probe: bool = True  # readiness also needs one real generation
+    notes: list[str] = field(default_factory=list)  # e.g. "--cuda-graph-bs mapped to --cuda-graph-bs-decode"
+
+
+class EngineAdapter(ABC):
+    """One engine family. Adapters are stateless; version detection is cached per interpreter."""
+
+    name: str = "base"
+    #: Prometheus counter of generated tokens, for the server-side throughput cross-check.
+    generation_counter: str | None = None
+    #: True when the engine launches a process (False for ``external``).
+    launches: bool = True
+
+    @abstractmethod
+    def launch_plan(self, spec: ServerSpec, host: str, port: int) -> LaunchPlan:
+        """Map the spec's logical options to this engine's argv and environment."""
+
+    def parse_facts(self, log_text: str, metrics_text: str | None = None,
+                    server_info: dict[str, Any] | None = None) -> ServerFacts:
+        """What the server's own log and metrics say it did."""
+        from pytest_llmserve.facts import ServerFacts
+
+        return ServerFacts(engine=self.name)
+
+    def check_execution(self, spec: ServerSpec, facts: ServerFacts) -> list[CheckResult]:
+        """Config-is-execution checks: each requested option against what the server reports."""
+        from pytest_llmserve.facts import check_config_is_execution
+
+        return check_config_is_execution(spec, facts)
+
+    def deterministic_flag_on(self, spec: ServerSpec) -> bool:
+        """True when the engine promises bit-exact greedy output across batch sizes."""
+        return spec.deterministic

@@ -1,0 +1,44 @@
+"""``external``: a server that is already running elsewhere (``url = ...`` or ``--llmserve-url``).
+
+Nothing is launched or killed; readiness is still checked (/health, then one generation).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pytest_llmserve.config import ServerSpec
+from pytest_llmserve.engines.base import EngineAdapter, LaunchPlan
+
+
+class ExternalAdapter(EngineAdapter):
+    name = "external"
+    launches = False
+
+    def launch_plan(self, spec: ServerSpec, host: str, port: int) -> LaunchPlan:
+        assert spec.url
+        model = spec.served_model_name or spec.model or _first_model(spec.url, spec.api_key) or "default"
+        return LaunchPlan(argv=[], env={}, base_url=spec.url.rstrip("/").removesuffix("/v1"), model_name=model,
+                          health_path="/health", generation_probe=True)
+
+    def parse_facts(self, log_text: str, metrics_text: str | None = None,
+                    server_info: dict[str, Any] | None = None) -> Any:
+        from pytest_llmserve import facts
+
+        out = facts.ServerFacts(engine="external")
+        if metrics_text:
+            engine = "sglang" if "sglang:" in metrics_text else "vllm" if "vllm:" in metrics_text else "external"
+            facts.merge_metrics_into_facts(out, facts.parse_prometheus(metrics_text), engine)
+        return out
+
+
+def _first_model(url: str, api_key: str | None) -> str | None:
+    import httpx
+
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    try:
+        resp = httpx.get(url.rstrip("/").removesuffix("/v1") + "/v1/models", timeout=10, headers=headers)
+        data = resp.json().get("data") or []
+        return str(data[0]["id"]) if data else None
+    except Exception:  # noqa: BLE001 - any failure means "unknown"; readiness will report the real problem
+        return None

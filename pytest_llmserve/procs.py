@@ -1,0 +1,126 @@
+"""Process-tree helpers: kill a server and everything it spawned, and prove nothing is left.
+
+Servers are started in their own session (``start_new_session=True``), so their process group id is
+their pid. Tensor-parallel workers and engine cores may leave the group (some engines call setsid), so
+the tree is also collected through psutil before anything is signalled.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import time
+from dataclasses import dataclass
+
+import psutil
+
+
+@dataclass(frozen=True, slots=True)
+class TeardownReport:
+    """What teardown did: how many processes, whether SIGKILL was needed, and any survivors."""
+
+    pids: tuple[int, ...]
+    escalated: bool
+    survivors: tuple[str, ...]
+    seconds: float
+
+
+def tree_of(pid: int) -> list[psutil.Process]:
+    """The process and all its descendants (empty if it is gone)."""
+    try:
+        root = psutil.Process(pid)
+        return [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return []
+
+
+def group_members(pgid: int) -> list[psutil.Process]:
+    out = []
+    for proc in psutil.process_iter(["pid"]):
+        with contextlib.suppress(psutil.Error, OSError):
+            if os.getpgid(proc.pid) == pgid:
+                out.append(proc)
+    return out
+
+
+def describe(proc: psutil.Process) -> str:
+    try:
+        return f"pid {proc.pid} ({' '.join(proc.cmdline())[:120] or proc.name()})"
+    except psutil.Error:
+        return f"pid {proc.pid}"
+
+
+def kill_tree(pid: int, pgid: int | None = None, grace_s: float = 10.0, kill_wait_s: float = 5.0) -> TeardownReport:
+    """SIGTERM the group and tree, wait ``grace_s``, SIGKILL what is left, then check for survivors."""
+    start = time.monotonic()
+    procs = {p.pid: p for p in tree_of(pid)}
+    if pgid is not None:
+        procs.update({p.pid: p for p in group_members(pgid)})
+    # Refresh: children may have been spawned between the calls.
+    for p in list(procs.values()):
+        with contextlib.suppress(psutil.Error):
+            procs.update({c.pid: c for c in p.children(recursive=True)})
+    if pgid is not None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pgid, signal.SIGTERM)
+    for p in procs.values():
+        with contextlib.suppress(psutil.Error):
+            p.send_signal(signal.SIGTERM)
+    _gone, alive = psutil.wait_procs(list(procs.values()), timeout=grace_s)
+    escalated = bool(alive)
+    if alive:
+        if pgid is not None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pgid, signal.SIGKILL)
+        for p in alive:
+            with contextlib.suppress(psutil.Error):
+                p.kill()
+        _gone, alive = psutil.wait_procs(alive, timeout=kill_wait_s)
+    survivors = [p for p in procs.values() if _is_alive(p)]
+    return TeardownReport(tuple(sorted(procs)), escalated, tuple(describe(p) for p in survivors),
+                          time.monotonic() - start)
+
+
+def _is_alive(proc: psutil.Process) -> bool:
+    try:
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def port_is_free(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port the OS says is free now. (A race with another process is caught by the readiness check.)"""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def who_listens(port: int) -> str | None:
+    """A description of the local process listening on ``port``, if psutil can see it."""
+    try:
+        conns = psutil.net_connections(kind="inet")
+    except (psutil.Error, OSError):
+        return None
+    for conn in conns:
+        if conn.laddr and conn.laddr.port == port and conn.status == psutil.CONN_LISTEN and conn.pid:
+            with contextlib.suppress(psutil.Error):
+                return describe(psutil.Process(conn.pid))
+    return None
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        return _is_alive(psutil.Process(pid))
+    except psutil.Error:
+        return False

@@ -1,0 +1,361 @@
+"""Server lifecycle: preflight, launch in its own session, readiness, log capture, teardown of the tree.
+
+Readiness means the server can *generate*: the engine's health endpoint answers 200 AND one real
+one-token generation succeeds (vLLM keeps answering /health while wedged; SGLang's /v1/models answers
+before warm-up). Polling stops at once when the process exits, with the log tail and the log path.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+import httpx
+import tenacity
+
+from pytest_llmserve import procs
+from pytest_llmserve.config import ServerSpec, cache_dir, redact_argv
+from pytest_llmserve.engines import adapter_for
+from pytest_llmserve.engines.base import EngineAdapter, LaunchPlan
+from pytest_llmserve.errors import PreflightError, ServerDiedError, ServerError, ServerStartError
+
+LOG_TAIL_LINES = 40
+
+
+def read_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
+    """The last ``lines`` lines of a log, with ``\\r``-updated progress bars split into lines."""
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            size = fh.tell()
+            fh.seek(max(0, size - 64 * 1024))
+            data = fh.read().decode("utf-8", "replace")
+    except OSError:
+        return "<no log>"
+    parts = data.replace("\r", "\n").splitlines()
+    return "\n".join(p for p in parts[-lines:])
+
+
+@dataclass
+class BootRecord:
+    """Timing and identity of one boot, for the suite's accounting and for reports."""
+
+    server_id: str
+    pid: int | None
+    port: int
+    log_path: str | None
+    boot_s: float = 0.0
+    stop_s: float = 0.0
+    teardown: dict[str, Any] = field(default_factory=dict)
+
+
+class ServerHandle:
+    """One server: launched by us (``start``/``stop``) or attached to (engine ``external``).
+
+    Usable from plain scripts::
+
+        with ServerHandle(spec, log_dir=Path("logs")) as server:
+            print(server.client().complete("Hello", 8).text)
+    """
+
+    def __init__(self, spec: ServerSpec, log_dir: Path | None = None, adapter: EngineAdapter | None = None,
+                 say: Callable[[str], None] | None = None) -> None:
+        self.spec = spec
+        self.adapter = adapter or adapter_for(spec)
+        self.log_dir = Path(log_dir) if log_dir else cache_dir() / "logs"
+        self.say = say or (lambda msg: None)
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.plan: LaunchPlan | None = None
+        self.log_path: Path | None = None
+        self.port: int = spec.port or 0
+        self.boot = BootRecord(spec.id, None, 0, None)
+        self._log_fh: IO[bytes] | None = None
+        self.last_readiness: str = "not polled yet"
+
+    # ------------------------------------------------------------------ identity
+    @property
+    def base_url(self) -> str:
+        if self.plan is None:
+            raise ServerError(f"server {self.spec.id} is not started")
+        return self.plan.base_url
+
+    @property
+    def model_name(self) -> str:
+        if self.plan is None:
+            raise ServerError(f"server {self.spec.id} is not started")
+        return self.plan.model_name
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc else None
+
+    def describe(self) -> str:
+        where = f" (log: {self.log_path})" if self.log_path else ""
+        return f"server {self.spec.id} at {self.plan.base_url if self.plan else '?'}{where}"
+
+    # ------------------------------------------------------------------ lifecycle
+    def __enter__(self) -> ServerHandle:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def start(self) -> ServerHandle:
+        start = time.monotonic()
+        host = self.spec.host
+        if self.adapter.launches:
+            self.port = self.spec.port or procs.free_port(host)
+            preflight(self.spec, host, self.port)
+        self.plan = self.adapter.launch_plan(self.spec, host, self.port)
+        if self.adapter.launches:
+            self._launch(self.plan)
+        try:
+            self.wait_ready()
+        except BaseException:
+            self.stop()
+            raise
+        self.boot.boot_s = time.monotonic() - start
+        self.say(f"{self.spec.id} ready in {self.boot.boot_s:.1f} s at {self.plan.base_url}"
+                 + (f", log {self.log_path}" if self.log_path else ""))
+        return self
+
+    def _launch(self, plan: LaunchPlan) -> None:
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        safe_id = "".join(c if c.isalnum() or c in "-_." else "_" for c in self.spec.id)
+        self.log_path = self.log_dir / f"{safe_id}-{stamp}-{os.getpid()}-{self.port}.log"
+        self._log_fh = open(self.log_path, "ab")  # noqa: SIM115 - kept open for the server's lifetime
+        header = {"server": self.spec.id, "argv": redact_argv(plan.argv), "port": self.port,
+                  "env_added": sorted(plan.env), "notes": plan.notes}
+        self._log_fh.write(("# llmserve launch " + json.dumps(header) + "\n").encode())
+        self._log_fh.flush()
+        env = {**os.environ, **plan.env}
+        env.setdefault("PYTHONUNBUFFERED", "1")
+        self.say(f"booting {self.spec.id}: {' '.join(redact_argv(plan.argv))}")
+        try:
+            # A list argv, never a shell: nothing in the configuration is interpreted by /bin/sh.
+            self.proc = subprocess.Popen(plan.argv, stdout=self._log_fh, stderr=subprocess.STDOUT, env=env,
+                                         stdin=subprocess.DEVNULL, start_new_session=True)
+        except OSError as exc:
+            raise ServerStartError(f"cannot launch {self.spec.id}: {plan.argv[0]}: {exc} (log: {self.log_path})") from exc
+        self.boot.pid = self.proc.pid
+        self.boot.port = self.port
+        self.boot.log_path = str(self.log_path)
+        register_running(self)
+
+    def wait_ready(self) -> None:
+        """Poll health + one generation until ready; fail fast on exit; hard deadline."""
+        assert self.plan is not None
+        deadline_s = self.spec.startup_timeout_s
+        start = time.monotonic()
+        http = httpx.Client(timeout=10.0, headers=self._auth_headers())
+
+        def attempt() -> bool:
+            self._raise_if_exited(during="boot")
+            return self._probe(http)
+
+        retrying = tenacity.Retrying(
+            retry=tenacity.retry_if_result(lambda ok: ok is not True),
+            stop=tenacity.stop_after_delay(deadline_s),
+            wait=tenacity.wait_fixed(0.5),
+            reraise=True,
+        )
+        try:
+            retrying(attempt)
+        except tenacity.RetryError:
+            raise ServerStartError(
+                f"{self.spec.id} was not ready within its startup deadline of {deadline_s:.0f} s "
+                f"(startup_timeout_s from {self.spec.source}); last readiness answer: {self.last_readiness}\n"
+                f"log: {self.log_path or '<attached server, no log>'}\n--- last lines ---\n{self._tail()}"
+            ) from None
+        finally:
+            http.close()
+        self.say(f"{self.spec.id} readiness passed after {time.monotonic() - start:.1f} s")
+
+    def _probe(self, http: httpx.Client) -> bool:
+        assert self.plan is not None
+        url = self.plan.base_url + self.plan.health_path
+        try:
+            resp = http.get(url, timeout=5.0 if self.plan.health_path != "/health_generate" else 60.0)
+        except httpx.HTTPError as exc:
+            self.last_readiness = f"GET {self.plan.health_path}: {type(exc).__name__}"
+            return False
+        if resp.status_code != 200:
+            self.last_readiness = f"GET {self.plan.health_path}: HTTP {resp.status_code} {resp.text[:200]!r}"
+            return False
+        if not self.plan.generation_probe:
+            self.last_readiness = f"GET {self.plan.health_path}: 200"
+            return True
+        body = {"model": self.plan.model_name, "prompt": "Hello", "max_tokens": 1, "temperature": 0}
+        try:
+            gen = http.post(self.plan.base_url + "/v1/completions", json=body, timeout=120.0)
+        except httpx.HTTPError as exc:
+            self.last_readiness = f"health 200, generation probe: {type(exc).__name__}"
+            return False
+        if gen.status_code != 200:
+            self.last_readiness = f"health 200, generation probe: HTTP {gen.status_code} {gen.text[:300]!r}"
+            return False
+        self.last_readiness = "health 200, one-token generation 200"
+        return True
+
+    def _auth_headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.spec.api_key}"} if self.spec.api_key else {}
+
+    def _tail(self) -> str:
+        return read_tail(self.log_path) if self.log_path else "<attached server: no log captured>"
+
+    def _raise_if_exited(self, during: str) -> None:
+        if self.proc is None:
+            return
+        code = self.proc.poll()
+        if code is None:
+            return
+        cls = ServerStartError if during == "boot" else ServerDiedError
+        raise cls(f"{self.spec.id} exited with code {code} during {during} "
+                  f"(server died; log: {self.log_path})\n--- last lines ---\n{self._tail()}")
+
+    def ensure_alive(self) -> None:
+        """Raise :class:`ServerDiedError` (with the log tail) when the server process has exited."""
+        self._raise_if_exited(during="the session")
+
+    def is_alive(self) -> bool:
+        return self.proc is None or self.proc.poll() is None
+
+    def stop(self) -> procs.TeardownReport | None:
+        """Kill the whole process tree (SIGTERM, then SIGKILL) and check nothing is left."""
+        report = None
+        if self.proc is not None:
+            start = time.monotonic()
+            report = procs.kill_tree(self.proc.pid, pgid=self.proc.pid)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(timeout=5)
+            self.boot.stop_s = time.monotonic() - start
+            self.boot.teardown = {"pids": list(report.pids), "escalated": report.escalated,
+                                  "survivors": list(report.survivors), "seconds": round(report.seconds, 2)}
+            unregister_running(self)
+            self.say(f"{self.spec.id} stopped in {report.seconds:.1f} s ({len(report.pids)} processes"
+                     f"{', SIGKILL needed' if report.escalated else ''})")
+            if report.survivors:
+                raise ServerError(f"teardown of {self.spec.id} left processes running: {', '.join(report.survivors)}")
+        if self._log_fh is not None:
+            self._log_fh.close()
+            self._log_fh = None
+        return report
+
+    # ------------------------------------------------------------------ evidence
+    def log_text(self) -> str:
+        if not self.log_path:
+            return ""
+        try:
+            return self.log_path.read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            return ""
+
+    def client(self) -> Any:
+        from pytest_llmserve.client import LLMClient
+
+        return LLMClient(self.base_url, self.model_name, api_key=self.spec.api_key,
+                         timeout_s=self.spec.request_timeout_s)
+
+    def metrics_text(self) -> str | None:
+        try:
+            resp = httpx.get(self.base_url + "/metrics", timeout=10, headers=self._auth_headers())
+        except httpx.HTTPError:
+            return None
+        return resp.text if resp.status_code == 200 else None
+
+    def facts(self) -> Any:
+        return self.adapter.parse_facts(self.log_text(), self.metrics_text())
+
+
+# ---------------------------------------------------------------------- preflight and the registry
+
+def registry_dir() -> Path:
+    return cache_dir() / "running"
+
+
+def register_running(handle: ServerHandle) -> None:
+    """Record a launched server so a later run can find it if this one dies without teardown."""
+    reg = registry_dir()
+    reg.mkdir(parents=True, exist_ok=True)
+    entry = {"pid": handle.pid, "port": handle.port, "server": handle.spec.id, "owner_pid": os.getpid(),
+             "log": str(handle.log_path), "started": time.time()}
+    (reg / f"{handle.pid}.json").write_text(json.dumps(entry))
+
+
+def unregister_running(handle: ServerHandle) -> None:
+    if handle.pid is not None:
+        with contextlib.suppress(OSError):
+            (registry_dir() / f"{handle.pid}.json").unlink()
+
+
+def stale_servers() -> list[dict[str, Any]]:
+    """Servers launched by an earlier run whose owner is gone but which are still running."""
+    out = []
+    reg = registry_dir()
+    if not reg.is_dir():
+        return out
+    for path in sorted(reg.glob("*.json")):
+        try:
+            entry = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError):
+            continue
+        pid, owner = int(entry.get("pid", 0)), int(entry.get("owner_pid", 0))
+        if not procs.pid_alive(pid):
+            with contextlib.suppress(OSError):
+                path.unlink()  # the server is gone: the entry is history
+            continue
+        if not procs.pid_alive(owner):
+            out.append(entry)
+    return out
+
+
+def kill_stale(say: Callable[[str], None] = print) -> int:
+    """Kill every stale server found in the registry; return how many were killed."""
+    killed = 0
+    for entry in stale_servers():
+        report = procs.kill_tree(int(entry["pid"]), pgid=int(entry["pid"]))
+        say(f"killed stale server {entry['server']} (pid {entry['pid']}, port {entry['port']}): "
+            f"{len(report.pids)} processes")
+        with contextlib.suppress(OSError):
+            (registry_dir() / f"{entry['pid']}.json").unlink()
+        killed += 1
+    return killed
+
+
+def preflight(spec: ServerSpec, host: str, port: int, *, gpu_check: Callable[[ServerSpec], None] | None = None) -> None:
+    """Refuse to boot when something blocks it; each message says what blocks and how to clear it."""
+    if not procs.port_is_free(host, port):
+        who = procs.who_listens(port)
+        raise PreflightError(f"port {port} on {host} is taken{' by ' + who if who else ''}; "
+                             f"leave `port` unset in {spec.source} to get a free port, or stop that process")
+    stale = stale_servers()
+    if stale:
+        lines = ", ".join(f"{e['server']} (pid {e['pid']}, port {e['port']}, log {e['log']})" for e in stale)
+        raise PreflightError(f"stale server(s) from an earlier run are still running: {lines}. "
+                             f"Stop them with `llmserve kill-stale` (or pass --llmserve-kill-stale)")
+    if gpu_check is not None:
+        gpu_check(spec)
+    if spec.python and not Path(spec.python).exists() and not _on_path(spec.python):
+        raise PreflightError(f"server {spec.id}: python = {spec.python!r} (from {spec.source}) does not exist"
+                             + ("; run `llmserve setup` to create the embedded default" if "pytest-llmserve" in
+                                spec.python else ""))
+
+
+def _on_path(name: str) -> bool:
+    import shutil
+
+    return shutil.which(name) is not None
+
+
+def python_for(spec: ServerSpec) -> str:
+    return spec.python or sys.executable

@@ -1,0 +1,1 @@
+"""The built-in suite, collected by ``pytest --llmserve-suite`` for every configured server."""
