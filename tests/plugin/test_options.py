@@ -1,0 +1,123 @@
+"""Options, ini keys, markers and usage errors, through pytester (no server is booted here)."""
+
+from __future__ import annotations
+
+import pytest
+
+pytestmark = pytest.mark.filterwarnings("ignore")
+
+
+def test_markers_are_registered_with_signatures(pytester: pytest.Pytester) -> None:
+    result = pytester.runpytest("--markers")
+    for line in ("@pytest.mark.gpu: the test needs a GPU*", "@pytest.mark.llmserve_server(*names)*",
+                 "@pytest.mark.llmserve_benchmark(workload=None, *, metric=None, tolerance=None, rounds=None*",
+                 "@pytest.mark.llmserve_correctness*"):
+        result.stdout.fnmatch_lines([line])
+
+
+def test_options_in_one_group(pytester: pytest.Pytester) -> None:
+    result = pytester.runpytest("--help")
+    result.stdout.fnmatch_lines(["*LLM inference server fixtures*", "*--llmserve-suite*", "*--llmserve-url=*",
+                                 "*--llmserve-save-baseline*", "*llmserve_tolerance (string)*"])
+
+
+def test_bad_config_key_is_a_usage_error_naming_key_value_and_file(pytester: pytest.Pytester) -> None:
+    pytester.makefile(".toml", llmserve='[servers.a]\nmodel = "/m"\nstartup_timeout_s = "soon"\n')
+    pytester.makepyfile("def test_x(): pass")
+    result = pytester.runpytest()
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*llmserve.toml: [[]tool.llmserve.servers.a] startup_timeout_s = 'soon': "
+                                 "must be a number of seconds > 0*"])
+
+
+def test_bad_tolerance_on_command_line_names_the_option(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile("def test_x(): pass")
+    result = pytester.runpytest("--llmserve-tolerance=lots")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*--llmserve-tolerance = 'lots': must be a number*"])
+
+
+def test_precedence_ini_then_env_then_cli(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    pytester.makeini("[pytest]\nllmserve_tolerance = 0.2\nllmserve_rounds = 4\n")
+    pytester.makepyfile("def test_x(): pass")
+    assert "tolerance 0.2, rounds 4..6" in pytester.runpytest().stdout.str()
+    monkeypatch.setenv("PYTEST_LLMSERVE_TOLERANCE", "0.1")
+    assert "tolerance 0.1, rounds 4..6" in pytester.runpytest().stdout.str()
+    assert "tolerance 0.07, rounds 4..6" in pytester.runpytest("--llmserve-tolerance=0.07").stdout.str()
+
+
+def test_bad_marker_argument_names_the_test(pytester: pytest.Pytester) -> None:
+    pytester.makefile(".toml", llmserve='[servers.a]\nengine = "external"\nurl = "http://127.0.0.1:9"\n')
+    pytester.makepyfile("""
+        import pytest
+        @pytest.mark.llmserve_benchmark(workload="nope")
+        def test_bench(llm_bench):
+            pass
+        @pytest.mark.llmserve_server("missing")
+        def test_srv(llm_server):
+            pass
+    """)
+    result = pytester.runpytest("--collect-only")
+    result.stdout.fnmatch_lines(["*test_bad_marker_argument_names_the_test.py::test_srv: marker llmserve_server: "
+                                 "unknown server 'missing'*"])
+
+
+def test_unknown_server_on_command_line(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile("def test_x(): pass")
+    result = pytester.runpytest("--llmserve-server=ghost")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*--llmserve-server = 'ghost': no server named 'ghost'*"])
+
+
+def test_matrix_parametrizes_with_readable_ids_in_config_order(pytester: pytest.Pytester) -> None:
+    pytester.makefile(".toml", llmserve="""
+        [servers.m]
+        engine = "vllm"
+        model = "/m"
+        [matrix.m]
+        eager = [true, false]
+        max_batch_size = [1, 8]
+    """)
+    pytester.makepyfile("""
+        import pytest
+        @pytest.mark.llmserve_server("m")
+        def test_a(llm_server): pass
+        @pytest.mark.llmserve_server("m")
+        def test_b(llm_server): pass
+    """)
+    result = pytester.runpytest("--collect-only", "-q")
+    # Grouped by configuration, so each combination boots once.
+    result.stdout.fnmatch_lines([
+        "*test_a[[]m[[]eager=on,max_batch_size=1]]",
+        "*test_b[[]m[[]eager=on,max_batch_size=1]]",
+        "*test_a[[]m[[]eager=on,max_batch_size=8]]",
+        "*test_b[[]m[[]eager=on,max_batch_size=8]]",
+        "*test_a[[]m[[]eager=off,max_batch_size=1]]",
+        "*test_b[[]m[[]eager=off,max_batch_size=1]]",
+        "*test_a[[]m[[]eager=off,max_batch_size=8]]",
+        "*test_b[[]m[[]eager=off,max_batch_size=8]]",
+    ])
+
+
+def test_gpu_marker_skips_with_a_reason_without_gpu(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    pytester.makepyfile("""
+        import pytest
+        @pytest.mark.gpu
+        def test_needs_gpu(): pass
+    """)
+    result = pytester.runpytest_subprocess("-rs")
+    result.assert_outcomes(skipped=1)
+    result.stdout.fnmatch_lines(["*no GPU visible*"])
+
+
+def test_suite_option_collects_the_builtin_suite_only(pytester: pytest.Pytester) -> None:
+    pytester.makeini("[pytest]\ntestpaths = tests\n")
+    pytester.mkdir("tests")
+    pytester.makepyfile(**{"tests/test_own": "def test_mine(): pass"})
+    result = pytester.runpytest("--llmserve-suite", "--collect-only", "-q")
+    out = result.stdout.str()
+    assert "test_mine" not in out
+    assert "test_llmserve_suite.py::test_boots_and_generates[default]" in out
+    assert "test_llmserve_suite.py::test_throughput[default]" in out
+    assert "test_batch_size[default-bs=" in out
