@@ -1,0 +1,467 @@
+"""The baseline store: round trips, atomicity, locking, corrupt files, context comparison, secrets."""
+
+from __future__ import annotations
+
+import json
+import math
+import multiprocessing
+import os
+import signal
+import stat
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pytest_llmserve import baselines as bl
+from pytest_llmserve.baselines import (
+    IGNORED_CONTEXT_KEYS,
+    BaselineStore,
+    BenchKey,
+    build_context,
+    comparability,
+    diff_context,
+    find_secrets,
+    hardware_context,
+    read_baseline_file,
+    redact_context,
+)
+from pytest_llmserve.config import CudaGraphSpec, ServerSpec, Workload
+from pytest_llmserve.errors import BaselineError
+
+HW = {"cpu_model": "Test CPU", "cpu_count": 2, "gpu_name": None, "gpu_count": 0, "driver": None, "cuda": None}
+KEY = BenchKey(test="tests/test_perf.py::test_throughput[srv]", server="srv", workload="smoke")
+METRIC = "output_throughput"
+
+fork = pytest.mark.skipif(sys.platform == "win32", reason="uses fork and SIGKILL")
+
+
+def spec(**kw: Any) -> ServerSpec:
+    base = ServerSpec(
+        name="srv",
+        engine="vllm",
+        model="/models/smol",
+        port=8123,
+        cuda_graph=CudaGraphSpec(enabled=True, batch_sizes=(1, 2, 4)),
+        mem_fraction=0.9,
+    )
+    return replace(base, **kw)
+
+
+def ctx(**kw: Any) -> dict[str, Any]:
+    engine_version = kw.pop("engine_version", "0.32.0")
+    return build_context(
+        spec(**kw),
+        Workload("smoke", num_prompts=16),
+        engine_version=engine_version,
+        hardware=HW,
+        plugin_version="0.1.0",
+        python="CPython 3.11",
+    )
+
+
+def samples(base: float = 100.0, n: int = 5) -> dict[str, list[float]]:
+    return {METRIC: [base + i for i in range(n)], "median_ttft_ms": [20.0 + i for i in range(n)]}
+
+
+# --------------------------------------------------------------------------- keys and context
+
+
+def test_key_file_name_is_readable_and_unique() -> None:
+    name = KEY.filename
+    assert name.startswith("test_throughput_srv_--srv--smoke-")
+    assert name.endswith(".json")
+    assert len(KEY.digest) == 10
+    other = BenchKey(test=KEY.test, server="srv[cuda_graph=off]", workload="smoke")
+    assert other.filename != name
+    assert "/" not in other.filename
+    assert "[" not in other.filename
+    long = BenchKey(test="t" * 500, server="s", workload="w")
+    assert len(long.filename) < 100
+    assert BenchKey.from_dict(KEY.as_dict()) == KEY
+
+
+def test_build_context_shape() -> None:
+    c = ctx()
+    assert set(c) == {
+        "engine",
+        "engine_version",
+        "model",
+        "server_args",
+        "hardware",
+        "workload",
+        "plugin_version",
+        "python",
+    }
+    assert c["engine"] == "vllm"
+    assert c["model"] == "/models/smol"
+    assert c["engine_version"] == "0.32.0"
+    for dropped in ("name", "source", "port", "variant", "engine", "model"):
+        assert dropped not in c["server_args"]
+    assert c["server_args"]["cuda_graph"] == {
+        "enabled": True,
+        "batch_sizes": [1, 2, 4],
+        "max_batch_size": None,
+    }
+    assert c["workload"]["request_rate"] == "inf"  # JSON has no infinity
+    assert c["hardware"] == HW
+    json.dumps(c, allow_nan=False)
+
+
+def test_secrets_are_never_stored(tmp_path: Path) -> None:
+    secret_spec = {
+        "api_key": "sk-SECRET1",
+        "env": (("HF_TOKEN", "hf_SECRET2"), ("OMP_NUM_THREADS", "2")),
+        "args": ("--api-key", "SECRET3", "--hf-token=SECRET4", "--max-num-seqs", "8"),
+    }
+    c = build_context(spec(**secret_spec), Workload("smoke"), engine_version="1", hardware=HW)
+    # even a context assembled by hand with raw secrets is redacted on save
+    raw = dict(c, extra={"OPENAI_API_KEY": "SECRET5", "argv": ["serve", "--api-key", "SECRET6"]})
+    assert find_secrets(raw) == ["extra.OPENAI_API_KEY", "extra.argv[2]"]
+    store = BaselineStore(tmp_path)
+    store.save(KEY, raw, samples(), metric=METRIC, higher_is_better=True)
+    text = store.path_for(KEY).read_text()
+    for n in range(1, 7):
+        assert f"SECRET{n}" not in text
+    stored = json.loads(text)["context"]
+    assert stored["server_args"]["api_key"] == "***"
+    assert stored["server_args"]["env"] == {"HF_TOKEN": "***", "OMP_NUM_THREADS": "2"}
+    assert stored["server_args"]["args"] == ["--api-key", "***", "--hf-token=***", "--max-num-seqs", "8"]
+    assert find_secrets(stored) == []
+    assert redact_context(stored) == stored
+
+
+def test_hardware_context_with_and_without_nvidia_smi(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("processor\t: 0\nmodel name\t: Fake Xeon 9000\n")
+    fake = tmp_path / "bin" / "nvidia-smi"
+    fake.parent.mkdir()
+    fake.write_text(
+        "#!/bin/sh\n"
+        'if [ "$1" = "--query-gpu=name,driver_version" ]; then\n'
+        '  echo "NVIDIA H200, 570.86"; echo "NVIDIA H200, 570.86"\n'
+        "else\n"
+        '  echo "| NVIDIA-SMI 570.86   Driver Version: 570.86   CUDA Version: 12.8 |"\n'
+        "fi\n"
+    )
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    hw = hardware_context(nvidia_smi=str(fake), cpuinfo=cpuinfo, use_cache=False)
+    assert hw["cpu_model"] == "Fake Xeon 9000"
+    assert hw["cpu_count"] >= 1
+    assert (hw["gpu_name"], hw["gpu_count"], hw["driver"], hw["cuda"]) == ("NVIDIA H200", 2, "570.86", "12.8")
+    monkeypatch.setattr(bl, "_gpu_from_pynvml", lambda: None)
+    none = hardware_context(nvidia_smi=str(tmp_path / "missing-smi"), cpuinfo=cpuinfo, use_cache=False)
+    assert (none["gpu_name"], none["gpu_count"], none["driver"], none["cuda"]) == (None, 0, None, None)
+
+
+# --------------------------------------------------------------------------- store round trip
+
+
+def test_round_trip_and_append_keeps_old_records(tmp_path: Path) -> None:
+    store = BaselineStore(tmp_path / "baselines")
+    assert store.load(KEY) is None
+    first = store.save(KEY, ctx(), samples(100), metric=METRIC, higher_is_better=True, run_id="run-1")
+    path = store.path_for(KEY)
+    assert first.path == path
+    assert path.parent == tmp_path / "baselines"
+    store.save(KEY, ctx(port=9999), samples(110), metric=METRIC, higher_is_better=True, run_id="run-2")
+    doc = store.load(KEY)
+    assert doc is not None
+    assert [r.run_id for r in doc.records] == ["run-1", "run-2"]
+    assert doc.records[0].samples == samples(100)  # every sample, every metric, kept
+    assert doc.records[1].samples == samples(110)
+    assert doc.records[1].summary[METRIC]["median"] == 112.0
+    assert doc.samples() == samples(110)[METRIC]
+    assert doc.samples(last=0) == samples(100)[METRIC] + samples(110)[METRIC]
+    assert doc.samples("median_ttft_ms") == samples(110)["median_ttft_ms"]
+    with pytest.raises(BaselineError, match="no samples of 'nope'"):
+        doc.samples("nope")
+    data = json.loads(path.read_text())
+    assert data["schema"] == 1
+    assert data["key"] == KEY.as_dict()
+    assert data["metric"] == {"name": METRIC, "higher_is_better": True}
+    assert set(data["records"][0]) >= {"recorded_at", "samples", "summary", "run_id"}
+    assert store.list() == [path]  # lock file hidden
+    assert ".*.lock" in (tmp_path / "baselines" / ".gitignore").read_text().splitlines()
+
+
+def test_replace_and_context_mismatch(tmp_path: Path) -> None:
+    store = BaselineStore(tmp_path)
+    store.save(KEY, ctx(), samples(100), metric=METRIC, higher_is_better=True, run_id="old")
+    with pytest.raises(
+        BaselineError, match=r"another context(.|\n)*engine_version: \"0.32.0\" -> \"0.33.0\""
+    ):
+        store.save(KEY, ctx(engine_version="0.33.0"), samples(120), metric=METRIC, higher_is_better=True)
+    doc = store.save(
+        KEY,
+        ctx(engine_version="0.33.0"),
+        samples(120),
+        metric=METRIC,
+        higher_is_better=True,
+        mode="replace",
+        run_id="new",
+    )
+    assert [r.run_id for r in doc.records] == ["new"]
+    assert doc.context["engine_version"] == "0.33.0"
+    with pytest.raises(BaselineError, match="mode"):
+        store.save(KEY, ctx(), samples(), metric=METRIC, higher_is_better=True, mode="overwrite")  # type: ignore[arg-type]
+
+
+def test_invalid_samples_are_refused(tmp_path: Path) -> None:
+    store = BaselineStore(tmp_path)
+    with pytest.raises(BaselineError, match="finite"):
+        store.save(KEY, ctx(), {METRIC: [1.0, math.nan]}, metric=METRIC, higher_is_better=True)
+    with pytest.raises(BaselineError, match="gated metric"):
+        store.save(KEY, ctx(), {"other": [1.0]}, metric=METRIC, higher_is_better=True)
+    assert not store.path_for(KEY).exists()
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        '{"schema": 1, "key": ',
+        "not json at all",
+        '{"schema": 1} trailing',
+        '{"schema": 1, "key": {}, "x": NaN}',
+    ],
+)
+def test_corrupt_file_errors_and_is_left_untouched(tmp_path: Path, content: str) -> None:
+    store = BaselineStore(tmp_path)
+    path = store.path_for(KEY)
+    path.write_bytes(content.encode())
+    before = path.read_bytes()
+    with pytest.raises(BaselineError) as info:
+        store.load(KEY)
+    assert str(path) in str(info.value)
+    assert "not valid JSON" in str(info.value)
+    for mode in ("append", "replace"):
+        with pytest.raises(BaselineError, match="left untouched"):
+            store.save(KEY, ctx(), samples(), metric=METRIC, higher_is_better=True, mode=mode)
+    assert path.read_bytes() == before
+
+
+@pytest.mark.parametrize(
+    ("mutate", "message"),
+    [
+        (lambda d: d.update(schema=2), "schema 2 is not supported"),
+        (lambda d: d.pop("schema"), "schema None is not supported"),
+        (lambda d: d.update(records={}), "'records' is missing or not a list"),
+        (
+            lambda d: d["records"][0]["samples"].update(output_throughput=[]),
+            "non-empty list of finite numbers",
+        ),
+        (lambda d: d["metric"].pop("higher_is_better"), "higher_is_better"),
+        (lambda d: d.update(key={"test": "x"}), "needs test, server and workload"),
+    ],
+)
+def test_schema_problems(tmp_path: Path, mutate: Any, message: str) -> None:
+    store = BaselineStore(tmp_path)
+    store.save(KEY, ctx(), samples(), metric=METRIC, higher_is_better=True)
+    path = store.path_for(KEY)
+    data = json.loads(path.read_text())
+    mutate(data)
+    path.write_text(json.dumps(data))
+    before = path.read_bytes()
+    with pytest.raises(BaselineError, match=message) as info:
+        store.load(KEY)
+    assert str(path) in str(info.value)
+    with pytest.raises(BaselineError):
+        store.save(KEY, ctx(), samples(), metric=METRIC, higher_is_better=True, mode="replace")
+    assert path.read_bytes() == before
+
+
+def test_file_holding_another_key_is_refused(tmp_path: Path) -> None:
+    store = BaselineStore(tmp_path)
+    other = BenchKey(test="x", server="y", workload="z")
+    store.save(other, ctx(), samples(), metric=METRIC, higher_is_better=True)
+    store.path_for(other).rename(store.path_for(KEY))
+    with pytest.raises(BaselineError, match="holds the key"):
+        store.load(KEY)
+
+
+def test_resolve(tmp_path: Path) -> None:
+    store = BaselineStore(tmp_path)
+    store.save(KEY, ctx(), samples(), metric=METRIC, higher_is_better=True)
+    other = BenchKey(test="tests/test_perf.py::test_latency", server="srv", workload="smoke")
+    store.save(other, ctx(), samples(), metric=METRIC, higher_is_better=True)
+    path = store.path_for(KEY)
+    assert store.resolve(str(path)) == path
+    assert store.resolve(path.name) == path
+    assert store.resolve(path.stem) == path
+    assert store.resolve(KEY.digest) == path
+    assert store.resolve("test_latency") == store.path_for(other)
+    with pytest.raises(BaselineError, match="matches 2 baselines"):
+        store.resolve("srv")
+    with pytest.raises(BaselineError, match="no baseline"):
+        store.resolve("nothing-like-it")
+
+
+# --------------------------------------------------------------------------- concurrency and crashes
+
+
+def _append_many(root: str, worker: int, count: int) -> None:
+    store = BaselineStore(root)
+    for i in range(count):
+        store.save(
+            KEY,
+            ctx(),
+            {METRIC: [float(worker * 1000 + i)]},
+            metric=METRIC,
+            higher_is_better=True,
+            run_id=f"w{worker}-{i}",
+        )
+
+
+@fork
+def test_concurrent_writers_lose_no_record(tmp_path: Path) -> None:
+    workers, appends = 4, 8
+    mp = multiprocessing.get_context("fork")
+    procs = [mp.Process(target=_append_many, args=(str(tmp_path), w, appends)) for w in range(workers)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(60)
+        assert p.exitcode == 0
+    doc = BaselineStore(tmp_path).load(KEY)
+    assert doc is not None
+    ids = sorted(r.run_id for r in doc.records)
+    assert ids == sorted(f"w{w}-{i}" for w in range(workers) for i in range(appends))
+    assert not list(tmp_path.glob("*.tmp"))
+    assert not list(tmp_path.glob(".*.tmp"))
+
+
+def _write_and_hang(root: str, ready: Any) -> None:
+    # Block inside the atomic write, after the temp file got the whole big record and before the rename.
+    def hang(fd: int) -> None:
+        ready.set()
+        time.sleep(60)
+
+    setattr(os, "fsync", hang)  # noqa: B010 - only in this forked child, never in the test process
+    store = BaselineStore(root)
+    big = {METRIC: [100.0 + (i % 97) / 10 for i in range(200_000)]}
+    store.save(KEY, ctx(), big, metric=METRIC, higher_is_better=True, run_id="killed")
+
+
+@fork
+def test_writer_killed_mid_write_leaves_old_file(tmp_path: Path) -> None:
+    store = BaselineStore(tmp_path)
+    store.save(KEY, ctx(), samples(), metric=METRIC, higher_is_better=True, run_id="before")
+    path = store.path_for(KEY)
+    before = path.read_bytes()
+    mp = multiprocessing.get_context("fork")
+    ready = mp.Event()
+    child = mp.Process(target=_write_and_hang, args=(str(tmp_path), ready))
+    child.start()
+    try:
+        assert ready.wait(30), "child never reached the write"
+        temps = list(tmp_path.glob(f".{path.name}.*.tmp"))
+        assert temps
+        assert temps[0].stat().st_size > 1_000_000
+        assert child.pid is not None
+        os.kill(child.pid, signal.SIGKILL)
+    finally:
+        child.join(30)
+    assert child.exitcode == -signal.SIGKILL
+    assert path.read_bytes() == before
+    assert [r.run_id for r in read_baseline_file(path).records] == ["before"]
+    # the dead writer's lock is gone with it, and its temp file is swept by the next writer
+    fast = BaselineStore(tmp_path, lock_timeout_s=5)
+    fast.save(KEY, ctx(), samples(), metric=METRIC, higher_is_better=True, run_id="after")
+    assert [r.run_id for r in read_baseline_file(path).records] == ["before", "after"]
+    assert not list(tmp_path.glob(".*.tmp"))
+
+
+def test_lock_timeout_is_a_baseline_error(tmp_path: Path) -> None:
+    from filelock import FileLock
+
+    store = BaselineStore(tmp_path, lock_timeout_s=0.2)
+    path = store.path_for(KEY)
+    with FileLock(str(store.lock_path(path))):
+        # a second FileLock object is another holder, even in this thread
+        with pytest.raises(BaselineError, match="could not take the lock"):
+            store.save(KEY, ctx(), samples(), metric=METRIC, higher_is_better=True)
+    assert not path.exists()
+
+
+# --------------------------------------------------------------------------- comparability
+
+
+def test_same_context_and_ignored_keys() -> None:
+    a = ctx()
+    b = ctx(
+        port=1234, startup_timeout_s=5.0, source="other.toml", name="renamed", variant=(("cuda_graph", "on"),)
+    )
+    b["recorded_at"] = "now"
+    assert diff_context(a, b) == []
+    comp = comparability(a, b, None, False)
+    assert comp.status == "same"
+    assert comp.ok
+    assert {d.key for d in comp.ignored} >= {"server_args.startup_timeout_s", "recorded_at"}
+    assert "server_args.port" in IGNORED_CONTEXT_KEYS
+
+
+def test_refused_when_memory_and_cuda_graph_both_change() -> None:
+    base = ctx()
+    cur = ctx(cuda_graph=CudaGraphSpec(enabled=False), mem_fraction=0.8)
+    comp = comparability(base, cur, "server_args.cuda_graph", allow_confounded=False)
+    assert comp.status == "refused"
+    assert not comp.ok
+    keys = {d.key for d in comp.diffs}
+    assert keys == {
+        "server_args.cuda_graph.enabled",
+        "server_args.cuda_graph.batch_sizes",
+        "server_args.mem_fraction",
+    }
+    assert [d.key for d in comp.confounders] == ["server_args.mem_fraction"]
+    assert "server_args.mem_fraction: 0.9 -> 0.8" in comp.message
+    assert "server_args.cuda_graph.enabled: true -> false" in comp.message
+    assert "refused" in comp.message
+    forced = comparability(base, cur, "cuda_graph", allow_confounded=True)
+    assert forced.status == "forced"
+    assert forced.ok
+    assert "FORCED" in forced.message
+    assert "server_args.mem_fraction" in forced.message
+
+
+def test_allowed_when_only_the_variable_differs() -> None:
+    base = ctx()
+    cur = ctx(cuda_graph=CudaGraphSpec(enabled=False))
+    for variable in ("server_args.cuda_graph", "cuda_graph"):
+        comp = comparability(base, cur, variable, allow_confounded=False)
+        assert comp.status == "allowed-variable"
+        assert comp.ok
+        assert comp.variable_keys == ("server_args.cuda_graph",)
+        assert comp.label == f"A/B of {variable}"
+    assert comparability(base, cur, None, False).status == "refused"
+
+
+def test_engine_build_comparison_is_labelled() -> None:
+    base = ctx()
+    cur = ctx(engine_version="0.33.0.dev1", python="/opt/vllm-nightly/bin/python")
+    comp = comparability(base, cur, "engine_version", allow_confounded=False)
+    assert comp.status == "allowed-variable"
+    assert comp.label == "engine build comparison"
+    assert {d.key for d in comp.diffs} == {"engine_version", "server_args.python"}
+    both = ctx(engine_version="0.33.0", mem_fraction=0.5)
+    refused = comparability(base, both, "engine_version", allow_confounded=False)
+    assert refused.status == "refused"
+    assert "server_args.mem_fraction" in refused.message
+
+
+def test_comparability_round_trips_and_diff_describes_absent_keys() -> None:
+    a = ctx()
+    b = ctx()
+    b["hardware"] = dict(HW, gpu_name="NVIDIA H200")
+    b["new_key"] = 1
+    del b["python"]
+    comp = comparability(a, b, None, False)
+    text = comp.message
+    assert 'hardware.gpu_name: null -> "NVIDIA H200"' in text
+    assert "new_key: (absent) -> 1" in text
+    assert 'python: "CPython 3.11" -> (absent)' in text
+    assert bl.Comparability.from_dict(comp.to_dict()) == comp
