@@ -4,7 +4,7 @@ Everything here takes :class:`BenchOutcome` objects, plain data that the plugin 
 after a benchmark ran and was judged.
 
 Results JSON (:func:`write_results_json`, read back by :func:`read_results_json` and
-``llmserve baselines accept``)::
+``llmserve baselines accept``; :func:`write_all` writes it with every other report)::
 
     {"format": "pytest-llmserve-results", "schema": 1, "created_at": ISO-8601, "run_id": "...",
      "plugin_version": "...",
@@ -13,7 +13,8 @@ Results JSON (:func:`write_results_json`, read back by :func:`read_results_json`
                      "baseline": summary | null, "baseline_samples": [...], "verdict": {...} | null,
                      "comparability": {...} | null, "error": str | null, "context": {...},
                      "concurrency": int | null, "request_latencies_s": {name: [...]}, "note": ...,
-                     "baseline_path": ..., "run_id": ...}, ...]}
+                     "baseline_path": ..., "run_id": ..., "saved": bool,
+                     "key": {"test", "server", "workload"}}, ...]}
 
 pytest-benchmark JSON (:func:`to_pytest_benchmark_json`): pytest-benchmark's tables assume "lower is
 better, in seconds", so ``stats`` hold a transform of the gated metric's samples that keeps that
@@ -41,7 +42,7 @@ from typing import Any
 
 from pytest_llmserve.baselines import BenchKey, Comparability, atomic_write_text
 from pytest_llmserve.errors import BaselineError
-from pytest_llmserve.stats import Summary, Verdict, summarize
+from pytest_llmserve.stats import Summary, Verdict, default_higher_is_better, summarize
 
 RESULTS_FORMAT = "pytest-llmserve-results"
 RESULTS_SCHEMA = 1
@@ -55,6 +56,7 @@ STATUS_LABELS: dict[str, str] = {
     "refused": "REFUSED",
     "error": "ERROR",
     "no-baseline": "no baseline",
+    "saved": "saved as baseline",
 }
 STATUS_ICONS: dict[str, str] = {
     "pass": "✅",
@@ -64,6 +66,7 @@ STATUS_ICONS: dict[str, str] = {
     "refused": "⛔",
     "error": "⚠️",
     "no-baseline": "🆕",
+    "saved": "💾",
 }
 
 
@@ -97,6 +100,8 @@ class BenchOutcome:
     note: str | None = None
     baseline_path: str | None = None
     run_id: str | None = None
+    saved: bool = False  # this run's samples were recorded as the baseline (nothing compared)
+    baseline_key: BenchKey | None = None  # the store key, when it is not (test_id, server_id, workload)
 
     def __post_init__(self) -> None:
         for name, values in self.samples.items():
@@ -109,18 +114,19 @@ class BenchOutcome:
 
     @property
     def key(self) -> BenchKey:
-        return BenchKey(test=self.test_id, server=self.server_id, workload=self.workload)
+        """The baseline store key: ``baseline_key`` if given, else (test id, server id, workload)."""
+        return self.baseline_key or BenchKey(test=self.test_id, server=self.server_id, workload=self.workload)
 
     @property
     def status(self) -> str:
-        """``error``, ``refused``, the verdict's outcome, or ``no-baseline``."""
+        """``error``, ``refused``, the verdict's outcome, ``saved`` or ``no-baseline``."""
         if self.error:
             return "error"
         if self.comparability is not None and self.comparability.status == "refused":
             return "refused"
         if self.verdict is not None:
             return self.verdict.outcome
-        return "no-baseline"
+        return "saved" if self.saved else "no-baseline"
 
     @property
     def failed(self) -> bool:
@@ -156,6 +162,8 @@ class BenchOutcome:
             "note": self.note,
             "baseline_path": self.baseline_path,
             "run_id": self.run_id,
+            "saved": self.saved,
+            "key": self.key.as_dict(),
         }
 
     @classmethod
@@ -188,6 +196,8 @@ class BenchOutcome:
             note=data.get("note"),
             baseline_path=data.get("baseline_path"),
             run_id=data.get("run_id"),
+            saved=bool(data.get("saved", False)),
+            baseline_key=BenchKey.from_dict(data["key"]) if data.get("key") else None,
         )
 
 
@@ -342,6 +352,98 @@ def format_markdown(outcomes: Sequence[BenchOutcome], *, title: str = "pytest-ll
     return "\n".join(lines) + "\n"
 
 
+# --------------------------------------------------------------------------- the plugin's gate outcomes
+
+
+def outcome_from_gate(data: Mapping[str, Any]) -> BenchOutcome:
+    """A :class:`BenchOutcome` from the dict the benchmark gate (``pytest_llmserve.bench``) records.
+
+    Keys read: ``test``, ``server``, ``workload``, ``metric``, ``higher_is_better``, ``tolerance``,
+    ``verdict`` (an outcome, ``saved``, ``no-baseline`` or ``refused``), ``verdict_detail`` (a
+    :class:`Verdict` dict), ``current`` and ``baseline`` (metric → samples), ``comparability``,
+    ``context``, ``message``, ``baseline_file``, ``key`` (the store key; without it the key is the test
+    id without its parameters, the server and the workload, as the gate computes it), ``concurrency``,
+    ``request_latencies_s``, ``error``, ``run_id``.
+    """
+    metric = str(data["metric"])
+    test = str(data["test"])
+    server = str(data["server"])
+    workload = str(data["workload"])
+    current = {k: [float(x) for x in v] for k, v in (data.get("current") or {}).items()}
+    baseline = data.get("baseline") or {}
+    detail = data.get("verdict_detail")
+    comp = data.get("comparability")
+    key_data = data.get("key")
+    key = (
+        BenchKey.from_dict(key_data)
+        if isinstance(key_data, Mapping)
+        else BenchKey(test=test.split("[", 1)[0], server=server, workload=workload)
+    )
+    higher = data.get("higher_is_better")
+    return BenchOutcome(
+        test_id=test,
+        server_id=server,
+        workload=workload,
+        metric=metric,
+        higher_is_better=bool(higher) if higher is not None else default_higher_is_better(metric),
+        tolerance=float(data.get("tolerance", 0.05)),
+        verdict=Verdict.from_dict(detail) if isinstance(detail, Mapping) else None,
+        comparability=Comparability.from_dict(comp) if isinstance(comp, Mapping) else None,
+        samples=current,
+        baseline_samples=[float(x) for x in baseline.get(metric) or []],
+        error=data.get("error"),
+        context=dict(data.get("context") or {}),
+        concurrency=data.get("concurrency"),
+        request_latencies_s={
+            k: [float(x) for x in v] for k, v in (data.get("request_latencies_s") or {}).items()
+        },
+        note=data.get("message"),
+        baseline_path=data.get("baseline_file"),
+        run_id=data.get("run_id"),
+        saved=data.get("verdict") == "saved",
+        baseline_key=key,
+    )
+
+
+def as_outcomes(items: Iterable[BenchOutcome | Mapping[str, Any]]) -> list[BenchOutcome]:
+    """BenchOutcomes as they are; gate dicts converted by :func:`outcome_from_gate`."""
+    return [item if isinstance(item, BenchOutcome) else outcome_from_gate(item) for item in items]
+
+
+def write_all(
+    outcomes: Iterable[BenchOutcome | Mapping[str, Any]],
+    results_dir: str | os.PathLike[str],
+    *,
+    bench_json: str | os.PathLike[str] | None = None,
+    plots: bool = True,
+    github_summary: bool = False,
+    run_id: str | None = None,
+) -> list[Path]:
+    """Every report of a session under ``results_dir``; returns the paths written.
+
+    ``results.json`` (the format ``llmserve baselines accept`` reads), ``summary.md``, ``summary.txt``,
+    PNG plots under ``plots/``, pytest-benchmark JSON at ``bench_json`` when given, and the Markdown
+    appended to ``$GITHUB_STEP_SUMMARY`` when ``github_summary`` is set and that variable is.
+    """
+    items = as_outcomes(outcomes)
+    out = Path(results_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    written = [write_results_json(out / "results.json", items, run_id=run_id)]
+    markdown = format_markdown(items)
+    (out / "summary.md").write_text(markdown, encoding="utf-8")
+    (out / "summary.txt").write_text(format_table(items) + "\n", encoding="utf-8")
+    written += [out / "summary.md", out / "summary.txt"]
+    if bench_json is not None:
+        written.append(write_pytest_benchmark_json(bench_json, items))
+    if plots:
+        written += write_plots(items, out / "plots")
+    step_summary = os.environ.get("GITHUB_STEP_SUMMARY")
+    if github_summary and step_summary:
+        with open(step_summary, "a", encoding="utf-8") as fh:
+            fh.write(markdown)
+    return written
+
+
 # --------------------------------------------------------------------------- results JSON
 
 
@@ -392,6 +494,11 @@ def read_results_json(path: str | os.PathLike[str]) -> tuple[dict[str, Any], lis
         raise BaselineError(f"{p}: no such results file") from None
     except (OSError, UnicodeDecodeError, ValueError) as exc:
         raise BaselineError(f"{p}: not a readable JSON results file ({exc})") from None
+    if isinstance(data, list):  # the gate's own list of outcome dicts
+        try:
+            return {"format": "gate-outcomes"}, [outcome_from_gate(item) for item in data]
+        except (KeyError, TypeError, ValueError, AttributeError, BaselineError) as exc:
+            raise BaselineError(f"{p}: a list, but not of benchmark outcomes ({exc!r})") from None
     if not isinstance(data, dict) or data.get("format") != RESULTS_FORMAT:
         raise BaselineError(
             f'{p}: not a pytest-llmserve results file (expected "format": "{RESULTS_FORMAT}")'
@@ -407,7 +514,7 @@ def read_results_json(path: str | os.PathLike[str]) -> tuple[dict[str, Any], lis
     for i, item in enumerate(benchmarks):
         try:
             outcomes.append(BenchOutcome.from_dict(item))
-        except (KeyError, TypeError, ValueError) as exc:
+        except (KeyError, TypeError, ValueError, BaselineError) as exc:
             raise BaselineError(f"{p}: benchmarks[{i}] is malformed ({exc!r})") from None
     header = {k: v for k, v in data.items() if k != "benchmarks"}
     return header, outcomes

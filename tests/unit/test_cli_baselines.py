@@ -274,3 +274,26 @@ def test_compare_as_a_process(tmp_path: Path) -> None:
     )
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "REGRESSED" in proc.stdout
+
+
+def test_accept_gate_outcomes_uses_the_gates_key(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    gate = [
+        {
+            "test": f"{TEST}[srv]",
+            "server": "srv",
+            "workload": "smoke",
+            "metric": "output_throughput",
+            "higher_is_better": True,
+            "tolerance": 0.05,
+            "context": context(),
+            "verdict": "no-baseline",
+            "current": {"output_throughput": BASE},
+            "baseline": None,
+            "message": "no baseline",
+        }
+    ]
+    path = tmp_path / "results.json"
+    path.write_text(json.dumps(gate))
+    d = tmp_path / "b"
+    assert cli("baselines", "accept", str(path), "--dir", str(d)) == 0
+    assert BaselineStore(d).load(BenchKey(TEST, "srv", "smoke")) is not None

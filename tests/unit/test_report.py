@@ -254,3 +254,84 @@ def test_plots(tmp_path: Path) -> None:
 def test_no_plots_without_data(tmp_path: Path) -> None:
     lone = outcome(baseline=[], verdict=None, request_latencies_s={})
     assert write_plots([lone], tmp_path) == []
+
+
+def gate_dict(verdict: str, **kw: object) -> dict[str, object]:
+    """An outcome dict as pytest_llmserve.bench records it."""
+    d: dict[str, object] = {
+        "test": "tests/test_perf.py::test_throughput[srv]",
+        "server": "srv",
+        "workload": "smoke",
+        "metric": "output_throughput",
+        "higher_is_better": True,
+        "tolerance": 0.05,
+        "baseline_file": "baselines/x.json",
+        "context": context(),
+        "verdict": verdict,
+        "current": {"output_throughput": DROP, "median_ttft_ms": [20.0] * 5},
+        "baseline": None,
+        "rounds": 5,
+        "message": f"{verdict} message",
+        "seconds": 1.0,
+        "cross_check": None,
+    }
+    d.update(kw)
+    return d
+
+
+def test_outcome_from_gate_dicts() -> None:
+    from pytest_llmserve.baselines import BenchKey
+    from pytest_llmserve.report import outcome_from_gate
+
+    v = decide(BASE, DROP, higher_is_better=True, tolerance=0.05)
+    comp = comparability(context(), context(), None, False)
+    judged = outcome_from_gate(
+        gate_dict(
+            "regressed",
+            verdict_detail=v.to_dict(),
+            comparability=comp.to_dict(),
+            baseline={"output_throughput": BASE, "median_ttft_ms": [19.0] * 5},
+        )
+    )
+    assert judged.status == "regressed"
+    assert judged.verdict == v
+    assert judged.baseline_samples == BASE
+    assert judged.key == BenchKey(
+        "tests/test_perf.py::test_throughput", "srv", "smoke"
+    )  # as the gate keys it
+    assert outcome_from_gate(gate_dict("saved")).status == "saved"
+    assert outcome_from_gate(gate_dict("no-baseline", current=None)).status == "no-baseline"
+    refused = comparability(context(), context(mem_fraction=0.5), None, False)
+    assert (
+        outcome_from_gate(gate_dict("refused", current=None, comparability=refused.to_dict())).status
+        == "refused"
+    )
+    explicit = outcome_from_gate(gate_dict("saved", key={"test": "t", "server": "s", "workload": "w"}))
+    assert explicit.key == BenchKey("t", "s", "w")
+
+
+def test_write_all_from_gate_dicts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from pytest_llmserve.report import write_all
+
+    summary = tmp_path / "step-summary.md"
+    monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
+    v = decide(BASE, DROP, higher_is_better=True, tolerance=0.05)
+    items: list[BenchOutcome | dict[str, object]] = [
+        gate_dict("regressed", verdict_detail=v.to_dict(), baseline={"output_throughput": BASE}),
+        outcome(),
+    ]
+    paths = write_all(items, tmp_path / "results", bench_json=tmp_path / "bench.json", github_summary=True)
+    names = {p.name for p in paths}
+    assert {"results.json", "summary.md", "summary.txt", "bench.json"} <= names
+    assert any(name.startswith("ab-") for name in names)
+    _, back = read_results_json(tmp_path / "results" / "results.json")
+    assert [o.status for o in back] == ["regressed", "regressed"]
+    assert back[0].key.test == "tests/test_perf.py::test_throughput"
+    assert "REGRESSED" in summary.read_text()
+    # the gate's bare list of dicts is read as well
+    bare = tmp_path / "bare.json"
+    bare.write_text(json.dumps([gate_dict("saved")]))
+    header, saved = read_results_json(bare)
+    assert header["format"] == "gate-outcomes"
+    assert saved[0].status == "saved"
+    assert saved[0].samples["output_throughput"] == DROP
