@@ -294,7 +294,7 @@ def _load_sides(path_text: str, records: int) -> list[_Side]:
         raise BaselineError(f"{path}: no such file") from None
     except (OSError, UnicodeDecodeError, ValueError) as exc:
         raise BaselineError(f"{path}: not a readable JSON file ({exc})") from None
-    if isinstance(data, dict) and data.get("format") == RESULTS_FORMAT:
+    if isinstance(data, list) or (isinstance(data, dict) and data.get("format") == RESULTS_FORMAT):
         _, outcomes = read_results_json(path)
         sides = [
             _Side(o.key, o.context, o.metric, o.higher_is_better, o.samples, o.tolerance, str(path))

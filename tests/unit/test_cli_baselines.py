@@ -297,3 +297,6 @@ def test_accept_gate_outcomes_uses_the_gates_key(tmp_path: Path, capsys: pytest.
     d = tmp_path / "b"
     assert cli("baselines", "accept", str(path), "--dir", str(d)) == 0
     assert BaselineStore(d).load(BenchKey(TEST, "srv", "smoke")) is not None
+    capsys.readouterr()
+    assert cli("compare", str(path), str(results(tmp_path / "drop.json", DROP))) == 1
+    assert "REGRESSED" in capsys.readouterr().out
