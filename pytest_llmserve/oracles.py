@@ -1,0 +1,1108 @@
+"""Correctness oracles: NaN evidence, coherence, known answers, determinism, differential comparison,
+and the CUDA-graph batch sizes to exercise.
+
+Everything here works on plain :class:`~pytest_llmserve.client.Completion` records, so each check can
+be tested without a server; the ``run_*`` orchestrators send the requests through an
+:class:`~pytest_llmserve.client.LLMClient` that the caller passes in, and return an
+:class:`OracleReport`. Every oracle request is greedy (temperature 0) and asks for logprobs
+(``logprobs=5`` by default): logprobs are the only channel through which NaN is visible while the text
+still looks normal, and the top-k alternatives are what the differential rule needs.
+
+A failure message says what was sent, what came back (the first offending tokens with their positions
+and logprobs) and on which server configuration (the server id passed in), so it can be acted on from
+a CI log alone.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import zlib
+from collections import Counter
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal, TypeVar
+
+from pytest_llmserve.client import Completion, LLMClient, TokenLogprob
+from pytest_llmserve.errors import RequestError
+
+Severity = Literal["error", "warning"]
+_T = TypeVar("_T")
+
+DEFAULT_LOGPROBS = 5
+
+# Engine sentinels. vLLM's OpenAI layer clamps logprobs with max(logprob, -9999.0), so -inf arrives as
+# -9999.0 (NaN is not clamped and breaks JSON: HTTP 400). SGLang clamps to torch.finfo(float32).min
+# and serializes NaN/inf as null with orjson. SGLang's NaN sanitizers replace NaN logits by -1e5 (0.5.9
+# --enable-nan-detection) or -1e30 (SGLANG_SANITIZE_NAN_LOGITS), which also lands far below -9999.
+VLLM_LOGPROB_CLAMP = -9999.0
+FLOAT32_LOWEST = -3.4028234663852886e38
+SGLANG_NAN_FINISH = "NaN happened"
+JSON_NAN_ERROR = "Out of range float values are not JSON compliant"
+
+# An HTTP error body that mentions any of these is NaN evidence, not an ordinary failure.
+_NAN_BODY_RE = re.compile(
+    r"out of range float values are not json compliant|nan happened|nan detected|\bnan\b|"
+    r"probability tensor contains|\b-?inf(?:inity)?\b",
+    re.IGNORECASE,
+)
+
+# Engine log lines that report NaN. (engine, pattern, what it means)
+NAN_LOG_PATTERNS: tuple[tuple[str, re.Pattern[str], str], ...] = (
+    ("vllm", re.compile(r"Corrupted:\s*([1-9][\d,]*)\s*reqs"),
+     "vLLM counted requests with NaN in the logits (VLLM_COMPUTE_NANS_IN_LOGITS=1)"),
+    ("vllm", re.compile(re.escape(JSON_NAN_ERROR)),
+     "a response held NaN/inf and could not be serialized (vLLM answers HTTP 400)"),
+    ("sglang", re.compile(r"Detected errors during sampling! NaN in the logits"),
+     "SGLang --enable-nan-detection saw NaN in the logits (0.5.9)"),
+    ("sglang", re.compile(r"NaN detected in \S"),
+     "SGLANG_SANITIZE_NAN_LOGITS replaced NaN logits before sampling (the output is garbage)"),
+    ("sglang", re.compile(r"NaN detected!"),
+     "SGLang's NaN assert fired (SGLANG_ENABLE_NAN_LOGITS_CHECK / SGLANG_ENABLE_ASYNC_ASSERT)"),
+    ("sglang", re.compile(re.escape(SGLANG_NAN_FINISH)),
+     "SGLang finished a request because the sampled token id was out of range (NaN logits)"),
+    ("torch", re.compile(r"probability tensor contains either `?inf`?, `?nan`? or element < 0"),
+     "torch.multinomial was given NaN/inf probabilities"),
+)
+# Prometheus counters of NaN requests: vllm:corrupted_requests ("Requests with NaNs in logits").
+NAN_METRICS = ("vllm:corrupted_requests",)
+
+# A greedy token whose logprob is this far below the best alternative was not the argmax: the logprobs
+# belong to other logits than the ones sampled from (e.g. rows mixed up inside a batch).
+_GREEDY_ARGMAX_SLACK = 1.0
+_POSITIVE_LOGPROB_SLACK = 1e-3
+_TOPK_MASS_SLACK = 0.02
+# Without logprobs, NaN shows as text that stops growing: greedy argmax over NaN picks token id 0,
+# usually a special token that detokenizes to "". English runs ~4 characters per token, CJK ~1.
+_EMPTY_TEXT_CHARS_PER_TOKEN = 0.5
+_EMPTY_TEXT_MIN_TOKENS = 8
+
+
+# --------------------------------------------------------------------------------------------------
+# findings and reports
+# --------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class TokenAt:
+    """One generated token at its position, with its logprob and top alternatives, as evidence."""
+
+    position: int
+    token: str
+    logprob: float | None
+    top: tuple[tuple[str, float | None], ...] = ()
+
+    @classmethod
+    def of(cls, position: int, tok: TokenLogprob, top_n: int = 3) -> TokenAt:
+        ranked = sorted(tok.top.items(), key=lambda kv: _sort_key(kv[1]))[:top_n]
+        return cls(position, tok.token, tok.logprob, tuple(ranked))
+
+    def render(self) -> str:
+        text = f"#{self.position} {self.token!r} {_fmt(self.logprob)}"
+        if self.top:
+            text += " [top: " + ", ".join(f"{t!r} {_fmt(v)}" for t, v in self.top) + "]"
+        return text
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    """One piece of evidence that something is wrong (``error``) or worth a look (``warning``)."""
+
+    oracle: str  # nan | logprobs | transport | coherence | known-answer | determinism | differential
+    severity: Severity
+    message: str
+    tokens: tuple[TokenAt, ...] = ()  # the first offending tokens, with positions and logprobs
+    request: str = ""  # Completion.describe(): what was sent and what came back
+    probe: str = ""  # which probe or request, e.g. "long-decode[story]" or "bs=3-padded-to-4 #2/3"
+
+    def render(self) -> str:
+        head = f"[{self.oracle}] {self.severity}" + (f" in {self.probe}" if self.probe else "")
+        lines = [f"{head}: {self.message}"]
+        if self.request:
+            lines.extend("    " + line for line in self.request.splitlines())
+        if self.tokens:
+            lines.append("    offending tokens (#position token logprob [top alternatives]):")
+            lines.extend("      " + t.render() for t in self.tokens)
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(slots=True)
+class OracleReport:
+    """The findings of one check on one server, and the completions it looked at."""
+
+    check: str
+    findings: list[Finding] = field(default_factory=list)
+    completions: list[Completion] = field(default_factory=list)
+    server_id: str = ""  # the server configuration the responses came from
+
+    @property
+    def ok(self) -> bool:
+        return not any(f.severity == "error" for f in self.findings)
+
+    @property
+    def errors(self) -> list[Finding]:
+        return [f for f in self.findings if f.severity == "error"]
+
+    @property
+    def warnings(self) -> list[Finding]:
+        return [f for f in self.findings if f.severity == "warning"]
+
+    def add(self, findings: Iterable[Finding]) -> OracleReport:
+        self.findings.extend(findings)
+        return self
+
+    def merge(self, other: OracleReport) -> OracleReport:
+        self.findings.extend(other.findings)
+        self.completions.extend(other.completions)
+        return self
+
+    def message(self, server_id: str | None = None, limit: int = 5) -> str:
+        """A failure message: the server configuration (``server_id``, else the one recorded by the
+        orchestrator), then the first ``limit`` errors and warnings, each with what was sent, what
+        came back and the offending tokens."""
+        server_id = server_id or self.server_id or "<unnamed server>"
+        errors, warnings = self.errors, self.warnings
+        verdict = "FAILED" if errors else "passed"
+        lines = [f"{self.check} {verdict} on server {server_id}: {len(errors)} error(s), "
+                 f"{len(warnings)} warning(s) over {len(self.completions)} response(s)"]
+        shown = (errors + warnings)[:limit]
+        lines.extend(f.render() for f in shown)
+        if len(errors) + len(warnings) > len(shown):
+            lines.append(f"... and {len(errors) + len(warnings) - len(shown)} more finding(s)")
+        return "\n".join(lines)
+
+
+def _fmt(value: float | None) -> str:
+    if value is None:
+        return "null"
+    if not math.isfinite(value):
+        return str(value)
+    return f"{value:.4g}" if abs(value) >= 1e4 else f"{value:.3f}"
+
+
+def _sort_key(value: float | None) -> float:
+    return -value if value is not None and math.isfinite(value) else math.inf
+
+
+def _finding(oracle: str, severity: Severity, message: str, c: Completion | None = None,
+             tokens: Iterable[TokenAt] = (), probe: str = "") -> Finding:
+    return Finding(oracle, severity, message, tuple(tokens), c.describe() if c is not None else "", probe)
+
+
+# --------------------------------------------------------------------------------------------------
+# NaN evidence
+# --------------------------------------------------------------------------------------------------
+
+def _bad_value(value: float | None) -> str | None:
+    """Why a logprob value is NaN evidence, or None when it is an ordinary number."""
+    if value is None:
+        return "null (SGLang serializes NaN/inf as null)"
+    if math.isnan(value):
+        return "NaN"
+    if math.isinf(value):
+        return f"{value} (not finite)"
+    if value == VLLM_LOGPROB_CLAMP:
+        return "-9999.0 (vLLM's clamp of -inf)"
+    if value <= FLOAT32_LOWEST * 0.999:
+        return f"{value:.6g} (SGLang's clamp of -inf to float32 lowest)"
+    if value < VLLM_LOGPROB_CLAMP:
+        return f"{value:.6g} (implausibly low: a sanitized NaN/-inf logit)"
+    return None
+
+
+def nan_evidence(c: Completion, *, probe: str = "") -> list[Finding]:
+    """NaN evidence in one response, from every channel a client can see.
+
+    HTTP errors whose body mentions NaN/inf (vLLM: HTTP 400 "Out of range float values are not JSON
+    compliant"), null / non-finite / sentinel logprobs in the chosen tokens and their top alternatives,
+    SGLang's ``matched_stop == "NaN happened"``, and text that stops growing while tokens are still
+    counted (how NaN looks when no logprobs were requested).
+    """
+    findings: list[Finding] = []
+    if not c.ok:
+        body = c.error or ""
+        if c.status >= 400 and _NAN_BODY_RE.search(body):
+            findings.append(_finding("nan", "error", f"HTTP {c.status} whose body reports NaN/inf: "
+                                     f"{body.strip()[:300]!r}", c, probe=probe))
+        return findings
+    chosen: list[TokenAt] = []
+    alternatives: list[TokenAt] = []
+    reasons: Counter[str] = Counter()
+    for i, tok in enumerate(c.tokens):
+        why = _bad_value(tok.logprob)
+        if why is not None:
+            reasons[f"chosen-token logprob {why}"] += 1
+            chosen.append(TokenAt.of(i, tok))
+            continue
+        bad_top = [(t, v) for t, v in tok.top.items() if _bad_value(v) is not None]
+        if bad_top:
+            reasons[f"top-alternative logprob {_bad_value(bad_top[0][1])}"] += 1
+            alternatives.append(TokenAt(i, tok.token, tok.logprob, tuple(bad_top[:3])))
+    if chosen or alternatives:
+        offending = sorted(chosen + alternatives, key=lambda t: t.position)
+        summary = "; ".join(f"{n}x {why}" for why, n in reasons.most_common(3))
+        findings.append(_finding(
+            "nan", "error", f"{len(offending)} of {len(c.tokens)} token(s) carry non-finite, null or "
+            f"sentinel logprobs, first at position {offending[0].position}: {summary}", c, offending[:5],
+            probe))
+    matched = c.matched_stop if isinstance(c.matched_stop, str) else ""
+    marker = SGLANG_NAN_FINISH.lower()
+    if marker in matched.lower() or marker in str(c.finish_reason).lower():
+        findings.append(_finding("nan", "error", f"finished with matched_stop={c.matched_stop!r}: SGLang "
+                                 "stops a request this way when the sampled token id is out of range "
+                                 "(NaN logits)",
+                                 c, probe=probe))
+    findings.extend(_empty_text_symptom(c, probe))
+    return findings
+
+
+def _empty_text_symptom(c: Completion, probe: str) -> list[Finding]:
+    if c.tokens:  # with logprobs: a tail of tokens whose text is ""
+        tail = 0
+        for tok in reversed(c.tokens):
+            if tok.token != "":
+                break
+            tail += 1
+        if tail >= max(4, len(c.tokens) // 4):
+            start = len(c.tokens) - tail
+            evidence = [TokenAt.of(i, c.tokens[i]) for i in range(start, start + 3)]
+            return [_finding("nan", "error", f"every token from position {start} on ({tail} of "
+                             f"{len(c.tokens)}) decodes to empty text: greedy argmax over NaN logits picks "
+                             "token id 0, typically a special token", c, evidence, probe)]
+    # With or without logprobs: far fewer visible characters than tokens (special tokens decode to "").
+    n = max(c.completion_tokens or 0, len(c.tokens))
+    visible = len(c.text.strip())
+    if n >= _EMPTY_TEXT_MIN_TOKENS and visible < _EMPTY_TEXT_CHARS_PER_TOKEN * n:
+        return [_finding("nan", "error", f"{n} tokens were generated but the text has only {visible} "
+                         "visible character(s): tokens after some point decode to empty text, how NaN "
+                         "logits look without logprobs (greedy picks token id 0, a special token)", c,
+                         [TokenAt.of(i, t) for i, t in enumerate(c.tokens[:3])], probe)]
+    return []
+
+
+def logprob_consistency(c: Completion, *, probe: str = "") -> list[Finding]:
+    """Numbers that cannot come from a healthy softmax: logprob > 0, top-k mass above 1, and (greedy
+    requests only) a chosen token that is clearly not the most likely one."""
+    if not c.ok or not c.tokens:
+        return []
+    findings: list[Finding] = []
+    positive = [TokenAt.of(i, t) for i, t in enumerate(c.tokens)
+                if t.logprob is not None and math.isfinite(t.logprob) and t.logprob > _POSITIVE_LOGPROB_SLACK]
+    if positive:
+        findings.append(_finding("logprobs", "error", f"{len(positive)} token(s) have a logprob above 0 "
+                                 "(probability > 1): corrupted logits, or a server run with "
+                                 "--logprobs-mode raw_logits",
+                                 c, positive[:5], probe))
+    heavy: list[TokenAt] = []
+    for i, tok in enumerate(c.tokens):
+        values = [v for v in tok.top.values() if v is not None and math.isfinite(v)]
+        if values and sum(math.exp(min(v, 50.0)) for v in values) > 1.0 + _TOPK_MASS_SLACK:
+            heavy.append(TokenAt.of(i, tok))
+    if heavy:
+        findings.append(_finding("logprobs", "error", f"{len(heavy)} position(s) where the top-k "
+                                 "probabilities sum to more than 1", c, heavy[:5], probe))
+    if _plain_greedy(c.request):
+        not_argmax: list[TokenAt] = []
+        for i, tok in enumerate(c.tokens):
+            values = [v for v in tok.top.values() if v is not None and math.isfinite(v)]
+            if tok.logprob is not None and math.isfinite(tok.logprob) and values \
+                    and max(values) - tok.logprob > _GREEDY_ARGMAX_SLACK:
+                not_argmax.append(TokenAt.of(i, tok))
+        if not_argmax:
+            findings.append(_finding("logprobs", "error", f"greedy decode chose {len(not_argmax)} token(s) "
+                                     f"that are not the most likely by more than {_GREEDY_ARGMAX_SLACK} nat: "
+                                     "the logprobs do not belong to the logits that were sampled "
+                                     "(mixed-up rows?)",
+                                     c, not_argmax[:5], probe))
+    return findings
+
+
+_SAMPLING_CHANGERS = ("min_tokens", "logit_bias", "bad_words", "allowed_token_ids", "guided_json",
+                      "guided_regex", "guided_choice", "response_format", "structured_outputs")
+
+
+def _plain_greedy(request: dict[str, Any]) -> bool:
+    if request.get("temperature", 1.0) != 0:
+        return False
+    for key in ("repetition_penalty",):
+        if request.get(key, 1.0) not in (1, 1.0, None):
+            return False
+    for key in ("frequency_penalty", "presence_penalty"):
+        if request.get(key, 0.0) not in (0, 0.0, None):
+            return False
+    return not any(request.get(key) for key in _SAMPLING_CHANGERS)
+
+
+def transport_findings(c: Completion, *, probe: str = "") -> list[Finding]:
+    """Failures that are not NaN: other HTTP errors, aborted requests, missing logprobs."""
+    if not c.ok:
+        if c.status >= 400 and _NAN_BODY_RE.search(c.error or ""):
+            return []  # reported by nan_evidence
+        body = (c.error or "").strip()[:300]
+        return [_finding("transport", "error", f"request failed: HTTP {c.status}: {body!r}", c, probe=probe)]
+    findings: list[Finding] = []
+    if c.finish_reason not in (None, "stop", "length", "eos", "eos_token", "stop_sequence"):
+        findings.append(_finding("transport", "error", f"finish_reason={c.finish_reason!r} (aborted or "
+                                 "failed inside the engine)", c, probe=probe))
+    wants_logprobs = bool(c.request.get("logprobs")) or bool(c.request.get("top_logprobs"))
+    if wants_logprobs and not c.tokens and (c.text or c.completion_tokens):
+        findings.append(_finding("transport", "warning", "logprobs were requested but none came back: NaN "
+                                 "evidence is limited to the text", c, probe=probe))
+    return findings
+
+
+def response_findings(c: Completion, *, probe: str = "") -> list[Finding]:
+    """All per-response numerical and transport checks (NaN evidence, logprob consistency, failures)."""
+    return (nan_evidence(c, probe=probe) + logprob_consistency(c, probe=probe)
+            + transport_findings(c, probe=probe))
+
+
+def nan_in_log(lines: Iterable[str], *, limit_per_pattern: int = 3) -> list[Finding]:
+    """NaN reports in engine log lines (vLLM and SGLang patterns in :data:`NAN_LOG_PATTERNS`)."""
+    hits: dict[int, list[tuple[int, str]]] = {}
+    for number, line in enumerate(lines, 1):
+        for index, (_, pattern, _) in enumerate(NAN_LOG_PATTERNS):
+            if pattern.search(line):
+                hits.setdefault(index, []).append((number, line.rstrip()[:400]))
+                break
+    findings: list[Finding] = []
+    for index, found in sorted(hits.items()):
+        engine, _, meaning = NAN_LOG_PATTERNS[index]
+        shown = "\n".join(f"    line {n}: {text}" for n, text in found[:limit_per_pattern])
+        more = f"\n    ... {len(found) - limit_per_pattern} more" if len(found) > limit_per_pattern else ""
+        findings.append(Finding("nan", "error", f"{engine} log reports NaN ({len(found)} line(s)): "
+                                f"{meaning}\n{shown}{more}", probe="server log"))
+    return findings
+
+
+def _metric_totals(text: str, names: Sequence[str]) -> dict[str, float]:
+    totals: dict[str, float] = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        m = re.match(r"^([A-Za-z_:][\w:]*)(?:\{[^}]*\})?\s+(\S+)", line)
+        if not m:
+            continue
+        name = m.group(1)
+        base = name[:-6] if name.endswith("_total") else name
+        if base in names:
+            try:
+                totals[base] = totals.get(base, 0.0) + float(m.group(2))
+            except ValueError:
+                continue
+    return totals
+
+
+def nan_in_metrics(after: str, before: str | None = None) -> list[Finding]:
+    """NaN counters on the Prometheus page (``vllm:corrupted_requests``; needs VLLM_COMPUTE_NANS_IN_LOGITS=1):
+    an increase since ``before``, or any non-zero value when there is no ``before``."""
+    now = _metric_totals(after, NAN_METRICS)
+    then = _metric_totals(before, NAN_METRICS) if before is not None else {}
+    findings = []
+    for name, value in sorted(now.items()):
+        delta = value - then.get(name, 0.0)
+        if delta > 0:
+            findings.append(Finding("nan", "error", f"{name} rose by {delta:g} (to {value:g}): the engine "
+                                    "counted requests with NaN in their logits", probe="/metrics"))
+    return findings
+
+
+# --------------------------------------------------------------------------------------------------
+# coherence
+# --------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class CoherenceThresholds:
+    """Limits that separate degenerate decoding from healthy (if imperfect) greedy text.
+
+    Calibrated on SmolLM2-135M-Instruct greedy decodes of 256 tokens (bf16): a healthy small model at
+    temperature 0 often falls into a loop of a whole sentence after ~100 tokens ("The first printing
+    press was created by ..., in 1786." again and again), which must pass; broken decode collapses into
+    a loop of a few tokens (" piece, piece. piece in piece"), one token ("!!!!", token id 0 under NaN),
+    or replacement characters, which must fail. Measured (healthy loops vs the layer-scrambled model):
+    compression ratio 3.7-6.6 vs 8-23, distinct tokens 35-65 vs 6-12, most common token 7-15% vs 44-49%,
+    most common 4-gram 3-9% vs 16-43%, mean logprob -0.16..-0.49 vs -0.54..-0.78 (so the logprob floor
+    does not catch a scrambled model: it is *more* confident; the repetition metrics do).
+    """
+
+    # U+FFFD in the text: invalid UTF-8 byte sequences from the detokenizer, i.e. garbage byte tokens.
+    max_replacement_ratio: float = 0.01
+    # Unicode-printable characters or whitespace; control characters mean byte garbage.
+    min_printable_ratio: float = 0.95
+    # Printable ASCII or whitespace (SGLang's own gibberish detector uses > 0.85). Catches "BPE salad"
+    # (NaN rows sanitized into uniform sampling). For English prompts only: None disables it.
+    min_ascii_ratio: float | None = 0.85
+    # len(utf8) / len(zlib(utf8)) (Whisper's degeneration test; it uses 2.4 on sampled speech segments).
+    # Greedy sentence loops reach 4-7 at 256 tokens, token-level collapse 8-50.
+    max_compression_ratio: float = 10.0
+    # Share of the most common token n-gram among all n-grams (SGLang's kit: 5-gram < 0.25). A loop of
+    # period p gives ~1/p: 0.2 fails loops of five tokens or fewer.
+    ngram: int = 4
+    max_top_ngram_ratio: float = 0.2
+    # Share of the most common single token (healthy prose: " the", ",", "\n" at 5-15%).
+    max_top_token_ratio: float = 0.35
+    # Longest run of one identical token (NaN -> token 0 -> "!!!!!!" for GLM/Qwen tokenizers).
+    max_token_run: int = 8
+    # Distinct tokens must reach min(min_distinct_tokens, ceil(min_distinct_ratio * n)).
+    min_distinct_tokens: int = 20
+    min_distinct_ratio: float = 0.3
+    # Mean logprob of the chosen tokens. Greedy healthy text sits around -0.2..-1; uniform "salad" from
+    # sanitized NaN rows is far below. Not a repetition detector (collapsed loops are confident).
+    min_mean_logprob: float = -3.0
+    # Below these sizes the length-sensitive statistics (compression, n-grams, top token) are skipped.
+    min_chars: int = 64
+    min_tokens: int = 32
+
+
+DEFAULT_THRESHOLDS = CoherenceThresholds()
+
+_PSEUDO_TOKEN_RE = re.compile(r"\w+|[^\w\s]", re.UNICODE)
+
+
+def _token_strings(text: str, tokens: Sequence[TokenLogprob | str] | None) -> tuple[list[str], bool]:
+    if tokens:
+        return [t if isinstance(t, str) else t.token for t in tokens], False
+    # No logprobs: words and single punctuation marks stand in for tokens ("!!!!" -> "!", "!", ...).
+    return _PSEUDO_TOKEN_RE.findall(text), True
+
+
+def _longest_run(items: Sequence[str]) -> tuple[int, int]:
+    """(length, start index) of the longest run of identical items."""
+    best, best_start, run, start = 0, 0, 0, 0
+    for i, item in enumerate(items):
+        if i and item == items[i - 1]:
+            run += 1
+        else:
+            run, start = 1, i
+        if run > best:
+            best, best_start = run, start
+    return best, best_start
+
+
+def _top_ngram(items: Sequence[str], n: int) -> tuple[float, tuple[str, ...], int]:
+    grams = [tuple(items[i:i + n]) for i in range(len(items) - n + 1)]
+    if not grams:
+        return 0.0, (), 0
+    gram, count = Counter(grams).most_common(1)[0]
+    return count / len(grams), gram, count
+
+
+def coherence_metrics(text: str, tokens: Sequence[TokenLogprob | str] | None = None,
+                      ngram: int = DEFAULT_THRESHOLDS.ngram) -> dict[str, float]:
+    """Text statistics of one output. Keys: chars, tokens, pseudo_tokens (1.0 when words stood in for
+    missing tokens), replacement_ratio, printable_ratio, ascii_ratio, compression_ratio, top_ngram_ratio,
+    top_token_ratio, longest_token_run, distinct_tokens, and mean_logprob (only when logprobs exist)."""
+    items, pseudo = _token_strings(text, tokens)
+    chars = len(text)
+    data = text.encode("utf-8", "surrogatepass")
+    metrics: dict[str, float] = {"chars": float(chars), "tokens": float(len(items)),
+                                 "pseudo_tokens": float(pseudo)}
+    if chars:
+        metrics["replacement_ratio"] = text.count("\ufffd") / chars
+        metrics["printable_ratio"] = sum(1 for ch in text if ch.isprintable() or ch.isspace()) / chars
+        metrics["ascii_ratio"] = sum(1 for ch in text if (" " <= ch <= "~") or ch in "\n\r\t") / chars
+        metrics["compression_ratio"] = len(data) / len(zlib.compress(data, 9))
+    else:
+        metrics.update(replacement_ratio=0.0, printable_ratio=1.0, ascii_ratio=1.0, compression_ratio=0.0)
+    metrics["top_ngram_ratio"] = _top_ngram(items, ngram)[0]
+    metrics["top_token_ratio"] = (Counter(items).most_common(1)[0][1] / len(items)) if items else 0.0
+    metrics["longest_token_run"] = float(_longest_run(items)[0])
+    metrics["distinct_tokens"] = float(len(set(items)))
+    if tokens and not pseudo:
+        values = [t.logprob for t in tokens if isinstance(t, TokenLogprob) and t.logprob is not None
+                  and math.isfinite(t.logprob) and t.logprob > VLLM_LOGPROB_CLAMP]
+        if values:
+            metrics["mean_logprob"] = sum(values) / len(values)
+    return metrics
+
+
+def _excerpt(text: str, start: int = 0, width: int = 160) -> str:
+    return repr(text[start:start + width]) + ("..." if len(text) > start + width else "")
+
+
+def coherence_findings(c: Completion, thresholds: CoherenceThresholds | None = None, *,
+                       probe: str = "") -> list[Finding]:
+    """Decode collapse in one response (see :class:`CoherenceThresholds`). Failed requests give none."""
+    t = thresholds or DEFAULT_THRESHOLDS
+    if not c.ok:
+        return []
+    text = c.text
+    if not text.strip():
+        if c.tokens or c.completion_tokens:
+            return [_finding("coherence", "error", "the output has no visible text", c,
+                             [TokenAt.of(i, tok) for i, tok in enumerate(c.tokens[:3])], probe)]
+        return []
+    items, pseudo = _token_strings(text, c.tokens)
+    m = coherence_metrics(text, c.tokens, t.ngram)
+    toks = c.tokens
+    unit = "word" if pseudo else "token"  # without logprobs, words and punctuation stand in for tokens
+    joiner = " " if pseudo else ""
+    out: list[Finding] = []
+
+    def at(indices: Iterable[int]) -> list[TokenAt]:
+        return [TokenAt.of(i, toks[i]) for i in indices if 0 <= i < len(toks)] if not pseudo else []
+
+    def fail(message: str, evidence: Iterable[int] = ()) -> None:
+        out.append(_finding("coherence", "error", message, c, at(evidence), probe))
+
+    if m["replacement_ratio"] > t.max_replacement_ratio:
+        bad = [i for i, tok in enumerate(toks) if "\ufffd" in tok.token][:5]
+        fail(f"{m['replacement_ratio']:.1%} of the characters are U+FFFD (limit "
+             f"{t.max_replacement_ratio:.1%}): the detokenizer got invalid byte sequences; text "
+             f"{_excerpt(text, text.find(chr(0xFFFD)))}", bad)
+    if m["printable_ratio"] < t.min_printable_ratio:
+        fail(f"only {m['printable_ratio']:.1%} of the characters are printable (floor "
+             f"{t.min_printable_ratio:.0%}); text {_excerpt(text)}", range(5))
+    if t.min_ascii_ratio is not None and m["ascii_ratio"] < t.min_ascii_ratio and len(text) >= 16:
+        fail(f"only {m['ascii_ratio']:.1%} of the characters are printable ASCII (floor "
+             f"{t.min_ascii_ratio:.0%}; set min_ascii_ratio=None for non-English probes); text "
+             f"{_excerpt(text)}", range(5))
+    run, run_start = _longest_run(items)
+    if run > t.max_token_run:
+        fail(f"the {unit} {items[run_start]!r} repeats {run} times in a row from position {run_start} "
+             f"(limit {t.max_token_run})", range(run_start, run_start + 5))
+    n = len(items)
+    if n >= 8:
+        need = min(t.min_distinct_tokens, math.ceil(t.min_distinct_ratio * n))
+        if m["distinct_tokens"] < need:
+            common = ", ".join(f"{tok!r}x{k}" for tok, k in Counter(items).most_common(5))
+            fail(f"only {int(m['distinct_tokens'])} distinct {unit}s in {n} (need {need}): vocabulary "
+                 f"collapse; most common: {common}", range(8))
+    if len(text) >= t.min_chars and m["compression_ratio"] > t.max_compression_ratio:
+        fail(f"the text compresses {m['compression_ratio']:.1f}x (limit {t.max_compression_ratio:g}x): "
+             f"repetitive collapse; text {_excerpt(text)}", range(8))
+    if n >= t.min_tokens:
+        ratio, gram, count = _top_ngram(items, t.ngram)
+        if ratio > t.max_top_ngram_ratio:
+            starts = [i for i in range(n - t.ngram + 1) if tuple(items[i:i + t.ngram]) == gram][:2]
+            fail(f"the {t.ngram}-gram {joiner.join(gram)!r} makes up {ratio:.0%} of all {t.ngram}-grams "
+                 f"({count}x; limit {t.max_top_ngram_ratio:.0%}): a short loop",
+                 [i for s in starts for i in range(s, s + t.ngram)])
+        if m["top_token_ratio"] > t.max_top_token_ratio:
+            tok, k = Counter(items).most_common(1)[0]
+            fail(f"the {unit} {tok!r} is {m['top_token_ratio']:.0%} of the output ({k} of {n}; limit "
+                 f"{t.max_top_token_ratio:.0%})", [i for i, x in enumerate(items) if x == tok][:5])
+    mean = m.get("mean_logprob")
+    if mean is not None and mean < t.min_mean_logprob:
+        worst = sorted(range(len(toks)), key=lambda i: _sort_key(toks[i].logprob), reverse=True)
+        fail(f"mean logprob {mean:.2f} is below the floor {t.min_mean_logprob:g}: the model is guessing",
+             sorted(worst[:5]))
+    return out
+
+
+# --------------------------------------------------------------------------------------------------
+# known answers, determinism, differential
+# --------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class KnownAnswer:
+    """A prompt whose greedy answer must contain one of ``must_contain`` (case-insensitive)."""
+
+    prompt: str
+    must_contain: tuple[str, ...]
+    chat: bool = True
+    max_tokens: int = 32
+    name: str = ""
+
+    @property
+    def label(self) -> str:
+        return self.name or re.sub(r"\W+", "-", self.prompt.lower()).strip("-")[:40]
+
+    def matches(self, text: str) -> bool:
+        low = text.lower()
+        return any(word.lower() in low for word in self.must_contain)
+
+
+# Conservative probes that SmolLM2-135M-Instruct answers correctly at temperature 0 (bf16, HF
+# transformers): "The capital of France is Paris.", "The capital of Japan is Tokyo.",
+# "The opposite of hot is cold."
+DEFAULT_KNOWN_ANSWERS: tuple[KnownAnswer, ...] = (
+    KnownAnswer("What is the capital of France? Answer in one word.", ("paris",), name="capital-of-france"),
+    KnownAnswer("What is the capital of Japan? Answer in one word.", ("tokyo",), name="capital-of-japan"),
+    KnownAnswer("What is the opposite of hot? Answer in one word.", ("cold",), name="opposite-of-hot"),
+)
+
+
+def known_answer_findings(probe: KnownAnswer, c: Completion) -> list[Finding]:
+    if not c.ok or probe.matches(c.text):
+        return []
+    evidence = [TokenAt.of(i, t) for i, t in enumerate(c.tokens[:8])]
+    return [_finding("known-answer", "error", f"expected one of {list(probe.must_contain)} "
+                     f"(case-insensitive) in the answer, got {c.text[:200]!r}", c, evidence,
+                     f"known-answer[{probe.label}]")]
+
+
+def _first_difference(a: Sequence[TokenLogprob], b: Sequence[TokenLogprob]) -> int | None:
+    for i, (x, y) in enumerate(zip(a, b, strict=False)):
+        if x.token != y.token:
+            return i
+    return None
+
+
+def check_logprobs_close(ref: Completion, cand: Completion, *, name_ref: str = "reference",
+                         name_cand: str = "candidate", oracle: str = "differential",
+                         probe: str = "") -> list[Finding]:
+    """vLLM's ``check_logprobs_close`` rule for two greedy outputs of the same prompt.
+
+    Walk the generated tokens; at the first position where they differ, each side's token must be among
+    the other side's top-k alternatives (a near-tie that batching or kernels may legitimately flip), and
+    then stop, because the sequences diverge from there. A divergence inside the top-k is a warning; a
+    token outside the other's top-k is an error.
+    """
+    who = f"{name_cand} vs {name_ref}"
+    if not ref.ok or not cand.ok:
+        bad = name_ref if not ref.ok else name_cand
+        which = ref if not ref.ok else cand
+        return [_finding(oracle, "error", f"cannot compare {who}: {bad} failed (HTTP {which.status})", which,
+                         probe=probe)]
+    if not ref.tokens or not cand.tokens:
+        if ref.text != cand.text:
+            return [_finding(oracle, "warning", f"{who}: texts differ and there are no logprobs to judge the "
+                             f"divergence ({name_ref}: {ref.text[:120]!r}; {name_cand}: {cand.text[:120]!r})",
+                             cand, probe=probe)]
+        return []
+    i = _first_difference(ref.tokens, cand.tokens)
+    if i is None:
+        if len(ref.tokens) != len(cand.tokens):
+            ref_shorter = len(ref.tokens) < len(cand.tokens)
+            shorter, longer = (name_ref, name_cand) if ref_shorter else (name_cand, name_ref)
+            n = min(len(ref.tokens), len(cand.tokens))
+            return [_finding(oracle, "warning", f"{who}: identical for {n} tokens, then {shorter} stopped "
+                             f"and {longer} went on", cand, probe=probe)]
+        return []
+    r, k = ref.tokens[i], cand.tokens[i]
+    evidence = (TokenAt.of(i, r, top_n=5), TokenAt.of(i, k, top_n=5))
+    if not r.top or not k.top:
+        return [_finding(oracle, "error", f"{who}: first divergence at position {i} ({name_ref} "
+                         f"{r.token!r}, {name_cand} {k.token!r}) and no top-k alternatives to judge it",
+                         cand, evidence, probe)]
+    cand_in_ref, ref_in_cand = k.token in r.top, r.token in k.top
+    prefix = "".join(t.token for t in ref.tokens[:i])[-80:]
+    where = f"position {i} after {prefix!r}"
+    if cand_in_ref and ref_in_cand:
+        return [_finding(oracle, "warning", f"{who}: diverge at {where}: {name_ref} {r.token!r} "
+                         f"({_fmt(r.logprob)}) vs {name_cand} {k.token!r} ({_fmt(k.logprob)}), each "
+                         "inside the other's top-k (a near-tie; allowed)", cand, evidence, probe)]
+    missing = []
+    if not cand_in_ref:
+        missing.append(f"{name_cand}'s {k.token!r} is not in {name_ref}'s top-{len(r.top)}")
+    if not ref_in_cand:
+        missing.append(f"{name_ref}'s {r.token!r} is not in {name_cand}'s top-{len(k.top)}")
+    return [_finding(oracle, "error", f"{who}: diverge at {where}: " + "; ".join(missing)
+                     + f" (texts: {name_ref} {ref.text[:100]!r}; {name_cand} {cand.text[:100]!r})",
+                     cand, evidence, probe)]
+
+
+def exact_equal_findings(ref: Completion, cand: Completion, *, name_ref: str = "reference",
+                         name_cand: str = "candidate", compare_logprobs: bool = False,
+                         oracle: str = "differential", probe: str = "") -> list[Finding]:
+    """Exact equality of tokens and text (and logprob values when asked): for deterministic /
+    batch-invariant modes (vLLM VLLM_BATCH_INVARIANT=1, SGLang --enable-deterministic-inference)."""
+    who = f"{name_cand} vs {name_ref}"
+    if not ref.ok or not cand.ok:
+        which = ref if not ref.ok else cand
+        return [_finding(oracle, "error", f"cannot compare {who}: a request failed (HTTP {which.status})",
+                         which, probe=probe)]
+    i = _first_difference(ref.tokens, cand.tokens)
+    if i is not None:
+        return [_finding(oracle, "error", f"{who}: deterministic mode, but the tokens differ at position "
+                         f"{i}: {ref.tokens[i].token!r} vs {cand.tokens[i].token!r}", cand,
+                         (TokenAt.of(i, ref.tokens[i], 5), TokenAt.of(i, cand.tokens[i], 5)), probe)]
+    if len(ref.tokens) != len(cand.tokens) or ref.text != cand.text:
+        return [_finding(oracle, "error", f"{who}: deterministic mode, but the outputs differ: "
+                         f"{ref.text[:120]!r} vs {cand.text[:120]!r}", cand, probe=probe)]
+    if compare_logprobs:
+        for j, (x, y) in enumerate(zip(ref.tokens, cand.tokens, strict=True)):
+            if x.logprob != y.logprob:
+                return [_finding(oracle, "error", f"{who}: same tokens, but the logprob at position {j} "
+                                 f"differs: {_fmt(x.logprob)} vs {_fmt(y.logprob)} (bitwise equality "
+                                 "expected)", cand,
+                                 (TokenAt.of(j, x), TokenAt.of(j, y)), probe)]
+    return []
+
+
+def determinism_findings(a: Completion, b: Completion, *, exact: bool = False,
+                         probe: str = "") -> list[Finding]:
+    """Two greedy runs of the same request: identical when ``exact``, else judged by the
+    check_logprobs_close rule (a divergence inside each other's top-k is only a warning)."""
+    if exact:
+        return exact_equal_findings(a, b, name_ref="run 1", name_cand="run 2", oracle="determinism",
+                                    probe=probe)
+    return check_logprobs_close(a, b, name_ref="run 1", name_cand="run 2", oracle="determinism", probe=probe)
+
+
+# --------------------------------------------------------------------------------------------------
+# CUDA-graph batch sizes
+# --------------------------------------------------------------------------------------------------
+
+BatchKind = Literal["captured", "padded", "above-max", "no-graph"]
+
+# Sizes sent when the server captured no graphs (or none are known): small batches, including 3,
+# which broke FP8 MLA decode in vLLM #57017.
+NO_GRAPH_SIZES = (1, 2, 3, 4, 8)
+# At most this many batch cases per server unless the caller says otherwise. The engines' default
+# capture lists have 35-70 sizes (vLLM: 1, 2, 4, 8, then every 8 up to 512); sending all of them, each
+# with a padded neighbour, would cost thousands of requests per configuration.
+DEFAULT_COVERAGE_CAP = 24
+
+
+@dataclass(frozen=True, slots=True)
+class BatchCase:
+    """One batch size to send as concurrent greedy requests, and how the graph runner should treat it."""
+
+    size: int
+    kind: BatchKind
+    padded_to: int | None = None  # the captured size it runs as (itself when captured); None above max
+    graph_max: int | None = None  # largest captured size, for the above-max id
+
+    @property
+    def id(self) -> str:
+        if self.kind == "padded":
+            return f"bs={self.size}-padded-to-{self.padded_to}"
+        if self.kind == "above-max":
+            return f"bs={self.size}-above-max-{self.graph_max}"
+        if self.kind == "no-graph":
+            return f"bs={self.size}-no-graph"
+        return f"bs={self.size}"
+
+
+def _clean_sizes(sizes: Sequence[int] | None) -> list[int]:
+    if not sizes:
+        return []
+    bad = [s for s in sizes if not isinstance(s, int) or isinstance(s, bool) or s < 1]
+    if bad:
+        raise ValueError(f"batch sizes must be positive integers, got {bad!r}")
+    return sorted(set(sizes))
+
+
+def coverage_plan(captured: Sequence[int] | None, configured: Sequence[int] | None = None, max_extra: int = 1,
+                  cap: int | None = None, *, server_max_batch: int | None = None) -> list[BatchCase]:
+    """The batch sizes that exercise every CUDA-graph path, in ascending order.
+
+    ``captured`` (what the engine reports it captured) wins over ``configured`` (what was asked for).
+    For each captured size there is one case; in each gap below or between captured sizes,
+    ``max_extra`` padded sizes (first the one just above the lower size, which pads the most, then
+    the one just below the upper size, then midpoints); and the largest size + 1, which runs without
+    a graph. ``server_max_batch`` (max running requests) drops sizes the server cannot batch at once.
+
+    The total is capped (``cap``, default :data:`DEFAULT_COVERAGE_CAP`): the smallest and largest
+    captured sizes, above-max and the padded sizes are kept first; captured sizes in the middle are
+    thinned evenly, then padded ones if still needed. With no sizes known: 1, 2, 3, 4, 8 as ``no-graph``.
+    """
+    if max_extra < 0:
+        raise ValueError(f"max_extra = {max_extra}: must be >= 0")
+    limit = DEFAULT_COVERAGE_CAP if cap is None else cap
+    if limit < 1:
+        raise ValueError(f"cap = {cap}: must be >= 1")
+    sizes = _clean_sizes(captured) or _clean_sizes(configured)
+    if not sizes:
+        cases = [BatchCase(s, "no-graph") for s in NO_GRAPH_SIZES]
+        if server_max_batch is not None:
+            cases = [c for c in cases if c.size <= server_max_batch] or [BatchCase(1, "no-graph")]
+        return cases[:limit]
+    top = sizes[-1]
+    captured_cases = [BatchCase(s, "captured", s, top) for s in sizes]
+    padded: list[BatchCase] = []
+    for lower, upper in zip([0, *sizes[:-1]], sizes, strict=True):
+        gap = list(range(lower + 1, upper))
+        if lower == 0:
+            gap = gap[:1]  # below the smallest captured size: batch 1 is the interesting one
+        for s in _pick_in_gap(gap, max_extra):
+            padded.append(BatchCase(s, "padded", upper, top))
+    above = [BatchCase(top + 1, "above-max", None, top)]
+    if server_max_batch is not None:
+        captured_cases = [c for c in captured_cases if c.size <= server_max_batch]
+        padded = [c for c in padded if c.size <= server_max_batch]
+        above = [c for c in above if c.size <= server_max_batch]
+    return sorted(_cap_cases(captured_cases, padded, above, limit), key=lambda c: (c.size, c.kind))
+
+
+def _pick_in_gap(gap: list[int], count: int) -> list[int]:
+    if not gap or count == 0:
+        return []
+    picks = [gap[0]]  # pads the most (e.g. 9 -> 16)
+    if count > 1 and gap[-1] not in picks:
+        picks.append(gap[-1])  # pads one slot
+    remaining = [s for s in gap if s not in picks]
+    extra = count - len(picks)
+    if extra > 0 and remaining:
+        picks.extend(_spread(remaining, extra))
+    return sorted(picks)
+
+
+def _spread(items: Sequence[_T], count: int) -> list[_T]:
+    """``count`` items evenly spread over ``items`` (both ends included when count >= 2)."""
+    if count >= len(items):
+        return list(items)
+    if count <= 0:
+        return []
+    if count == 1:
+        return [items[len(items) // 2]]
+    step = (len(items) - 1) / (count - 1)
+    return [items[round(i * step)] for i in range(count)]
+
+
+def _cap_cases(captured: list[BatchCase], padded: list[BatchCase], above: list[BatchCase],
+               limit: int) -> list[BatchCase]:
+    total = len(captured) + len(padded) + len(above)
+    if total <= limit:
+        return captured + padded + above
+    ends = [captured[0], captured[-1]] if len(captured) >= 2 else captured[:]
+    keep: list[BatchCase] = above[:limit] + ends[:max(0, limit - len(above))]
+    room = limit - len(keep)
+    middle = captured[1:-1] if len(captured) >= 2 else []
+    if room >= len(padded):
+        keep += padded
+        keep += _spread(middle, limit - len(keep))
+    else:
+        keep += _spread(padded, room)
+    return keep
+
+
+# --------------------------------------------------------------------------------------------------
+# orchestrators
+# --------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class Prompt:
+    """A probe prompt: sent to /v1/chat/completions when ``chat`` (the chat template applies), else as
+    raw text to /v1/completions."""
+
+    text: str
+    chat: bool = False
+    name: str = ""
+
+    @property
+    def label(self) -> str:
+        return self.name or re.sub(r"\W+", "-", self.text.lower()).strip("-")[:32]
+
+
+# Long greedy decodes. Instruct models at temperature 0 stay most varied on open narrative tasks; list
+# prompts ("twenty animals, one fact each") sent SmolLM2-135M into a one-line loop at once. These two
+# stayed the most varied over 256 greedy tokens (compression 2.1 and 2.9, 119 and 82 distinct tokens).
+DEFAULT_LONG_DECODE_PROMPTS: tuple[Prompt, ...] = (
+    Prompt("Write a short story about a lighthouse keeper who finds a message in a bottle.", chat=True,
+           name="story"),
+    Prompt("Describe the life cycle of a butterfly in detail.", chat=True, name="butterfly"),
+)
+# Short prompts for the NaN check and for the batch cases: plain text continuations of different
+# lengths (a batch mixes sequence lengths, as real traffic does), sent to /v1/completions.
+DEFAULT_BATCH_PROMPTS: tuple[Prompt, ...] = (
+    Prompt("The capital of France is"),
+    Prompt("Once upon a time, in a small village by the sea, there lived"),
+    Prompt("The three primary colors are"),
+    Prompt("In 1969, the first humans to walk on the Moon were"),
+    Prompt("Water boils at a temperature of"),
+    Prompt("To make a simple tomato soup, you first need to"),
+    Prompt("Photosynthesis is the process by which plants"),
+    Prompt("The most important thing to remember when learning a new language is"),
+)
+DEFAULT_NAN_PROMPTS: tuple[Prompt, ...] = (
+    Prompt("What is the capital of France? Answer in one word.", chat=True, name="chat-capital"),
+    *DEFAULT_BATCH_PROMPTS[:3],
+)
+DEFAULT_DETERMINISM_PROMPT = Prompt("Write a letter to a friend describing your last holiday in the "
+                                    "mountains.", chat=True, name="letter")
+
+# Coherence limits for short batch outputs: the same metrics; the length-sensitive ones are skipped
+# automatically below CoherenceThresholds.min_chars / min_tokens.
+BATCH_THRESHOLDS = DEFAULT_THRESHOLDS
+
+
+def _send(client: LLMClient, prompt: Prompt | KnownAnswer, max_tokens: int, logprobs: int) -> Completion:
+    text = prompt.text if isinstance(prompt, Prompt) else prompt.prompt
+    if prompt.chat:
+        return client.chat(text, max_tokens, temperature=0.0, logprobs=logprobs)
+    return client.complete(text, max_tokens, temperature=0.0, logprobs=logprobs)
+
+
+def _transport_failure(exc: RequestError, probe: str) -> Finding:
+    return Finding("transport", "error", f"request raised {exc} (is the server still alive? see its log); "
+                   "the remaining requests of this check were not sent", probe=probe)
+
+
+def run_nan_check(client: LLMClient, server_id: str, *, prompts: Sequence[Prompt] = DEFAULT_NAN_PROMPTS,
+                  max_tokens: int = 32, logprobs: int = DEFAULT_LOGPROBS,
+                  read_log: Callable[[], Iterable[str]] | None = None) -> OracleReport:
+    """Greedy requests with logprobs on each prompt, a one-token request, and the engine's own
+    NaN counters (/metrics before and after) and log lines (``read_log``: the lines written since the
+    check began, e.g. from the server's log file)."""
+    report = OracleReport("nan-check", server_id=server_id)
+    before = client.metrics_text()
+    try:
+        for prompt in prompts:
+            c = _send(client, prompt, max_tokens, logprobs)
+            report.completions.append(c)
+            report.add(response_findings(c, probe=f"nan-check[{prompt.label}]"))
+        # A one-token decode takes paths a longer one does not (SGLang's kit checks it for graph bugs).
+        one = _send(client, prompts[0], 1, logprobs) if prompts else None
+    except RequestError as exc:
+        report.add([_transport_failure(exc, "nan-check")])
+        one = None
+    if one is not None:
+        report.completions.append(one)
+        report.add(response_findings(one, probe="nan-check[max_tokens=1]"))
+        if one.ok and not one.tokens and not one.text:
+            report.add([_finding("transport", "error", "a max_tokens=1 request returned no token", one,
+                                 probe="nan-check[max_tokens=1]")])
+    after = client.metrics_text()
+    if after is not None:
+        report.add(nan_in_metrics(after, before))
+    if read_log is not None:
+        report.add(nan_in_log(read_log()))
+    return report
+
+
+def run_known_answers(client: LLMClient, probes: Sequence[KnownAnswer] = DEFAULT_KNOWN_ANSWERS,
+                      server_id: str = "", *, logprobs: int = DEFAULT_LOGPROBS) -> OracleReport:
+    """Each probe's greedy answer must contain one of its expected words (and carry no NaN)."""
+    report = OracleReport("known-answers", server_id=server_id)
+    for probe in probes:
+        label = f"known-answer[{probe.label}]"
+        try:
+            c = _send(client, probe, probe.max_tokens, logprobs)
+        except RequestError as exc:
+            report.add([_transport_failure(exc, label)])
+            break
+        report.completions.append(c)
+        report.add(response_findings(c, probe=label))
+        if c.ok:
+            report.add(known_answer_findings(probe, c))
+    return report
+
+
+def run_long_decode(client: LLMClient, server_id: str = "", max_tokens: int = 256,
+                    thresholds: CoherenceThresholds | None = None, *,
+                    prompts: Sequence[Prompt] = DEFAULT_LONG_DECODE_PROMPTS,
+                    logprobs: int = DEFAULT_LOGPROBS) -> OracleReport:
+    """Long greedy decodes (bugs often show only after ~100 tokens) checked for NaN and collapse."""
+    report = OracleReport("long-decode", server_id=server_id)
+    for prompt in prompts:
+        label = f"long-decode[{prompt.label}]"
+        try:
+            c = _send(client, prompt, max_tokens, logprobs)
+        except RequestError as exc:
+            report.add([_transport_failure(exc, label)])
+            break
+        report.completions.append(c)
+        report.add(response_findings(c, probe=label))
+        report.add(coherence_findings(c, thresholds, probe=label))
+        n = c.completion_tokens if c.completion_tokens is not None else len(c.tokens)
+        if c.ok and n < max_tokens // 2:
+            report.add([_finding("coherence", "warning", f"the decode stopped after {n} of {max_tokens} "
+                                 f"tokens (finish_reason={c.finish_reason!r}): long-decode coverage is short",
+                                 c, probe=label)])
+    return report
+
+
+def batch_prompts(size: int, prompts: Sequence[Prompt] = DEFAULT_BATCH_PROMPTS) -> list[Prompt]:
+    """The prompts of a batch of ``size``: the pool in order, repeated when the batch is larger."""
+    if not prompts:
+        raise ValueError("no prompts")
+    return [prompts[i % len(prompts)] for i in range(size)]
+
+
+def run_batch_reference(client: LLMClient, server_id: str = "", *, max_tokens: int = 32,
+                        prompts: Sequence[Prompt] = DEFAULT_BATCH_PROMPTS,
+                        logprobs: int = DEFAULT_LOGPROBS,
+                        thresholds: CoherenceThresholds | None = None) -> OracleReport:
+    """One request at a time (batch 1) for every prompt of the pool. ``report.completions`` is the
+    reference that :func:`run_batch_case` compares with (from this server, or from an eager one)."""
+    report = OracleReport("batch-reference", server_id=server_id)
+    for prompt in prompts:
+        label = f"bs=1-reference[{prompt.label}]"
+        try:
+            c = _send(client, prompt, max_tokens, logprobs)
+        except RequestError as exc:
+            report.add([_transport_failure(exc, label)])
+            break
+        report.completions.append(c)
+        report.add(response_findings(c, probe=label))
+        report.add(coherence_findings(c, thresholds or BATCH_THRESHOLDS, probe=label))
+    return report
+
+
+def run_batch_case(client: LLMClient, case: BatchCase, reference: Sequence[Completion] | None,
+                   server_id: str = "", max_tokens: int = 32, *,
+                   prompts: Sequence[Prompt] = DEFAULT_BATCH_PROMPTS, logprobs: int = DEFAULT_LOGPROBS,
+                   thresholds: CoherenceThresholds | None = None, name_ref: str = "bs=1 reference",
+                   exact: bool = False) -> OracleReport:
+    """Send ``case.size`` greedy requests at once, so the server decodes them as one batch, and check
+    every output: NaN evidence, coherence, and agreement with the reference of the same prompt
+    (``reference[i]`` answers ``prompts[i]``; see :func:`run_batch_reference`) by the
+    check_logprobs_close rule, or exact equality when ``exact`` (deterministic mode). Identical prompts
+    inside the batch are also compared with each other. Chat prompts are sent as raw text here."""
+    report = OracleReport(f"batch[{case.id}]", server_id=server_id)
+    batch = batch_prompts(case.size, prompts)
+    try:
+        outputs = client.complete_concurrently([p.text for p in batch], max_tokens, temperature=0.0,
+                                               logprobs=logprobs)
+    except RequestError as exc:
+        report.add([_transport_failure(exc, case.id)])
+        return report
+    report.completions.extend(outputs)
+    first_of: dict[str, int] = {}
+    for i, (prompt, c) in enumerate(zip(batch, outputs, strict=True)):
+        label = f"{case.id} request {i + 1}/{case.size} [{prompt.label}]"
+        numeric = response_findings(c, probe=label)
+        report.add(numeric)
+        report.add(coherence_findings(c, thresholds or BATCH_THRESHOLDS, probe=label))
+        if any(f.severity == "error" for f in numeric):
+            continue  # nothing sensible to compare
+        compare = exact_equal_findings if exact else check_logprobs_close
+        pool_index = i % len(prompts)
+        if reference is not None and pool_index < len(reference) and reference[pool_index].ok:
+            report.add(compare(reference[pool_index], c, name_ref=name_ref, name_cand=f"{case.id} #{i + 1}",
+                               probe=label))
+        j = first_of.setdefault(prompt.text, i)
+        if j != i and outputs[j].ok:
+            report.add(compare(outputs[j], c, name_ref=f"{case.id} #{j + 1}", name_cand=f"{case.id} #{i + 1}",
+                               probe=label))
+    return report
+
+
+def run_determinism(client: LLMClient, server_id: str = "", *,
+                    prompt: Prompt = DEFAULT_DETERMINISM_PROMPT, max_tokens: int = 64, exact: bool = False,
+                    logprobs: int = DEFAULT_LOGPROBS) -> OracleReport:
+    """The same greedy request twice, one after the other."""
+    report = OracleReport("determinism", server_id=server_id)
+    label = f"determinism[{prompt.label}]"
+    try:
+        a = _send(client, prompt, max_tokens, logprobs)
+        b = _send(client, prompt, max_tokens, logprobs)
+    except RequestError as exc:
+        return report.add([_transport_failure(exc, label)])
+    report.completions.extend([a, b])
+    report.add(response_findings(a, probe=label + " run 1"))
+    report.add(response_findings(b, probe=label + " run 2"))
+    if a.ok and b.ok:
+        report.add(determinism_findings(a, b, exact=exact, probe=label))
+    return report
+
+
+def compare_runs(reference: Sequence[Completion], candidate: Sequence[Completion], *, name_ref: str,
+                 name_cand: str, exact: bool = False) -> OracleReport:
+    """Differential check of two servers' answers to the same prompts (e.g. eager vs CUDA graphs)."""
+    report = OracleReport(f"differential[{name_cand} vs {name_ref}]")
+    report.completions.extend(candidate)
+    compare = exact_equal_findings if exact else check_logprobs_close
+    for i, (r, c) in enumerate(zip(reference, candidate, strict=False)):
+        report.add(compare(r, c, name_ref=name_ref, name_cand=name_cand, probe=f"prompt {i + 1}"))
+    if len(reference) != len(candidate):
+        report.add([Finding("differential", "error", f"{len(reference)} reference answers but "
+                            f"{len(candidate)} candidate answers")])
+    return report
+
+
+__all__ = [
+    "BATCH_THRESHOLDS", "DEFAULT_COVERAGE_CAP", "DEFAULT_KNOWN_ANSWERS", "DEFAULT_LONG_DECODE_PROMPTS",
+    "DEFAULT_BATCH_PROMPTS", "DEFAULT_NAN_PROMPTS", "DEFAULT_THRESHOLDS", "NO_GRAPH_SIZES", "BatchCase",
+    "CoherenceThresholds", "Finding", "KnownAnswer", "OracleReport", "Prompt", "TokenAt", "batch_prompts",
+    "check_logprobs_close", "coherence_findings", "coherence_metrics", "compare_runs", "coverage_plan",
+    "determinism_findings", "exact_equal_findings", "known_answer_findings", "logprob_consistency",
+    "nan_evidence", "nan_in_log", "nan_in_metrics", "response_findings", "run_batch_case",
+    "run_batch_reference", "run_determinism", "run_known_answers", "run_long_decode", "run_nan_check",
+    "transport_findings",
+]
