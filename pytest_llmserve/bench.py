@@ -14,7 +14,6 @@ failure but an invitation to record one.
 
 from __future__ import annotations
 
-import json
 import time
 import uuid
 from collections.abc import Callable
@@ -55,18 +54,11 @@ def higher_is_better(metric: str) -> bool:
 
 
 def round_samples(result: Any) -> dict[str, float]:
-    """The per-round sample of every metric: throughputs and latency summaries (ms)."""
-    out: dict[str, float] = {}
-    for name, value in result.metrics.items():
-        if isinstance(value, int | float):
-            out[name] = float(value)
-    for base, summary in result.summaries.items():
-        data = summary.to_dict() if hasattr(summary, "to_dict") else dict(summary)
-        for stat in ("mean", "median", "p90", "p99"):
-            key = f"{stat}_{base}_ms"
-            if key not in out and stat in data and data[stat] is not None:
-                out[key] = float(data[stat]) * (1000.0 if data.get("unit", "s") == "s" else 1.0)
-    return out
+    """The per-round sample of every metric (throughputs; latency mean/median/p90/p99 in ms)."""
+    import math
+
+    return {name: float(value) for name, value in result.metrics.items()
+            if isinstance(value, int | float) and math.isfinite(value)}
 
 
 class BenchGate:
@@ -146,7 +138,8 @@ class BenchGate:
         store = baselines.BaselineStore(self.store_dir)
         outcome: dict[str, Any] = {"test": self.test_id, "server": spec.id, "workload": wl.name, "metric": metric,
                                    "higher_is_better": hib, "tolerance": opts["tolerance"],
-                                   "baseline_file": str(store.path_for(key)), "context": context}
+                                   "baseline_file": str(store.path_for(key)), "context": context,
+                                   "key": key.as_dict()}
         started = time.monotonic()
         if self.save:
             rounds = max(opts["rounds"], SAVE_MIN_ROUNDS)
@@ -184,12 +177,12 @@ class BenchGate:
         base_samples = doc.samples(metric)
         samples, last = self.measure(wl, opts["rounds"])
         verdict = stats.decide(base_samples, [s[metric] for s in samples], higher_is_better=hib,
-                               tolerance=opts["tolerance"], alpha=opts.get("alpha", 0.05))
+                               tolerance=opts["tolerance"], alpha=opts.get("alpha", 0.05), metric=metric)
         while stats.needs_more_rounds(verdict, len(samples), opts["max_rounds"]):
             more, last = self.measure(wl, 1)
             samples.extend(more)
             verdict = stats.decide(base_samples, [s[metric] for s in samples], higher_is_better=hib,
-                                   tolerance=opts["tolerance"], alpha=opts.get("alpha", 0.05))
+                                   tolerance=opts["tolerance"], alpha=opts.get("alpha", 0.05), metric=metric)
         series = _series(samples)
         outcome.update(verdict=verdict.outcome, verdict_detail=verdict.to_dict(), current=series,
                        baseline={m: v for m, v in doc.latest.samples.items()}, rounds=len(samples),
@@ -257,9 +250,5 @@ def render_outcomes(outcomes: list[dict[str, Any]], settings: Any, run_dir: Path
             lines.append(f"report: {p}")
     except ImportError:
         pass
-    results = settings.results_dir / "results.json"
-    settings.results_dir.mkdir(parents=True, exist_ok=True)
-    results.write_text(json.dumps(outcomes, indent=2, default=str))
-    lines.append(f"results: {results}")
     lines.append(f"suite wall time {wall_s:.1f} s, of which server boots {boot_s:.1f} s")
     return "\n".join(lines)

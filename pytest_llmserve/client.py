@@ -121,7 +121,9 @@ class LLMClient:
         self.model = model
         self.timeout_s = timeout_s
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self._http = httpx.Client(base_url=self.base_url, headers=headers, timeout=timeout_s)
+        # No pool limit: a batch case of N concurrent requests must reach the server as N connections.
+        self._http = httpx.Client(base_url=self.base_url, headers=headers, timeout=timeout_s,
+                                  limits=httpx.Limits(max_connections=None, max_keepalive_connections=64))
 
     def close(self) -> None:
         self._http.close()

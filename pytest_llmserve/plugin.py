@@ -456,7 +456,7 @@ def decode_check(llm_server: Any, request: pytest.FixtureRequest) -> Any:
     """Decode oracles bound to this test's server: ``decode_check.no_nan().coherent()...``."""
     from pytest_llmserve.checks import DecodeCheck
 
-    return DecodeCheck(llm_server, fail=_fail)
+    return DecodeCheck(llm_server, fail=_fail, skip=_skip)
 
 
 @pytest.fixture

@@ -40,10 +40,10 @@ def test_bad_tolerance_on_command_line_names_the_option(pytester: pytest.Pyteste
 def test_precedence_ini_then_env_then_cli(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
     pytester.makeini("[pytest]\nllmserve_tolerance = 0.2\nllmserve_rounds = 4\n")
     pytester.makepyfile("def test_x(): pass")
-    assert "tolerance 0.2, rounds 4..6" in pytester.runpytest().stdout.str()
+    assert "tolerance 0.2, rounds 4..8" in pytester.runpytest().stdout.str()
     monkeypatch.setenv("PYTEST_LLMSERVE_TOLERANCE", "0.1")
-    assert "tolerance 0.1, rounds 4..6" in pytester.runpytest().stdout.str()
-    assert "tolerance 0.07, rounds 4..6" in pytester.runpytest("--llmserve-tolerance=0.07").stdout.str()
+    assert "tolerance 0.1, rounds 4..8" in pytester.runpytest().stdout.str()
+    assert "tolerance 0.07, rounds 4..8" in pytester.runpytest("--llmserve-tolerance=0.07").stdout.str()
 
 
 def test_bad_marker_argument_names_the_test(pytester: pytest.Pytester) -> None:

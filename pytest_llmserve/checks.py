@@ -1,0 +1,153 @@
+"""``DecodeCheck``: the decode oracles bound to one running server, chainable from a test.
+
+    decode_check.no_nan().coherent().cuda_graph_sizes_covered()
+
+Each method runs one oracle (:mod:`pytest_llmserve.oracles`) and calls ``fail`` with a message that says
+what was sent, what came back and which server configuration it was. ``skip`` is called when a check
+cannot apply or its evidence does not exist (an *unverifiable* fact is never reported as a pass).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from pytest_llmserve import oracles
+from pytest_llmserve.config import ServerSpec
+
+
+class DecodeCheck:
+    """Oracles for one server. ``fail``/``skip`` raise (pytest.fail / pytest.skip in the plugin)."""
+
+    def __init__(self, server: Any, fail: Callable[[str], None], skip: Callable[[str], None] | None = None, *,
+                 long_decode_tokens: int = 256, batch_tokens: int = 32) -> None:
+        self.server = server
+        self.fail = fail
+        self.skip = skip or fail
+        self.long_decode_tokens = long_decode_tokens
+        self.batch_tokens = batch_tokens
+        self.reports: list[oracles.OracleReport] = []
+
+    @property
+    def spec(self) -> ServerSpec:
+        spec = getattr(self.server, "spec_for_checks", None) or self.server.spec
+        assert isinstance(spec, ServerSpec)
+        return spec
+
+    def _client(self) -> Any:
+        self.server.ensure_alive()
+        return self.server.client()
+
+    def _conclude(self, report: oracles.OracleReport) -> DecodeCheck:
+        self.reports.append(report)
+        if not report.ok:
+            self.server.ensure_alive()  # a dead server is the better explanation, with its log tail
+            self.fail(report.message(self.spec.id) + f"\n{self.server.describe()}")
+        return self
+
+    def _exact(self) -> bool:
+        return bool(self.server.adapter.deterministic_flag_on(self.spec))
+
+    def _log_since(self, offset: int) -> Callable[[], list[str]]:
+        def read() -> list[str]:
+            text = self.server.log_text()
+            return text[offset:].replace("\r", "\n").splitlines()
+
+        return read
+
+    # ------------------------------------------------------------------ oracles
+    def no_nan(self) -> DecodeCheck:
+        """Greedy requests with logprobs; NaN evidence from responses, metrics and the server log."""
+        offset = len(self.server.log_text())
+        with self._client() as client:
+            report = oracles.run_nan_check(client, self.spec.id, read_log=self._log_since(offset))
+        return self._conclude(report)
+
+    def known_answers(self, probes: Sequence[oracles.KnownAnswer] | None = None) -> DecodeCheck:
+        with self._client() as client:
+            report = oracles.run_known_answers(client, probes or oracles.DEFAULT_KNOWN_ANSWERS, self.spec.id)
+        return self._conclude(report)
+
+    def coherent(self, max_tokens: int | None = None,
+                 thresholds: oracles.CoherenceThresholds | None = None) -> DecodeCheck:
+        """A long greedy decode (256 tokens by default) is not degenerate."""
+        with self._client() as client:
+            report = oracles.run_long_decode(client, self.spec.id, max_tokens or self.long_decode_tokens, thresholds)
+        return self._conclude(report)
+
+    def deterministic(self) -> DecodeCheck:
+        with self._client() as client:
+            report = oracles.run_determinism(client, self.spec.id, exact=self._exact())
+        return self._conclude(report)
+
+    def _reference(self, client: Any) -> list[Any]:
+        cache = self.server.__dict__.setdefault("_llmserve_batch_reference", {})
+        key = self.batch_tokens
+        if key not in cache:
+            ref = oracles.run_batch_reference(client, self.spec.id, max_tokens=self.batch_tokens)
+            self._conclude(ref)
+            cache[key] = ref.completions
+        return list(cache[key])
+
+    def batch_case(self, case: oracles.BatchCase) -> DecodeCheck:
+        """``case.size`` concurrent greedy requests, each checked and compared with its batch-1 reference."""
+        with self._client() as client:
+            reference = self._reference(client)
+            report = oracles.run_batch_case(client, case, reference, self.spec.id, self.batch_tokens,
+                                            exact=self._exact())
+        return self._conclude(report)
+
+    def cuda_graph_sizes_covered(self) -> DecodeCheck:
+        """Run every batch case derived from the sizes the server reports it captured."""
+        spec = self.spec
+        graphs = spec.cuda_graph is not None and spec.cuda_graph.enabled
+        facts = self.server.facts()
+        captured = getattr(facts, "captured_batch_sizes", None)
+        if not graphs:
+            if captured:
+                self.fail(f"{spec.id}: CUDA graphs are off in the configuration but the server captured "
+                          f"batch sizes {list(captured)}\n{self.server.describe()}")
+            self.skip(f"{spec.id}: CUDA graphs are off in this configuration (the server reports "
+                      f"{'none captured' if captured is not None else 'nothing about graphs'}); "
+                      "the concurrent batch cases ran as test_batch_size")
+            return self
+        configured = spec.cuda_graph.batch_sizes if spec.cuda_graph else None
+        if not captured:
+            if configured is None:
+                self.skip(f"{spec.id}: unverifiable: the server did not report which batch sizes it captured "
+                          "and none were configured")
+            plan = oracles.coverage_plan(None, configured)
+            source = "configured sizes (the server did not report captured sizes: unverifiable)"
+        else:
+            plan = oracles.coverage_plan(captured, configured)
+            source = f"captured sizes {list(captured)}"
+        combined = oracles.OracleReport(f"cuda-graph coverage from {source}")
+        with self._client() as client:
+            reference = self._reference(client)
+            for case in plan:
+                combined.merge(oracles.run_batch_case(client, case, reference, spec.id, self.batch_tokens,
+                                                      exact=self._exact()))
+        combined.check += ": " + ", ".join(c.id for c in plan)
+        return self._conclude(combined)
+
+    def config_is_execution(self) -> DecodeCheck:
+        """Each requested option against what the server's log and metrics say ran."""
+        spec = self.spec
+        facts = self.server.facts()
+        results = self.server.adapter.check_execution(spec, facts) if self.server.adapter.launches else []
+        if getattr(self.server, "spec_for_checks", None) is not None:
+            from pytest_llmserve.engines import adapter_for
+
+            results = adapter_for(spec).check_execution(spec, facts)
+        failed = [r for r in results if r.status == "fail"]
+        unverifiable = [r for r in results if r.status == "unverifiable"]
+        table = "\n".join(f"  {r.status.upper():<13} {r.name}: requested {r.requested}; observed {r.observed}"
+                          for r in results)
+        if failed:
+            self.fail(f"config is not execution on {spec.id}: {len(failed)} mismatch(es)\n{table}\n\n"
+                      + "\n\n".join(r.message for r in failed) + f"\n{self.server.describe()}")
+        if not results:
+            self.skip(f"{spec.id}: nothing to verify (attached server: no log; nothing requested)")
+        if unverifiable:
+            self.skip(f"{spec.id}: UNVERIFIABLE (the server does not report these; not a pass):\n{table}")
+        return self
