@@ -65,7 +65,7 @@ class BenchGate:
     """Bound to one server and one test; ``run()`` measures, compares and records."""
 
     def __init__(self, *, server: Any, cfg: LLMServeConfig, options: dict[str, Any], store_dir: Path,
-                 results_dir: Path, save: bool, allow_confounded: bool, test_id: str,
+                 results_dir: Path, save: bool, allow_confounded: bool, test_id: str, key_test: str | None = None,
                  record: Callable[[dict[str, Any]], None], fail: Callable[[str], None], pool: Any = None,
                  skip: Callable[[str], None] | None = None, say: Callable[[str], None] | None = None) -> None:
         self.server = server
@@ -76,6 +76,8 @@ class BenchGate:
         self.save = save
         self.allow_confounded = allow_confounded
         self.test_id = test_id
+        # The baseline key names the test by file and function, so it is the same whatever the rootdir.
+        self.key_test = key_test or test_id.split("[", 1)[0]
         self.record = record
         self.fail = fail
         self.skip = skip
@@ -133,8 +135,7 @@ class BenchGate:
         hib = opts["higher_is_better"] if opts["higher_is_better"] is not None else higher_is_better(metric)
         spec = self.spec
         context = baselines.build_context(spec, wl, engine_version=self.engine_version())
-        test_base = self.test_id.split("[", 1)[0]
-        key = baselines.BenchKey(test=test_base, server=str(opts.get("baseline_server") or spec.id), workload=wl.name)
+        key = baselines.BenchKey(test=str(opts.get("baseline_test") or self.key_test), server=str(opts.get("baseline_server") or spec.id), workload=wl.name)
         store = baselines.BaselineStore(self.store_dir)
         outcome: dict[str, Any] = {"test": self.test_id, "server": spec.id, "workload": wl.name, "metric": metric,
                                    "higher_is_better": hib, "tolerance": opts["tolerance"],

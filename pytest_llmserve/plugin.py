@@ -58,8 +58,9 @@ MARKERS = {
                        "(matrix combinations included); '*' means every configured server",
     "llmserve_correctness": "llmserve_correctness: a decode-correctness oracle test (select with -m llmserve_correctness)",
     "llmserve_benchmark": "llmserve_benchmark(workload=None, *, metric=None, tolerance=None, rounds=None, "
-                          "max_rounds=None, variable=None, higher_is_better=None, baseline_server=None): a throughput/latency gate "
-                          "against the stored baseline; runs on one xdist worker only",
+                          "max_rounds=None, variable=None, higher_is_better=None, baseline_server=None, baseline_test=None): a throughput/latency gate "
+                          "against the stored baseline (of another server/test when baseline_server/baseline_test "
+                          "name one, e.g. 'test_llmserve_suite.py::test_throughput'); runs on one xdist worker only",
 }
 
 
@@ -440,10 +441,13 @@ def llm_server(request: pytest.FixtureRequest) -> Iterator[Any]:
         settings = config.stash[SETTINGS_KEY]
         spec = _selected_specs(settings, None)[0]
     pool = _pool(config)
+    problem = None
     try:
         handle = pool.get(spec)
     except ServerError as exc:
-        pytest.fail(str(exc), pytrace=False)
+        problem = str(exc)
+    if problem is not None:
+        pytest.fail(problem, pytrace=False)
     request.node.stash[SPEC_KEY] = spec
     yield handle
     if not handle.is_alive():
@@ -488,6 +492,7 @@ def llm_bench(llm_server: Any, request: pytest.FixtureRequest) -> Any:
     return BenchGate(server=llm_server, cfg=settings.cfg, options=options, store_dir=settings.baseline_dir,
                      results_dir=settings.results_dir, save=settings.save_baseline,
                      allow_confounded=settings.allow_confounded, test_id=request.node.nodeid,
+                     key_test=f"{request.node.path.name}::{getattr(request.node, 'originalname', request.node.name)}",
                      record=record, fail=_fail, pool=_pool(config), skip=_skip,
                      say=lambda msg: _say(config, msg))
 
@@ -505,7 +510,8 @@ def parse_benchmark_marker(marker: Any, settings: Settings, nodeid: str) -> dict
     base = settings.bench
     out: dict[str, Any] = {"workload": base.workload, "metric": base.metric, "tolerance": base.tolerance,
                            "rounds": base.rounds, "max_rounds": base.max_rounds, "variable": None,
-                           "higher_is_better": None, "alpha": base.alpha, "baseline_server": None}
+                           "higher_is_better": None, "alpha": base.alpha, "baseline_server": None,
+                           "baseline_test": None}
     if marker is None:
         return out
     where = f"{nodeid}: marker llmserve_benchmark"

@@ -118,6 +118,6 @@ def test_suite_option_collects_the_builtin_suite_only(pytester: pytest.Pytester)
     result = pytester.runpytest("--llmserve-suite", "--collect-only", "-q")
     out = result.stdout.str()
     assert "test_mine" not in out
-    assert "test_llmserve_suite.py::test_boots_and_generates[default]" in out
-    assert "test_llmserve_suite.py::test_throughput[default]" in out
+    assert "::test_boots_and_generates[default]" in out
+    assert "::test_throughput[default]" in out
     assert "test_batch_size[default-bs=" in out

@@ -1,0 +1,60 @@
+"""The foundation slice on the real vLLM CPU server: the suite runs, a baseline is saved and re-checked,
+and a deliberately slower configuration fails the benchmark gate with baseline and current figures."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.conftest import TINY_WORKLOAD, boots_line, default_server_toml
+
+
+def test_suite_save_recheck_and_slower_configuration_fails(
+        pytester: pytest.Pytester, write_config: Callable[[str], Path]) -> None:
+    slow = default_server_toml("slow", max_batch_size=1)
+    write_config('default_server = "default"\n' + default_server_toml() + slow + TINY_WORKLOAD)
+    pytester.makeini("[pytest]\nllmserve_workload = tiny\nllmserve_tolerance = 0.10\n")
+    pytester.makepyfile(test_slow="""
+        import pytest
+
+        @pytest.mark.llmserve_server("slow")
+        @pytest.mark.llmserve_benchmark(baseline_server="default", variable="max_batch_size", rounds=3,
+                                        baseline_test="test_llmserve_suite.py::test_throughput")
+        def test_throughput(llm_bench):
+            llm_bench.run()
+    """)
+
+    # 1. The built-in suite on the default server: decode checks pass, the baseline is recorded.
+    first = pytester.runpytest_subprocess("--llmserve-suite", "--llmserve-server=default",
+                                          "--llmserve-save-baseline", "-p", "no:cacheprovider", timeout=900)
+    out = first.stdout.str()
+    first.assert_outcomes(passed=12, skipped=1)
+    assert boots_line(out) == "server boots: 1 (default)"
+    assert "saved 5 rounds as a new baseline record" in out
+    baseline_files = sorted((pytester.path / "baselines").glob("test_throughput--default--tiny-*.json"))
+    assert len(baseline_files) == 1
+    stored = json.loads(baseline_files[0].read_text())
+    assert len(stored["records"][0]["samples"]["output_throughput"]) == 5
+    assert stored["context"]["engine_version"] == "0.32.0"
+    assert stored["context"]["workload"]["name"] == "tiny"
+    saved_figure = stored["records"][0]["summary"]["output_throughput"]["median"]
+    assert saved_figure > 0
+
+    # 2. A re-run against the saved baseline passes (same configuration: not regressed).
+    second = pytester.runpytest_subprocess("--llmserve-suite", "--llmserve-server=default", "-k", "throughput",
+                                           "-p", "no:cacheprovider", timeout=900)
+    second.assert_outcomes(passed=1, deselected=12)
+    verdict_line = [ln for ln in second.stdout.lines if ln.startswith("test_throughput[default] ")]
+    assert verdict_line and verdict_line[0].split()[-1] in ("pass", "inconclusive"), second.stdout.str()
+
+    # 3. The same workload on --max-num-seqs 1 under concurrency 8 is slower: the gate fails and shows both figures.
+    third = pytester.runpytest_subprocess("test_slow.py", "-p", "no:cacheprovider", timeout=900)
+    third.assert_outcomes(failed=1)
+    text = third.stdout.str()
+    assert "output_throughput REGRESSED on slow" in text
+    assert "baseline: median" in text and "now:      median" in text
+    assert "A/B of max_batch_size" in text
+    assert boots_line(text) == "server boots: 1 (slow)"
