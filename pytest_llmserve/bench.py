@@ -253,3 +253,84 @@ def render_outcomes(outcomes: list[dict[str, Any]], settings: Any, run_dir: Path
         pass
     lines.append(f"suite wall time {wall_s:.1f} s, of which server boots {boot_s:.1f} s")
     return "\n".join(lines)
+
+
+class ABRunner:
+    """Two configurations benchmarked in one run, interleaved A B A B, judged like a baseline comparison.
+
+    A is the reference ("baseline"), B the candidate: "regressed" means B is worse than A beyond the
+    tolerance with significance. Both servers stay up for the whole comparison, so drift on a shared
+    machine hits both sides alike.
+    """
+
+    def __init__(self, *, pool: Any, cfg: LLMServeConfig, test_id: str, results_dir: Path,
+                 record: Callable[[dict[str, Any]], None], fail: Callable[[str], None],
+                 say: Callable[[str], None] | None = None) -> None:
+        self.pool = pool
+        self.cfg = cfg
+        self.test_id = test_id
+        self.results_dir = results_dir
+        self.record = record
+        self.fail = fail
+        self.say = say or (lambda msg: None)
+
+    def spec(self, ident: str) -> ServerSpec:
+        for spec in self.cfg.all_specs():
+            if spec.id == ident:
+                return spec
+        known = ", ".join(s.id for s in self.cfg.all_specs())
+        from pytest_llmserve.errors import ConfigError
+
+        raise ConfigError(f"{self.test_id}: A/B configuration {ident!r} is not configured (known: {known})")
+
+    def run(self, a: str, b: str, *, workload: str = "smoke", rounds: int = 5, metric: str = "output_throughput",
+            tolerance: float = 0.05, alpha: float = 0.05, warmup_rounds: int = 1) -> dict[str, Any]:
+        from pytest_llmserve import baselines, load, stats
+
+        spec_a, spec_b = self.spec(a), self.spec(b)
+        wl = self.cfg.workload(workload, where=self.test_id)
+        server_a = self.pool.get(spec_a)
+        server_b = self.pool.get(spec_b, keep=(spec_a,))
+        diffs = baselines.diff_context(baselines.build_context(spec_a, wl, engine_version=None),
+                                       baselines.build_context(spec_b, wl, engine_version=None))
+        prompts = load.build_prompts(wl, tokenize=server_a.client().tokenize)
+        hib = higher_is_better(metric)
+        side: dict[str, list[dict[str, float]]] = {"A": [], "B": []}
+        servers = {"A": server_a, "B": server_b}
+        started = time.monotonic()
+        for i in range(warmup_rounds + rounds):
+            for name in ("A", "B"):
+                server = servers[name]
+                server.ensure_alive()
+                result = load.run_workload(server.base_url, server.model_name, wl, prompts=prompts,
+                                           api_key=server.spec.api_key, progress=False,
+                                           server_counter=server.adapter.generation_counter)
+                if not result.valid:
+                    self.fail(f"A/B round {i + 1} on {name} ({server.spec.id}) is INVALID (not a number):\n  - "
+                              + "\n  - ".join(result.invalid_reasons))
+                if i >= warmup_rounds:  # the first round of each side warms caches and is not counted
+                    side[name].append(round_samples(result))
+                    self.say(f"A/B round {i + 1 - warmup_rounds}/{rounds}: {name} {metric} "
+                             f"{side[name][-1].get(metric, float('nan')):.2f}")
+        series_a, series_b = _series(side["A"]), _series(side["B"])
+        verdict = stats.decide(series_a[metric], series_b[metric], higher_is_better=hib, tolerance=tolerance,
+                               alpha=alpha, metric=metric)
+        outcome: dict[str, Any] = {
+            "test": self.test_id, "server": f"B={spec_b.id} vs A={spec_a.id}", "workload": wl.name,
+            "metric": metric, "higher_is_better": hib, "tolerance": tolerance, "verdict": verdict.outcome,
+            "verdict_detail": verdict.to_dict(), "baseline": series_a, "current": series_b, "rounds": rounds,
+            "message": verdict.reason, "seconds": time.monotonic() - started, "ab": True,
+            "differences": [d.describe() for d in diffs],
+            "key": {"test": self.test_id, "server": f"{spec_a.id}|{spec_b.id}", "workload": wl.name},
+        }
+        self.record(outcome)
+        a_s, b_s = stats.summarize(series_a[metric]), stats.summarize(series_b[metric])
+        self.say(f"A/B {metric}: A={spec_a.id} median {a_s.median:.2f}, B={spec_b.id} median {b_s.median:.2f}, "
+                 f"change {verdict.change:+.1%}: {verdict.outcome}")
+        if verdict.outcome == "regressed":
+            self.fail(f"A/B: B={spec_b.id} REGRESSED against A={spec_a.id} on {metric} (workload {wl.name})\n"
+                      f"  A: median {a_s.median:.3f} {_fmt(series_a[metric])}\n"
+                      f"  B: median {b_s.median:.3f} {_fmt(series_b[metric])}\n"
+                      f"  change {verdict.change:+.1%} (tolerance {tolerance:.0%}); {verdict.reason}\n"
+                      f"  configurations differ in: {'; '.join(d.describe() for d in diffs) or 'nothing'}")
+        return outcome

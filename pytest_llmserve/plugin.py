@@ -375,7 +375,7 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
     for item in items:
         if item.get_closest_marker("gpu") and gpu_reason:
             item.add_marker(pytest.mark.skip(reason=gpu_reason))
-        if item.get_closest_marker("llmserve_benchmark"):
+        if item.get_closest_marker("llmserve_benchmark") or "llm_ab" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.xdist_group("llmserve-bench"))
 
     def key(indexed: tuple[int, pytest.Item]) -> tuple[int, int, int]:
@@ -497,6 +497,26 @@ def llm_bench(llm_server: Any, request: pytest.FixtureRequest) -> Any:
                      say=lambda msg: _say(config, msg))
 
 
+@pytest.fixture
+def llm_ab(request: pytest.FixtureRequest) -> Any:
+    """A/B of two configured server configurations in one run: ``llm_ab.run(a="id", b="id")``.
+
+    Both servers stay up; rounds are interleaved A B A B; fails when B regressed against A.
+    """
+    from pytest_llmserve.bench import ABRunner
+
+    config = request.config
+    settings = config.stash[SETTINGS_KEY]
+    state = config.stash[STATE_KEY]
+
+    def record(outcome: dict[str, Any]) -> None:
+        request.node.user_properties.append(("llmserve_benchmark", json.dumps(outcome, default=str)))
+        state.outcomes.append(outcome)
+
+    return ABRunner(pool=_pool(config), cfg=settings.cfg, test_id=request.node.nodeid,
+                    results_dir=settings.results_dir, record=record, fail=_fail, say=lambda msg: _say(config, msg))
+
+
 def _fail(message: str) -> None:
     pytest.fail(message, pytrace=False)
 
@@ -585,12 +605,17 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
     terminalreporter.section("llmserve")
     wall = time.monotonic() - state.session_start
     boot_s = sum(float(b.get("boot_s") or 0) for b in boots)
+    attached = [b for b in boots if b.get("launched") is False]
+    boots = [b for b in boots if b.get("launched") is not False]
     ok = [b for b in boots if b.get("ok")]
-    terminalreporter.write_line(
-        f"server boots: {len(ok)} ({', '.join(b['server'] for b in ok)})"
-        + (f"; failed boots: {len(boots) - len(ok)}" if len(ok) != len(boots) else ""))
+    if boots:
+        terminalreporter.write_line(
+            f"server boots: {len(ok)} ({', '.join(b['server'] for b in ok)})"
+            + (f"; failed boots: {len(boots) - len(ok)}" if len(ok) != len(boots) else ""))
     for b in boots:
         terminalreporter.write_line(f"  {b['server']}: boot {b.get('boot_s')} s, log {b.get('log')}")
+    for b in attached:
+        terminalreporter.write_line(f"attached (not booted, not stopped): {b['server']} at {b.get('url')}")
     if outcomes:
         from pytest_llmserve.bench import render_outcomes
 

@@ -114,6 +114,7 @@ class ServerPool:
                      error: str | None = None) -> None:
         entry = {"server": spec.id, "key": spec_key(spec), "pid": handle.pid, "worker_pid": os.getpid(),
                  "started": started, "boot_s": round(handle.boot.boot_s, 2), "ok": ok, "error": error,
+                 "launched": handle.adapter.launches, "url": handle.plan.base_url if handle.plan else None,
                  "log": str(handle.log_path) if handle.log_path else None}
         with FileLock(str(self.run_dir / "boots.jsonl.lock")), open(self.run_dir / "boots.jsonl", "a") as fh:
             fh.write(json.dumps(entry) + "\n")

@@ -1,0 +1,112 @@
+"""Servers in depth on the real vLLM CPU server: a two-combination matrix (eager vs compiled) boots twice
+with the right facts and passing config-is-execution checks; the same run A/B-tests the two; a baseline
+is refused when more than the variable under test changed; `-n 2` shares one boot; attach mode boots none.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from pytest_llmserve import embedded
+from pytest_llmserve.server import ServerHandle
+from tests.e2e.conftest import TINY_WORKLOAD, boots_line, default_server_toml
+
+FACTS_TEST = """
+import json
+import pytest
+
+@pytest.mark.llmserve_server("cpu")
+def test_facts(llm_server, decode_check):
+    decode_check.config_is_execution()
+    facts = llm_server.facts()
+    eager = llm_server.spec.eager
+    print("FACTS", json.dumps({"id": llm_server.spec.id, "compilation_mode": facts.compilation_mode,
+                                "cudagraph_mode": facts.cudagraph_mode, "kv": facts.kv_cache_tokens,
+                                "eager": facts.enforce_eager, "captured": facts.captured_batch_sizes}))
+    assert facts.compilation_mode == ("NONE" if eager else "DYNAMO_TRACE_ONCE")
+    assert facts.enforce_eager is eager
+    assert facts.cudagraph_mode == "NONE"          # no CUDA graphs on CPU
+    assert facts.kv_cache_tokens == 93184          # VLLM_CPU_KVCACHE_SPACE=2 with SmolLM2's KV layout
+
+@pytest.mark.llmserve_server("cpu")
+@pytest.mark.llmserve_benchmark(rounds=5)
+def test_throughput(llm_bench):
+    llm_bench.run()
+
+def test_ab_eager_vs_compiled(llm_ab):
+    llm_ab.run(a="cpu[eager=on]", b="cpu[eager=off]", workload="tiny", rounds=3, tolerance=0.5)
+"""
+
+
+def test_matrix_boots_each_combination_once_with_facts_ab_and_refusal(
+        pytester: pytest.Pytester, write_config: Callable[[str], Path]) -> None:
+    write_config(default_server_toml("cpu") + "[matrix.cpu]\neager = [true, false]\n" + TINY_WORKLOAD)
+    pytester.makeini("[pytest]\nllmserve_workload = tiny\n")
+    pytester.makepyfile(test_matrix=FACTS_TEST)
+    result = pytester.runpytest_subprocess("-s", "-p", "no:cacheprovider", "--llmserve-save-baseline",
+                                           timeout=1500)
+    out = result.stdout.str()
+    result.assert_outcomes(passed=5)
+    # Two configurations, two boots (the A/B reuses both servers), each with its own facts.
+    assert boots_line(out) == "server boots: 2 (cpu[eager=on], cpu[eager=off])", out
+    facts = [json.loads(line.split("FACTS ", 1)[1]) for line in out.splitlines() if "FACTS " in line]
+    assert {f["id"]: f["compilation_mode"] for f in facts} == {"cpu[eager=on]": "NONE",
+                                                               "cpu[eager=off]": "DYNAMO_TRACE_ONCE"}
+    assert "A/B output_throughput: A=cpu[eager=on]" in out
+    saved = sorted(p.name for p in (pytester.path / "baselines").glob("*.json"))
+    assert len(saved) == 2, saved
+
+    # A baseline recorded with one memory setting and graph mode, compared with a run where both the
+    # memory setting and the graph mode changed while only the graph mode is the variable: refused.
+    write_config(default_server_toml("cpu2", mem_fraction=0.5) + TINY_WORKLOAD)
+    pytester.makepyfile(test_refuse="""
+        import pytest
+        @pytest.mark.llmserve_server("cpu2")
+        @pytest.mark.llmserve_benchmark(baseline_server="cpu[eager=on]", variable="cuda_graph",
+                                        baseline_test="test_matrix.py::test_throughput")
+        def test_throughput(llm_bench):
+            llm_bench.run()
+    """)
+    refused = pytester.runpytest_subprocess("test_refuse.py", "-p", "no:cacheprovider", timeout=900)
+    refused.assert_outcomes(failed=1)
+    text = refused.stdout.str()
+    assert "comparison refused" in text
+    assert "server_args.mem_fraction" in text       # the confounder is named
+    assert "server_args.cuda_graph" in text         # and the variable under test is shown as such
+
+
+def test_xdist_two_workers_share_one_boot(pytester: pytest.Pytester, write_config: Callable[[str], Path]) -> None:
+    write_config(default_server_toml() + TINY_WORKLOAD)
+    pytester.makepyfile(test_many="""
+        import os
+        import pytest
+
+        @pytest.mark.parametrize("i", range(6))
+        def test_generate(llm_server, llm_client, i):
+            out = llm_client.complete(f"Count to {i}:", 4)
+            assert out.ok, out.describe()
+            print("WORKER", os.environ.get("PYTEST_XDIST_WORKER"), llm_server.base_url)
+    """)
+    result = pytester.runpytest_subprocess("-n", "2", "-p", "no:cacheprovider", "-s", timeout=900)
+    result.assert_outcomes(passed=6)
+    assert boots_line(result.stdout.str()) == "server boots: 1 (default)", result.stdout.str()
+
+
+def test_attach_to_running_server_boots_nothing(pytester: pytest.Pytester, tmp_path: Path) -> None:
+    with ServerHandle(embedded.default_spec(), log_dir=tmp_path) as server:
+        pytester.makepyfile(test_attach="""
+            def test_generate(llm_server, llm_client):
+                out = llm_client.chat("What is the capital of France? Answer in one word.", 16)
+                assert "Paris" in out.text, out.describe()
+                assert llm_server.spec.engine == "external"
+        """)
+        result = pytester.runpytest_subprocess(f"--llmserve-url={server.base_url}", "-p", "no:cacheprovider",
+                                               timeout=600)
+        result.assert_outcomes(passed=1)
+        assert "server boots:" not in result.stdout.str()
+        assert f"attached (not booted, not stopped): external at {server.base_url}" in result.stdout.str()
+        assert server.is_alive()  # attach mode never stops a server it did not start
