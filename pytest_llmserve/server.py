@@ -273,8 +273,20 @@ class ServerHandle:
             return None
         return resp.text if resp.status_code == 200 else None
 
+    def server_info(self) -> dict[str, Any] | None:
+        """The engine's own account of its resolved settings (SGLang ``/server_info``), when it has one."""
+        path = self.adapter.server_info_path
+        if not path:
+            return None
+        try:
+            resp = httpx.get(self.base_url + path, timeout=10, headers=self._auth_headers())
+            data = resp.json() if resp.status_code == 200 else None
+        except (httpx.HTTPError, ValueError):
+            return None
+        return data if isinstance(data, dict) else None
+
     def facts(self) -> Any:
-        return self.adapter.parse_facts(self.log_text(), self.metrics_text())
+        return self.adapter.parse_facts(self.log_text(), self.metrics_text(), self.server_info())
 
 
 # ---------------------------------------------------------------------- preflight and the registry

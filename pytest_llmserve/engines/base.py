@@ -32,6 +32,8 @@ class EngineAdapter(ABC):
     generation_counter: str | None = None
     #: True when the engine launches a process (False for ``external``).
     launches: bool = True
+    #: Endpoint with the engine's resolved settings as JSON (SGLang ``/server_info``), if any.
+    server_info_path: str | None = None
 
     @abstractmethod
     def launch_plan(self, spec: ServerSpec, host: str, port: int) -> LaunchPlan:

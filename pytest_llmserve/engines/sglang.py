@@ -517,6 +517,7 @@ class SGLangAdapter(EngineAdapter):
 
     name = "sglang"
     generation_counter = "sglang:generation_tokens_total"
+    server_info_path = "/server_info"
 
     def __init__(self, flagset: FlagSet | None = None) -> None:
         self._flagset = flagset  # injected (tests, offline planning); else detected per interpreter
