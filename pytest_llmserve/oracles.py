@@ -20,7 +20,7 @@ import re
 import zlib
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal, TypeVar
 
 from pytest_llmserve.client import Completion, LLMClient, TokenLogprob
@@ -167,10 +167,20 @@ class OracleReport:
         verdict = "FAILED" if errors else "passed"
         lines = [f"{self.check} {verdict} on server {server_id}: {len(errors)} error(s), "
                  f"{len(warnings)} warning(s) over {len(self.completions)} response(s)"]
-        shown = (errors + warnings)[:limit]
-        lines.extend(f.render() for f in shown)
-        if len(errors) + len(warnings) > len(shown):
-            lines.append(f"... and {len(errors) + len(warnings) - len(shown)} more finding(s)")
+        # The same finding in several requests (e.g. HTTP 400 on every one) is shown once, with the
+        # other probes named, so distinct evidence is not pushed out of the first ``limit``.
+        groups: dict[tuple[str, str, str], list[Finding]] = {}
+        for f in errors + warnings:
+            groups.setdefault((f.oracle, f.severity, f.message), []).append(f)
+        shown = list(groups.values())[:limit]
+        for group in shown:
+            lines.append(group[0].render())
+            if len(group) > 1:
+                others = ", ".join(f.probe or "?" for f in group[1:6]) + (", ..." if len(group) > 6 else "")
+                lines.append(f"    (the same in {len(group) - 1} more: {others})")
+        hidden = sum(len(g) for g in list(groups.values())[limit:])
+        if hidden:
+            lines.append(f"... and {hidden} more finding(s)")
         return "\n".join(lines)
 
 
@@ -212,13 +222,14 @@ def _bad_value(value: float | None) -> str | None:
     return None
 
 
-def nan_evidence(c: Completion, *, probe: str = "") -> list[Finding]:
+def nan_evidence(c: Completion, *, probe: str = "", text_symptoms: bool = True) -> list[Finding]:
     """NaN evidence in one response, from every channel a client can see.
 
     HTTP errors whose body mentions NaN/inf (vLLM: HTTP 400 "Out of range float values are not JSON
     compliant"), null / non-finite / sentinel logprobs in the chosen tokens and their top alternatives,
     SGLang's ``matched_stop == "NaN happened"``, and text that stops growing while tokens are still
-    counted (how NaN looks when no logprobs were requested).
+    counted (how NaN looks when no logprobs were requested). ``text_symptoms=False`` leaves out that last,
+    heuristic channel (for sampled or adversarial requests, where short or odd text is legitimate).
     """
     findings: list[Finding] = []
     if not c.ok:
@@ -254,7 +265,8 @@ def nan_evidence(c: Completion, *, probe: str = "") -> list[Finding]:
                                  "stops a request this way when the sampled token id is out of range "
                                  "(NaN logits)",
                                  c, probe=probe))
-    findings.extend(_empty_text_symptom(c, probe))
+    if text_symptoms:
+        findings.extend(_empty_text_symptom(c, probe))
     return findings
 
 
@@ -271,12 +283,13 @@ def _empty_text_symptom(c: Completion, probe: str) -> list[Finding]:
             return [_finding("nan", "error", f"every token from position {start} on ({tail} of "
                              f"{len(c.tokens)}) decodes to empty text: greedy argmax over NaN logits picks "
                              "token id 0, typically a special token", c, evidence, probe)]
-    # With or without logprobs: far fewer visible characters than tokens (special tokens decode to "").
+    # With or without logprobs: far fewer characters than tokens (special tokens decode to ""). Whitespace
+    # counts: a healthy model may answer a blank prompt with newlines, which are text, not NaN.
     n = max(c.completion_tokens or 0, len(c.tokens))
-    visible = len(c.text.strip())
+    visible = len(c.text)
     if n >= _EMPTY_TEXT_MIN_TOKENS and visible < _EMPTY_TEXT_CHARS_PER_TOKEN * n:
         return [_finding("nan", "error", f"{n} tokens were generated but the text has only {visible} "
-                         "visible character(s): tokens after some point decode to empty text, how NaN "
+                         "character(s): tokens after some point decode to empty text, how NaN "
                          "logits look without logprobs (greedy picks token id 0, a special token)", c,
                          [TokenAt.of(i, t) for i, t in enumerate(c.tokens[:3])], probe)]
     return []
@@ -353,9 +366,9 @@ def transport_findings(c: Completion, *, probe: str = "") -> list[Finding]:
     return findings
 
 
-def response_findings(c: Completion, *, probe: str = "") -> list[Finding]:
+def response_findings(c: Completion, *, probe: str = "", text_symptoms: bool = True) -> list[Finding]:
     """All per-response numerical and transport checks (NaN evidence, logprob consistency, failures)."""
-    return (nan_evidence(c, probe=probe) + logprob_consistency(c, probe=probe)
+    return (nan_evidence(c, probe=probe, text_symptoms=text_symptoms) + logprob_consistency(c, probe=probe)
             + transport_findings(c, probe=probe))
 
 
@@ -911,7 +924,8 @@ DEFAULT_DETERMINISM_PROMPT = Prompt("Write a letter to a friend describing your 
 BATCH_THRESHOLDS = DEFAULT_THRESHOLDS
 
 
-def _send(client: LLMClient, prompt: Prompt | KnownAnswer, max_tokens: int, logprobs: int) -> Completion:
+def _send(client: LLMClient, prompt: Prompt | KnownAnswer, max_tokens: int,
+          logprobs: int | None) -> Completion:
     text = prompt.text if isinstance(prompt, Prompt) else prompt.prompt
     if prompt.chat:
         return client.chat(text, max_tokens, temperature=0.0, logprobs=logprobs)
@@ -931,11 +945,17 @@ def run_nan_check(client: LLMClient, server_id: str, *, prompts: Sequence[Prompt
     check began, e.g. from the server's log file)."""
     report = OracleReport("nan-check", server_id=server_id)
     before = client.metrics_text()
+    followed_up = False
     try:
         for prompt in prompts:
             c = _send(client, prompt, max_tokens, logprobs)
             report.completions.append(c)
             report.add(response_findings(c, probe=f"nan-check[{prompt.label}]"))
+            if not followed_up and _is_nan_http_error(c):
+                # The 400 hides the tokens; the same request without logprobs shows what users get.
+                followed_up = True
+                label = f"nan-check[{prompt.label}]"
+                report.add(_without_logprobs(client, prompt, max_tokens, label, report))
         # A one-token decode takes paths a longer one does not (SGLang's kit checks it for graph bugs).
         one = _send(client, prompts[0], 1, logprobs) if prompts else None
     except RequestError as exc:
@@ -953,6 +973,27 @@ def run_nan_check(client: LLMClient, server_id: str, *, prompts: Sequence[Prompt
     if read_log is not None:
         report.add(nan_in_log(read_log()))
     return report
+
+
+def _is_nan_http_error(c: Completion) -> bool:
+    return not c.ok and c.status >= 400 and bool(_NAN_BODY_RE.search(c.error or ""))
+
+
+def _without_logprobs(client: LLMClient, prompt: Prompt, max_tokens: int, label: str,
+                      report: OracleReport) -> list[Finding]:
+    """Resend a request whose logprobs could not be serialized, without logprobs, as further evidence."""
+    probe = f"{label} resent without logprobs"
+    c = _send(client, prompt, max_tokens, None)
+    report.completions.append(c)
+    if not c.ok:
+        return nan_evidence(c, probe=probe) or transport_findings(c, probe=probe)
+    found = nan_evidence(c, probe=probe)
+    if found:
+        return [replace(f, message="without logprobs the same request answers HTTP 200, but " + f.message)
+                for f in found]
+    return [_finding("nan", "warning", "without logprobs the same request answers HTTP 200 with "
+                     "normal-looking text: the non-finite values may be confined to logprobs (e.g. -inf/NaN "
+                     "among the top-k alternatives) or appear later in the decode", c, probe=probe)]
 
 
 def run_known_answers(client: LLMClient, probes: Sequence[KnownAnswer] = DEFAULT_KNOWN_ANSWERS,
@@ -1083,26 +1124,84 @@ def run_determinism(client: LLMClient, server_id: str = "", *,
 
 
 def compare_runs(reference: Sequence[Completion], candidate: Sequence[Completion], *, name_ref: str,
-                 name_cand: str, exact: bool = False) -> OracleReport:
-    """Differential check of two servers' answers to the same prompts (e.g. eager vs CUDA graphs)."""
+                 name_cand: str, exact: bool = False, probes: Sequence[str] | None = None) -> OracleReport:
+    """Differential check of two servers' answers to the same prompts (e.g. eager vs CUDA graphs).
+
+    ``reference[i]`` and ``candidate[i]`` answer the same request; ``probes[i]`` names it in findings.
+    Each pair is judged by the check_logprobs_close rule, or by exact equality when ``exact``
+    (deterministic mode on both sides)."""
     report = OracleReport(f"differential[{name_cand} vs {name_ref}]")
     report.completions.extend(candidate)
     compare = exact_equal_findings if exact else check_logprobs_close
     for i, (r, c) in enumerate(zip(reference, candidate, strict=False)):
-        report.add(compare(r, c, name_ref=name_ref, name_cand=name_cand, probe=f"prompt {i + 1}"))
+        probe = probes[i] if probes is not None and i < len(probes) else f"prompt {i + 1}"
+        report.add(compare(r, c, name_ref=name_ref, name_cand=name_cand, probe=probe))
     if len(reference) != len(candidate):
         report.add([Finding("differential", "error", f"{len(reference)} reference answers but "
                             f"{len(candidate)} candidate answers")])
     return report
 
 
+# The differential's prompts: the chat probe and the raw-text batch prompts (mixed lengths), 32 greedy
+# tokens each. SmolLM2 on vLLM CPU: the two sides agree, at most with near-tie warnings.
+DEFAULT_DIFFERENTIAL_PROMPTS: tuple[Prompt, ...] = (DEFAULT_NAN_PROMPTS[0], *DEFAULT_BATCH_PROMPTS)
+
+
+def send_prompts(client: LLMClient, prompts: Sequence[Prompt], max_tokens: int, *,
+                 logprobs: int | None = DEFAULT_LOGPROBS, concurrent: bool = False) -> list[Completion]:
+    """Greedy requests for ``prompts``, one after the other (batch 1), or all at once when ``concurrent``
+    (so the server decodes them as one batch). Raises :class:`RequestError` on a transport failure."""
+    if not concurrent or len(prompts) < 2:
+        return [_send(client, p, max_tokens, logprobs) for p in prompts]
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=len(prompts)) as pool:
+        futures = [pool.submit(_send, client, p, max_tokens, logprobs) for p in prompts]
+        return [f.result() for f in futures]
+
+
+def run_differential(reference: LLMClient, candidate: LLMClient, *, name_ref: str, name_cand: str,
+                     prompts: Sequence[Prompt] = DEFAULT_DIFFERENTIAL_PROMPTS, max_tokens: int = 32,
+                     logprobs: int = DEFAULT_LOGPROBS, exact: bool = False,
+                     concurrent: bool = False) -> OracleReport:
+    """The same greedy prompts on a reference configuration and on the candidate, compared answer by answer.
+
+    The reference runs one request at a time (batch 1); the candidate too, or all prompts at once when
+    ``concurrent`` (batch N against the batch-1 reference). Both sides' responses are also checked for
+    NaN and transport failures: a broken reference is reported as such, not as a divergence. Exact
+    equality when ``exact`` (deterministic mode on both servers), else vLLM's check_logprobs_close rule.
+    """
+    mode = f"all {len(prompts)} at once" if concurrent else "one at a time"
+    report = OracleReport(f"differential[{name_cand} vs reference {name_ref}; {len(prompts)} greedy prompts, "
+                          f"{max_tokens} tokens, candidate {mode}]", server_id=name_cand)
+    labels = [f"differential[{p.label}]" for p in prompts]
+    try:
+        ref = send_prompts(reference, prompts, max_tokens, logprobs=logprobs)
+    except RequestError as exc:
+        return report.add([_transport_failure(exc, f"reference {name_ref}")])
+    for label, c in zip(labels, ref, strict=True):
+        report.add(replace(f, message=f"reference {name_ref}: {f.message}")
+                   for f in response_findings(c, probe=label))
+    try:
+        cand = send_prompts(candidate, prompts, max_tokens, logprobs=logprobs, concurrent=concurrent)
+    except RequestError as exc:
+        return report.add([_transport_failure(exc, f"candidate {name_cand}")])
+    for label, c in zip(labels, cand, strict=True):
+        report.add(response_findings(c, probe=label))
+    compared = compare_runs(ref, cand, name_ref=name_ref, name_cand=name_cand, exact=exact, probes=labels)
+    report.findings.extend(compared.findings)
+    report.completions.extend(cand)
+    return report
+
+
 __all__ = [
-    "BATCH_THRESHOLDS", "DEFAULT_COVERAGE_CAP", "DEFAULT_KNOWN_ANSWERS", "DEFAULT_LONG_DECODE_PROMPTS",
+    "BATCH_THRESHOLDS", "DEFAULT_COVERAGE_CAP", "DEFAULT_DIFFERENTIAL_PROMPTS", "DEFAULT_KNOWN_ANSWERS",
+    "DEFAULT_LONG_DECODE_PROMPTS",
     "DEFAULT_BATCH_PROMPTS", "DEFAULT_NAN_PROMPTS", "DEFAULT_THRESHOLDS", "NO_GRAPH_SIZES", "BatchCase",
     "CoherenceThresholds", "Finding", "KnownAnswer", "OracleReport", "Prompt", "TokenAt", "batch_prompts",
     "check_logprobs_close", "coherence_findings", "coherence_metrics", "compare_runs", "coverage_plan",
     "determinism_findings", "exact_equal_findings", "known_answer_findings", "logprob_consistency",
     "nan_evidence", "nan_in_log", "nan_in_metrics", "response_findings", "run_batch_case",
-    "run_batch_reference", "run_determinism", "run_known_answers", "run_long_decode", "run_nan_check",
-    "transport_findings",
+    "run_batch_reference", "run_determinism", "run_differential", "run_known_answers", "run_long_decode",
+    "run_nan_check", "send_prompts", "transport_findings",
 ]

@@ -15,7 +15,9 @@ from pytest_llmserve.client import Completion, LLMClient, TokenLogprob
 from pytest_llmserve.errors import RequestError
 from pytest_llmserve.oracles import (
     DEFAULT_BATCH_PROMPTS,
+    DEFAULT_DIFFERENTIAL_PROMPTS,
     DEFAULT_KNOWN_ANSWERS,
+    DEFAULT_NAN_PROMPTS,
     BatchCase,
     CoherenceThresholds,
     Finding,
@@ -39,6 +41,7 @@ from pytest_llmserve.oracles import (
     run_batch_case,
     run_batch_reference,
     run_determinism,
+    run_differential,
     run_known_answers,
     run_long_decode,
     run_nan_check,
@@ -559,6 +562,11 @@ class FakeServer:
         chat = "messages" in body
         prompt = body["messages"][0]["content"] if chat else body["prompt"]
         if prompt in self.nan_prompts:
+            if not body.get("logprobs"):  # vLLM: without logprobs, a 200 whose tokens decode to ""
+                empty = {"message": {"role": "assistant", "content": ""}} if chat else {"text": ""}
+                return httpx.Response(200, json={"choices": [{**empty, "finish_reason": "length"}],
+                                                 "usage": {"prompt_tokens": 5,
+                                                           "completion_tokens": body["max_tokens"]}})
             return httpx.Response(400, text=VLLM_NAN_400)
         pieces = self.pieces(prompt, body["max_tokens"])
         if self.flip_concurrent and len(self.requests) > len(DEFAULT_BATCH_PROMPTS) and len(pieces) > 2:
@@ -605,6 +613,57 @@ def test_run_nan_check_catches_400_metrics_and_log() -> None:
     assert "HTTP 400" in message
     assert "rose by 2" in message
     assert "sglang log reports NaN" in message
+
+
+def test_run_nan_check_resends_a_nan_400_without_logprobs_once() -> None:
+    server = FakeServer(nan_prompts=tuple(p.text for p in DEFAULT_NAN_PROMPTS))
+    report = run_nan_check(client_for(server), "nan")
+    assert not report.ok
+    without = [r for r in server.requests if not r.get("logprobs")]
+    assert len(without) == 1  # one follow-up, after the first 400 only
+    message = report.message("nan")
+    # The follow-up's evidence is the second thing shown; the repeated 400s are folded into one entry.
+    assert message.count("HTTP 400 whose body reports NaN/inf") == 1
+    assert "(the same in 4 more: nan-check[the-capital-of-france-is]" in message
+    assert ("without logprobs the same request answers HTTP 200, but 32 tokens were generated but the text "
+            "has only 0 character(s)") in message
+    assert message.index("HTTP 400") < message.index("without logprobs")
+
+
+def test_message_folds_identical_findings_and_counts_the_hidden_ones() -> None:
+    report = OracleReport("x", server_id="s")
+    report.add([Finding("nan", "error", "same", probe=f"p{i}") for i in range(8)])
+    report.add([Finding("coherence", "error", f"distinct {i}", probe="q") for i in range(6)])
+    message = report.message(limit=3)
+    assert "x FAILED on server s: 14 error(s)" in message
+    assert "(the same in 7 more: p1, p2, p3, p4, p5, ...)" in message
+    assert "distinct 0" in message and "distinct 1" in message and "distinct 2" not in message
+    assert message.endswith("... and 4 more finding(s)")
+
+
+def test_run_differential_agrees_and_catches_a_divergence_and_a_broken_reference() -> None:
+    reference, same = FakeServer(), FakeServer()
+    report = run_differential(client_for(reference), client_for(same), name_ref="eager", name_cand="graphs")
+    assert report.ok, report.message()
+    assert len(report.completions) == len(DEFAULT_DIFFERENTIAL_PROMPTS)
+    assert all(r.get("logprobs") for r in reference.requests + same.requests)
+    assert report.check.startswith("differential[graphs vs reference eager; 9 greedy prompts, 32 tokens")
+
+    garbage = FakeServer(garbage=True)
+    report = run_differential(client_for(FakeServer()), client_for(garbage), name_ref="healthy",
+                              name_cand="scrambled", concurrent=True)
+    assert not report.ok
+    message = report.message(limit=2)
+    assert "candidate all 9 at once" in message
+    assert "[differential] error in differential[chat-capital]: scrambled vs healthy: diverge at position 0" in message
+    assert "scrambled's ' piece' is not in healthy's top-2" in message
+
+    broken = FakeServer(nan_prompts=(DEFAULT_BATCH_PROMPTS[0].text,))
+    report = run_differential(client_for(broken), client_for(FakeServer()), name_ref="ref", name_cand="cand",
+                              exact=True)
+    assert not report.ok
+    assert "reference ref: HTTP 400 whose body reports NaN/inf" in report.message()
+    assert "cannot compare cand vs ref" in report.message()
 
 
 def test_run_known_answers() -> None:
@@ -706,7 +765,7 @@ def test_special_tokens_decoding_to_nothing_are_a_nan_symptom() -> None:
     c = completion("", [tok("<|endoftext|>", -0.01) for _ in range(24)])
     found = errors(nan_evidence(c), "nan")
     assert len(found) == 1
-    assert "24 tokens were generated but the text has only 0 visible" in found[0].message
+    assert "24 tokens were generated but the text has only 0 character(s)" in found[0].message
 
 
 def test_report_message_uses_the_recorded_server_id() -> None:
