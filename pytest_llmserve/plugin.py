@@ -31,7 +31,10 @@ from pytest_llmserve.config import (
 )
 from pytest_llmserve.errors import ConfigError, LLMServeError, ServerError
 
-SUITE_PATH = Path(__file__).parent / "suite" / "test_llmserve_suite.py"
+# The built-in suite: every test_llmserve_*.py file here (named one by one, so the user's python_files
+# and norecursedirs settings cannot drop any of them).
+SUITE_DIR = Path(__file__).parent / "suite"
+
 
 # Help texts shared between options and ini keys (pytest-timeout's *_DESC style).
 SUITE_HELP = "run the built-in suite (boot, config-is-execution, decode oracles, throughput gate) on every configured server"
@@ -259,12 +262,14 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def _add_suite(config: pytest.Config) -> None:
-    suite = str(SUITE_PATH)
+    # The main suite file first: its boot test is the clearest first failure.
+    files = sorted(SUITE_DIR.glob("test_llmserve_*.py"),
+                   key=lambda p: (p.name != "test_llmserve_suite.py", p.name))
+    suite = [str(path) for path in files]
     if config.args_source == pytest.Config.ArgsSource.ARGS:
-        if suite not in config.args:
-            config.args.append(suite)
+        config.args.extend(path for path in suite if path not in config.args)
     else:
-        config.args[:] = [suite]  # only the suite, not the rootdir's testpaths
+        config.args[:] = suite  # only the suite, not the rootdir's testpaths
 
 
 class XdistHooks:

@@ -121,3 +121,15 @@ def test_suite_option_collects_the_builtin_suite_only(pytester: pytest.Pytester)
     assert "::test_boots_and_generates[default]" in out
     assert "::test_throughput[default]" in out
     assert "test_batch_size[default-bs=" in out
+    # Every file of the suite directory, the property tests included.
+    assert "::test_api_invariants[default]" in out
+    assert "::test_seeded_sampling_is_repeatable[default]" in out
+    assert out.index("::test_boots_and_generates[default]") < out.index("::test_api_invariants[default]")
+
+
+def test_suite_files_are_collected_whatever_python_files_says(pytester: pytest.Pytester) -> None:
+    pytester.makeini("[pytest]\npython_files = check_*.py\n")
+    result = pytester.runpytest("--llmserve-suite", "--collect-only", "-q")
+    out = result.stdout.str()
+    assert "::test_boots_and_generates[default]" in out
+    assert "::test_api_invariants[default]" in out

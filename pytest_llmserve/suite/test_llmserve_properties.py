@@ -1,0 +1,54 @@
+"""Built-in property tests over the API, run by ``pytest --llmserve-suite`` once per configured server.
+
+Hypothesis draws requests (prompt text, ``max_tokens`` 1..32, stop sequences, temperature / top_p /
+seed) and :mod:`pytest_llmserve.properties` checks each one's invariants: no error, no NaN,
+``max_tokens`` and stop sequences respected, usage consistent with the stream, streamed equal to
+non-streamed when reproducible, seeded sampling repeatable. Examples are derandomized (the same ones in
+every run, so CI is stable) and bounded (about 30 s on the CPU default); a failure is not shrunk, since
+every extra example costs server time, and its message already holds the full request.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, Phase, given, settings
+
+from pytest_llmserve.properties import (
+    ApiExample,
+    api_examples,
+    check_api_example,
+    check_seeded_repeatable,
+    seeded_examples,
+)
+
+pytestmark = [pytest.mark.llmserve_server("*"), pytest.mark.llmserve_correctness]
+
+API_EXAMPLES = 15
+SEEDED_EXAMPLES = 8
+
+_SETTINGS = dict(deadline=None, derandomize=True, database=None, phases=(Phase.explicit, Phase.generate),
+                 suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+
+
+def _fail_unless_ok(report: Any, server: Any) -> None:
+    if not report.ok:
+        spec = getattr(server, "spec_for_checks", None) or server.spec
+        # AssertionError, not pytest.fail: Hypothesis reports it with the falsifying example.
+        raise AssertionError(report.message(spec.id) + f"\n{server.describe()}")
+
+
+@settings(max_examples=API_EXAMPLES, **_SETTINGS)  # type: ignore[arg-type]
+@given(example=api_examples())
+def test_api_invariants(llm_server: Any, llm_client: Any, example: ApiExample) -> None:
+    """Each request, streamed and not: no error, no NaN, max_tokens and stop respected, usage consistent,
+    and (greedy or seeded) the stream equals the non-streamed answer."""
+    _fail_unless_ok(check_api_example(llm_client, example), llm_server)
+
+
+@settings(max_examples=SEEDED_EXAMPLES, **_SETTINGS)  # type: ignore[arg-type]
+@given(example=seeded_examples())
+def test_seeded_sampling_is_repeatable(llm_server: Any, llm_client: Any, example: ApiExample) -> None:
+    """The same sampled request with the same seed, twice: the same tokens."""
+    _fail_unless_ok(check_seeded_repeatable(llm_client, example), llm_server)
