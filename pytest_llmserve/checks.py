@@ -13,19 +13,44 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from pytest_llmserve import oracles
-from pytest_llmserve.config import ServerSpec
+from pytest_llmserve.config import LLMServeConfig, ServerSpec
+from pytest_llmserve.errors import ConfigError, LLMServeError
+
+
+def resolve_reference_spec(cfg: LLMServeConfig, reference: str | ServerSpec) -> ServerSpec:
+    """The configuration a differential check compares against: a :class:`ServerSpec`, a spec id
+    (``"name"`` or ``"name[key=value,...]"`` for a matrix combination), or a server name that expands to
+    exactly one combination."""
+    if isinstance(reference, ServerSpec):
+        return reference
+    specs = cfg.all_specs()
+    for spec in specs:
+        if spec.id == reference:
+            return spec
+    names = {s.name for s in cfg.servers}
+    if reference in names:
+        expanded = cfg.expanded(reference)
+        if len(expanded) == 1:
+            return expanded[0]
+        raise ConfigError(f"reference {reference!r} has {len(expanded)} matrix combinations; name one of: "
+                          + ", ".join(s.id for s in expanded))
+    raise ConfigError(f"reference {reference!r} is not a configured server (configured: "
+                      f"{', '.join(s.id for s in specs)}; from {cfg.source})")
 
 
 class DecodeCheck:
     """Oracles for one server. ``fail``/``skip`` raise (pytest.fail / pytest.skip in the plugin)."""
 
     def __init__(self, server: Any, fail: Callable[[str], None], skip: Callable[[str], None] | None = None, *,
-                 long_decode_tokens: int = 256, batch_tokens: int = 32) -> None:
+                 long_decode_tokens: int = 256, batch_tokens: int = 32,
+                 reference_server: Callable[[str | ServerSpec], Any] | None = None) -> None:
         self.server = server
         self.fail = fail
         self.skip = skip or fail
         self.long_decode_tokens = long_decode_tokens
         self.batch_tokens = batch_tokens
+        # Turns a spec id / ServerSpec into a running server (the plugin's pool, keeping this one alive).
+        self.reference_server = reference_server
         self.reports: list[oracles.OracleReport] = []
 
     @property
@@ -38,11 +63,12 @@ class DecodeCheck:
         self.server.ensure_alive()
         return self.server.client()
 
-    def _conclude(self, report: oracles.OracleReport) -> DecodeCheck:
+    def _conclude(self, report: oracles.OracleReport, extra: str = "") -> DecodeCheck:
         self.reports.append(report)
         if not report.ok:
             self.server.ensure_alive()  # a dead server is the better explanation, with its log tail
-            self.fail(report.message(self.spec.id) + f"\n{self.server.describe()}")
+            self.fail(report.message(self.spec.id) + f"\n{self.server.describe()}"
+                      + (f"\n{extra}" if extra else ""))
         return self
 
     def _exact(self) -> bool:
@@ -50,7 +76,7 @@ class DecodeCheck:
 
     def _log_since(self, offset: int) -> Callable[[], list[str]]:
         def read() -> list[str]:
-            text = self.server.log_text()
+            text = str(self.server.log_text())
             return text[offset:].replace("\r", "\n").splitlines()
 
         return read
@@ -72,13 +98,50 @@ class DecodeCheck:
                  thresholds: oracles.CoherenceThresholds | None = None) -> DecodeCheck:
         """A long greedy decode (256 tokens by default) is not degenerate."""
         with self._client() as client:
-            report = oracles.run_long_decode(client, self.spec.id, max_tokens or self.long_decode_tokens, thresholds)
+            report = oracles.run_long_decode(client, self.spec.id, max_tokens or self.long_decode_tokens,
+                                             thresholds)
         return self._conclude(report)
 
     def deterministic(self) -> DecodeCheck:
         with self._client() as client:
             report = oracles.run_determinism(client, self.spec.id, exact=self._exact())
         return self._conclude(report)
+
+    def matches(self, reference: Any, *, prompts: Sequence[oracles.Prompt] | None = None,
+                max_tokens: int | None = None, concurrent: bool = False,
+                exact: bool | None = None) -> DecodeCheck:
+        """Differential check against a reference configuration (e.g. graphs off, batch size 1, another
+        engine build): the same greedy prompts on both servers, each answer compared with the
+        reference's by vLLM's check_logprobs_close rule (at the first divergence each side's token must
+        be in the other's top-k), or by exact equality when both servers run in deterministic mode.
+
+        ``reference``: a running server (a ``ServerHandle``), or a spec id / server name / ``ServerSpec``
+        that the plugin boots from the configuration while this server stays up. ``concurrent`` sends the
+        candidate's prompts all at once (a batch) against the reference's one-at-a-time answers.
+        """
+        ref_server = reference
+        if isinstance(reference, (str, ServerSpec)):
+            if self.reference_server is None:
+                self.fail(f"{self.spec.id}: decode_check.matches({reference!r}) needs a running server here "
+                          "(no configuration to boot a reference from)")
+            try:
+                ref_server = self.reference_server(reference)  # type: ignore[misc]
+            except LLMServeError as exc:
+                self.fail(f"{self.spec.id}: the reference configuration {reference!r} is not available: "
+                          f"{exc}")
+        ref_spec = getattr(ref_server, "spec_for_checks", None) or ref_server.spec
+        if exact is None:
+            exact = self._exact() and bool(ref_server.adapter.deterministic_flag_on(ref_spec))
+        ref_server.ensure_alive()
+        with ref_server.client() as ref_client, self._client() as client:
+            report = oracles.run_differential(ref_client, client, name_ref=ref_spec.id,
+                                              name_cand=self.spec.id,
+                                              prompts=prompts or oracles.DEFAULT_DIFFERENTIAL_PROMPTS,
+                                              max_tokens=max_tokens or self.batch_tokens, exact=exact,
+                                              concurrent=concurrent)
+        if not report.ok:
+            ref_server.ensure_alive()
+        return self._conclude(report, extra=f"reference: {ref_server.describe()}")
 
     def _reference(self, client: Any) -> list[Any]:
         cache = self.server.__dict__.setdefault("_llmserve_batch_reference", {})

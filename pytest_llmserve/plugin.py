@@ -35,7 +35,6 @@ from pytest_llmserve.errors import ConfigError, LLMServeError, ServerError
 # and norecursedirs settings cannot drop any of them).
 SUITE_DIR = Path(__file__).parent / "suite"
 
-
 # Help texts shared between options and ini keys (pytest-timeout's *_DESC style).
 SUITE_HELP = "run the built-in suite (boot, config-is-execution, decode oracles, throughput gate) on every configured server"
 SERVER_HELP = "server name(s) from [tool.llmserve.servers] to use (comma separated); default: all for the suite"
@@ -462,10 +461,25 @@ def llm_server(request: pytest.FixtureRequest) -> Iterator[Any]:
 
 @pytest.fixture
 def decode_check(llm_server: Any, request: pytest.FixtureRequest) -> Any:
-    """Decode oracles bound to this test's server: ``decode_check.no_nan().coherent()...``."""
-    from pytest_llmserve.checks import DecodeCheck
+    """Decode oracles bound to this test's server: ``decode_check.no_nan().coherent()...``;
+    ``decode_check.matches("other-server-id")`` boots that configuration beside this one as the reference."""
+    from pytest_llmserve.checks import DecodeCheck, resolve_reference_spec
 
-    return DecodeCheck(llm_server, fail=_fail, skip=_skip)
+    config = request.config
+    current = (request.node.stash.get(SPEC_KEY, None) or getattr(llm_server, "spec_for_checks", None)
+               or llm_server.spec)
+
+    def reference_server(reference: Any) -> Any:
+        spec = resolve_reference_spec(config.stash[SETTINGS_KEY].cfg, reference)
+        pool = _pool(config)
+        before = pool.max_alive
+        pool.max_alive = max(before, 2)  # the reference and this server side by side, for this call only
+        try:
+            return pool.get(spec, keep=(current,))
+        finally:
+            pool.max_alive = before
+
+    return DecodeCheck(llm_server, fail=_fail, skip=_skip, reference_server=reference_server)
 
 
 @pytest.fixture
