@@ -62,7 +62,7 @@ def test_matrix_boots_each_combination_once_with_facts_ab_and_refusal(
 
     # A baseline recorded with one memory setting and graph mode, compared with a run where both the
     # memory setting and the graph mode changed while only the graph mode is the variable: refused.
-    write_config(default_server_toml("cpu2", mem_fraction=0.5) + TINY_WORKLOAD)
+    write_config(default_server_toml("cpu2", mem_fraction=0.5, cuda_graph=False) + TINY_WORKLOAD)
     pytester.makepyfile(test_refuse="""
         import pytest
         @pytest.mark.llmserve_server("cpu2")
