@@ -1,0 +1,603 @@
+"""GPUs seen from the host: what is there, who holds memory, and whether a server gave it back.
+
+Read through NVML (``pynvml``, the ``nvidia-ml-py`` distribution; imported lazily) and, when NVML is
+missing or fails, through ``nvidia-smi``'s CSV queries. Without a GPU every function returns an empty
+answer (``[]``, ``{}``, ``None``) and raises nothing, so callers need no "is there a GPU?" branch.
+
+Used around a server's life:
+
+* before boot, :func:`preflight_gpus` refuses a boot that cannot succeed or would measure the wrong
+  thing: fewer GPUs than ``tp``, too little free memory, or a stale process still holding a GPU
+  (named with pid, command and memory, and how to clear it);
+* after teardown, :func:`wait_memory_returned` waits until each GPU's used memory is back near what
+  it was before boot, and names the processes still holding memory when it is not.
+
+Memory is in MiB throughout (what nvidia-smi prints and what people read).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import io
+import os
+import re
+import shutil
+import subprocess
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from pytest_llmserve.errors import PreflightError
+
+if TYPE_CHECKING:
+    from pytest_llmserve.config import ServerSpec
+
+__all__ = [
+    "GpuInfo",
+    "GpuProcess",
+    "GpuSnapshot",
+    "MemoryReturn",
+    "PreflightResult",
+    "gpu_check",
+    "gpu_processes",
+    "gpu_summary",
+    "list_gpus",
+    "parse_smi_apps_csv",
+    "parse_smi_cuda_version",
+    "parse_smi_gpus_csv",
+    "preflight_gpus",
+    "snapshot",
+    "visible_gpus",
+    "wait_memory_returned",
+]
+
+SMI_TIMEOUT_S = 20.0
+#: A GPU is "free enough" to boot on when at least this fraction of its memory is free.
+DEFAULT_MIN_FREE_FRACTION = 0.9
+#: Memory that may stay in use after teardown without counting as a leak (driver/context noise).
+DEFAULT_RETURN_TOLERANCE_MIB = 256
+
+_GPU_FIELDS = "index,uuid,name,memory.total,memory.used,memory.free,driver_version,pci.bus_id"
+_APP_FIELDS = "gpu_uuid,pid,process_name,used_memory"
+
+
+@dataclass(frozen=True, slots=True)
+class GpuInfo:
+    """One GPU as the driver reports it now."""
+
+    index: int
+    name: str
+    uuid: str | None
+    memory_total_mib: int
+    memory_used_mib: int
+    memory_free_mib: int
+    driver: str | None = None
+    cuda: str | None = None  # the driver's CUDA version, e.g. "13.0"
+    pci_bus_id: str | None = None
+
+    @property
+    def free_fraction(self) -> float:
+        return self.memory_free_mib / self.memory_total_mib if self.memory_total_mib else 0.0
+
+    def describe(self) -> str:
+        return (
+            f"GPU {self.index} ({self.name}): {self.memory_used_mib} MiB used, {self.memory_free_mib} "
+            f"of {self.memory_total_mib} MiB free"
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class GpuProcess:
+    """A process holding memory on a GPU."""
+
+    gpu_index: int | None
+    gpu_uuid: str | None
+    pid: int
+    name: str
+    used_memory_mib: int | None  # None: the driver does not say (e.g. in some containers)
+    command: str | None = None  # full command line when this host can see the process
+
+    def describe(self) -> str:
+        mem = f"{self.used_memory_mib} MiB" if self.used_memory_mib is not None else "memory not reported"
+        what = self.command or self.name or "?"
+        where = f"GPU {self.gpu_index}" if self.gpu_index is not None else (self.gpu_uuid or "GPU ?")
+        return f"pid {self.pid} on {where} ({mem}): {what}"
+
+
+@dataclass(frozen=True, slots=True)
+class GpuSnapshot:
+    """GPUs and the processes on them at one moment, and which tool said so."""
+
+    gpus: tuple[GpuInfo, ...]
+    processes: tuple[GpuProcess, ...]
+    source: str  # "nvml", "nvidia-smi" or "none"
+
+    def used_mib(self) -> dict[int, int]:
+        return {g.index: g.memory_used_mib for g in self.gpus}
+
+
+@dataclass
+class PreflightResult:
+    """What the GPU preflight looked at (kept for the report even when it passes)."""
+
+    gpus: list[GpuInfo]
+    devices: list[int]  # the GPUs this server will use
+    processes: list[GpuProcess]
+    baseline_used_mib: dict[int, int]
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "gpus": [asdict(g) for g in self.gpus],
+            "devices": list(self.devices),
+            "processes": [asdict(p) for p in self.processes],
+            "baseline_used_mib": {str(k): v for k, v in self.baseline_used_mib.items()},
+            "problems": list(self.problems),
+        }
+
+
+@dataclass
+class MemoryReturn:
+    """Whether every GPU's memory came back after a teardown."""
+
+    ok: bool
+    baseline_used_mib: dict[int, int]
+    used_mib: dict[int, int]
+    waited_s: float
+    leftover_processes: list[GpuProcess] = field(default_factory=list)
+    tolerance_mib: int = DEFAULT_RETURN_TOLERANCE_MIB
+
+    def message(self) -> str:
+        if not self.used_mib:
+            return "no GPU visible: nothing to check"
+        parts = [
+            f"GPU {i}: {self.used_mib.get(i, '?')} MiB used "
+            f"(before boot {self.baseline_used_mib.get(i, '?')})"
+            for i in sorted(self.used_mib)
+        ]
+        head = (
+            "GPU memory returned"
+            if self.ok
+            else f"GPU memory NOT returned within {self.waited_s:.0f} s (tolerance {self.tolerance_mib} MiB)"
+        )
+        text = head + ": " + "; ".join(parts)
+        if self.leftover_processes:
+            text += "\nstill holding GPU memory:\n" + "\n".join(
+                "  " + p.describe() for p in self.leftover_processes
+            )
+        return text
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "ok": self.ok,
+            "baseline_used_mib": {str(k): v for k, v in self.baseline_used_mib.items()},
+            "used_mib": {str(k): v for k, v in self.used_mib.items()},
+            "waited_s": round(self.waited_s, 2),
+            "leftover_processes": [asdict(p) for p in self.leftover_processes],
+            "tolerance_mib": self.tolerance_mib,
+        }
+
+
+# --------------------------------------------------------------------------- nvidia-smi parsing
+
+
+def _int_or_none(text: str | None) -> int | None:
+    if text is None:
+        return None
+    value = text.strip()
+    match = re.fullmatch(r"(-?\d+)(?:\s*MiB)?", value)
+    return int(match.group(1)) if match else None
+
+
+def _rows(text: str) -> list[list[str]]:
+    return [
+        [cell.strip() for cell in row]
+        for row in csv.reader(io.StringIO(text))
+        if row and any(c.strip() for c in row)
+    ]
+
+
+def parse_smi_gpus_csv(text: str, cuda: str | None = None) -> list[GpuInfo]:
+    """Rows of ``nvidia-smi --query-gpu=index,uuid,name,memory.total,memory.used,memory.free,
+    driver_version,pci.bus_id --format=csv,noheader,nounits`` (a header row is skipped too)."""
+    out: list[GpuInfo] = []
+    for row in _rows(text):
+        if len(row) < 6 or not row[0].isdigit():
+            continue  # header or an error line ("No devices were found")
+        total, used, free = (_int_or_none(v) for v in row[3:6])
+        out.append(
+            GpuInfo(
+                index=int(row[0]),
+                uuid=row[1] or None,
+                name=row[2],
+                memory_total_mib=total or 0,
+                memory_used_mib=used or 0,
+                memory_free_mib=free if free is not None else max(0, (total or 0) - (used or 0)),
+                driver=row[6] if len(row) > 6 and row[6] else None,
+                cuda=cuda,
+                pci_bus_id=row[7] if len(row) > 7 and row[7] else None,
+            )
+        )
+    return out
+
+
+def parse_smi_apps_csv(text: str, uuid_to_index: Mapping[str, int] | None = None) -> list[GpuProcess]:
+    """Rows of ``nvidia-smi --query-compute-apps=gpu_uuid,pid,process_name,used_memory
+    --format=csv,noheader,nounits``. ``used_memory`` may read ``[N/A]`` (then None)."""
+    index = dict(uuid_to_index or {})
+    out: list[GpuProcess] = []
+    for row in _rows(text):
+        if len(row) < 3 or not row[1].isdigit():
+            continue
+        uuid = row[0] or None
+        out.append(
+            GpuProcess(
+                gpu_index=index.get(uuid) if uuid else None,
+                gpu_uuid=uuid,
+                pid=int(row[1]),
+                name=row[2],
+                used_memory_mib=_int_or_none(row[3]) if len(row) > 3 else None,
+            )
+        )
+    return out
+
+
+def parse_smi_cuda_version(banner: str) -> str | None:
+    """``CUDA Version: 13.0`` from the plain ``nvidia-smi`` banner."""
+    match = re.search(r"CUDA Version:\s*([0-9.]+)", banner)
+    return match.group(1) if match else None
+
+
+# --------------------------------------------------------------------------- backends
+
+
+Runner = Callable[[Sequence[str]], str | None]
+
+
+def _run_smi(argv: Sequence[str]) -> str | None:
+    """stdout of nvidia-smi, or None when it is missing or fails (no GPU, no driver)."""
+    exe = shutil.which(argv[0])
+    if exe is None:
+        return None
+    try:
+        done = subprocess.run(
+            [exe, *argv[1:]],
+            capture_output=True,
+            text=True,
+            timeout=SMI_TIMEOUT_S,
+            check=False,
+            stdin=subprocess.DEVNULL,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return done.stdout if done.returncode == 0 else None
+
+
+def _text(value: Any) -> str:
+    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+
+
+def _mib(value: Any) -> int:
+    return int(value) // (1024 * 1024)
+
+
+def _snapshot_nvml(nvml: Any = None) -> GpuSnapshot | None:
+    """Everything through NVML, or None when pynvml is missing or NVML cannot start."""
+    if nvml is None:
+        try:
+            import pynvml as nvml  # type: ignore[import-not-found, no-redef, unused-ignore]
+        except ImportError:
+            return None
+    try:
+        nvml.nvmlInit()
+    except Exception:  # noqa: BLE001 - NVMLError_LibraryNotFound / DriverNotLoaded / ...: no GPU here
+        return None
+    try:
+        count = int(nvml.nvmlDeviceGetCount())
+        driver = _text(nvml.nvmlSystemGetDriverVersion())
+        cuda: str | None = None
+        with contextlib.suppress(Exception):
+            cuda_int = int(nvml.nvmlSystemGetCudaDriverVersion())
+            cuda = f"{cuda_int // 1000}.{cuda_int % 1000 // 10}"
+        gpus: list[GpuInfo] = []
+        procs: list[GpuProcess] = []
+        for i in range(count):
+            handle = nvml.nvmlDeviceGetHandleByIndex(i)
+            mem = nvml.nvmlDeviceGetMemoryInfo(handle)
+            uuid: str | None = None
+            with contextlib.suppress(Exception):
+                uuid = _text(nvml.nvmlDeviceGetUUID(handle))
+            bus: str | None = None
+            with contextlib.suppress(Exception):
+                bus = _text(nvml.nvmlDeviceGetPciInfo(handle).busId)
+            gpus.append(
+                GpuInfo(
+                    index=i,
+                    name=_text(nvml.nvmlDeviceGetName(handle)),
+                    uuid=uuid,
+                    memory_total_mib=_mib(mem.total),
+                    memory_used_mib=_mib(mem.used),
+                    memory_free_mib=_mib(mem.free),
+                    driver=driver,
+                    cuda=cuda,
+                    pci_bus_id=bus,
+                )
+            )
+            running: list[Any] = []
+            for getter in ("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetGraphicsRunningProcesses"):
+                with contextlib.suppress(Exception):
+                    running.extend(getattr(nvml, getter)(handle))
+            seen: set[int] = set()
+            for proc in running:
+                pid = int(proc.pid)
+                if pid in seen:
+                    continue
+                seen.add(pid)
+                used = getattr(proc, "usedGpuMemory", None)
+                name = ""
+                with contextlib.suppress(Exception):
+                    name = _text(nvml.nvmlSystemGetProcessName(pid))
+                procs.append(
+                    GpuProcess(
+                        gpu_index=i,
+                        gpu_uuid=uuid,
+                        pid=pid,
+                        name=name,
+                        used_memory_mib=_mib(used) if isinstance(used, int) else None,
+                    )
+                )
+        return GpuSnapshot(tuple(gpus), tuple(procs), "nvml")
+    except Exception:  # noqa: BLE001 - a half-working NVML: let nvidia-smi answer instead
+        return None
+    finally:
+        with contextlib.suppress(Exception):
+            nvml.nvmlShutdown()
+
+
+def _snapshot_smi(run: Runner = _run_smi) -> GpuSnapshot | None:
+    gpus_text = run(["nvidia-smi", f"--query-gpu={_GPU_FIELDS}", "--format=csv,noheader,nounits"])
+    if gpus_text is None:
+        return None
+    banner = run(["nvidia-smi"]) or ""
+    gpus = parse_smi_gpus_csv(gpus_text, cuda=parse_smi_cuda_version(banner))
+    if not gpus:
+        return None
+    apps_text = (
+        run(["nvidia-smi", f"--query-compute-apps={_APP_FIELDS}", "--format=csv,noheader,nounits"]) or ""
+    )
+    procs = parse_smi_apps_csv(apps_text, {g.uuid: g.index for g in gpus if g.uuid})
+    return GpuSnapshot(tuple(gpus), tuple(procs), "nvidia-smi")
+
+
+def _with_commands(snap: GpuSnapshot) -> GpuSnapshot:
+    """Fill each process's command line from /proc when this host can see it (not in every container)."""
+    try:
+        import psutil
+    except ImportError:  # pragma: no cover - psutil is a dependency
+        return snap
+    procs = []
+    for p in snap.processes:
+        command = p.command
+        name = p.name
+        with contextlib.suppress(psutil.Error, OSError):
+            proc = psutil.Process(p.pid)
+            command = " ".join(proc.cmdline())[:300] or None
+            name = name or proc.name()
+        procs.append(GpuProcess(p.gpu_index, p.gpu_uuid, p.pid, name, p.used_memory_mib, command))
+    return GpuSnapshot(snap.gpus, tuple(procs), snap.source)
+
+
+def snapshot(*, nvml: Any = None, run: Runner | None = None, prefer: str = "nvml") -> GpuSnapshot:
+    """GPUs and their processes now; an empty snapshot (source ``none``) without a GPU.
+
+    ``nvml`` (a pynvml-like module) and ``run`` (an nvidia-smi runner returning stdout or None)
+    are injectable for tests; ``prefer="nvidia-smi"`` asks nvidia-smi first.
+    """
+    runner = run or _run_smi
+    order: list[Callable[[], GpuSnapshot | None]] = [
+        lambda: _snapshot_nvml(nvml),
+        lambda: _snapshot_smi(runner),
+    ]
+    if prefer == "nvidia-smi":
+        order.reverse()
+    for backend in order:
+        snap = backend()
+        if snap is not None and snap.gpus:
+            return _with_commands(snap)
+    return GpuSnapshot((), (), "none")
+
+
+def list_gpus(**kwargs: Any) -> list[GpuInfo]:
+    """Every GPU the driver sees (not only the visible ones); ``[]`` without a GPU."""
+    return list(snapshot(**kwargs).gpus)
+
+
+def gpu_processes(**kwargs: Any) -> list[GpuProcess]:
+    """Processes holding GPU memory now; ``[]`` without a GPU."""
+    return list(snapshot(**kwargs).processes)
+
+
+def visible_gpus(gpus: Sequence[GpuInfo], env: Mapping[str, str] | None = None) -> list[GpuInfo]:
+    """The GPUs a process started with ``env`` may use (``CUDA_VISIBLE_DEVICES``: indices or UUIDs).
+
+    Unset means all; an empty value or ``-1`` means none. An entry that matches nothing ends the
+    list, as CUDA does.
+    """
+    environ = os.environ if env is None else env
+    raw = environ.get("CUDA_VISIBLE_DEVICES")
+    if raw is None:
+        return list(gpus)
+    out: list[GpuInfo] = []
+    for entry in (e.strip() for e in raw.split(",")):
+        if not entry:
+            break
+        match: GpuInfo | None = None
+        if re.fullmatch(r"\d+", entry):
+            match = next((g for g in gpus if g.index == int(entry)), None)
+        else:
+            match = next((g for g in gpus if g.uuid and (g.uuid == entry or g.uuid.startswith(entry))), None)
+        if match is None or match in out:
+            break
+        out.append(match)
+    return out
+
+
+def gpu_summary(snap: GpuSnapshot | None = None) -> dict[str, Any]:
+    """GPU name, count, driver, CUDA version and per-GPU memory, for baseline keys and reports.
+
+    Keys ``gpu_name``/``gpu_count``/``driver``/``cuda`` match
+    :func:`pytest_llmserve.baselines.hardware_context`.
+    """
+    snap = snap if snap is not None else snapshot()
+    if not snap.gpus:
+        return {
+            "gpu_name": None,
+            "gpu_count": 0,
+            "driver": None,
+            "cuda": None,
+            "gpus": [],
+            "gpu_source": snap.source,
+        }
+    names = sorted({g.name for g in snap.gpus})
+    return {
+        "gpu_name": " + ".join(names),
+        "gpu_count": len(snap.gpus),
+        "driver": snap.gpus[0].driver,
+        "cuda": snap.gpus[0].cuda,
+        "gpus": [
+            {
+                "index": g.index,
+                "name": g.name,
+                "memory_total_mib": g.memory_total_mib,
+                "pci_bus_id": g.pci_bus_id,
+            }
+            for g in snap.gpus
+        ],
+        "gpu_source": snap.source,
+    }
+
+
+# --------------------------------------------------------------------------- preflight and teardown
+
+
+def devices_for(spec: ServerSpec, gpus: Sequence[GpuInfo]) -> list[GpuInfo]:
+    """The GPUs the server will use: the first ``tp`` of those its environment makes visible."""
+    env = {**os.environ, **spec.env_dict}
+    return visible_gpus(gpus, env)[: max(1, spec.tp)]
+
+
+def _clear_hint(p: GpuProcess) -> str:
+    if p.command is None:
+        return (
+            f"pid {p.pid} is not visible from this host (another container or VM?): stop it where it "
+            "runs, or pick other GPUs with CUDA_VISIBLE_DEVICES in the server's env"
+        )
+    return (
+        f"stop it (`kill {p.pid}`, then `kill -9 {p.pid}` if it stays) or `llmserve kill-stale` if it is ours"
+    )
+
+
+def preflight_gpus(
+    spec: ServerSpec,
+    *,
+    snap: GpuSnapshot | None = None,
+    min_free_fraction: float = DEFAULT_MIN_FREE_FRACTION,
+    min_free_mib: int | None = None,
+    ignore_pids: Iterable[int] = (),
+) -> PreflightResult:
+    """Check the GPUs before booting ``spec`` (only when ``spec.gpu`` is true; else an empty result).
+
+    Problems (``result.problems``; :func:`gpu_check` raises them as one :class:`PreflightError`):
+    fewer visible GPUs than ``tp``; a GPU the server will use with less than ``min_free_fraction`` of
+    its memory free (or less than ``min_free_mib``); any process holding memory on those GPUs, named
+    with pid, command and memory, since a stale server would also skew every measurement.
+    """
+    if not spec.gpu:
+        return PreflightResult([], [], [], {})
+    snap = snap if snap is not None else snapshot()
+    gpus = list(snap.gpus)
+    result = PreflightResult(gpus, [], [], {g.index: g.memory_used_mib for g in gpus})
+    if not gpus:
+        result.problems.append(
+            f"server {spec.id} needs a GPU (gpu = true in {spec.source}) but no GPU is "
+            "visible (neither NVML nor nvidia-smi answered)"
+        )
+        return result
+    env = {**os.environ, **spec.env_dict}
+    visible = visible_gpus(gpus, env)
+    want = max(1, spec.tp)
+    if len(visible) < want:
+        cvd = env.get("CUDA_VISIBLE_DEVICES")
+        result.problems.append(
+            f"server {spec.id} needs {want} GPU(s) (tp = {spec.tp} in {spec.source}) but only {len(visible)} "
+            f"visible ({len(gpus)} on the machine"
+            + (f", CUDA_VISIBLE_DEVICES={cvd!r}" if cvd is not None else "")
+            + ")"
+        )
+    used = visible[:want]
+    result.devices = [g.index for g in used]
+    ignored = set(ignore_pids)
+    for gpu in used:
+        need_mib = max(min_free_mib or 0, int(gpu.memory_total_mib * min_free_fraction))
+        if gpu.memory_free_mib < need_mib:
+            result.problems.append(
+                f"{gpu.describe()}: less than the {need_mib} MiB free needed to boot {spec.id} on a clean GPU"
+            )
+    holders = [
+        p
+        for p in snap.processes
+        if p.pid not in ignored
+        and (p.gpu_index in result.devices or (p.gpu_index is None and p.gpu_uuid in {g.uuid for g in used}))
+    ]
+    result.processes = holders
+    for p in holders:
+        result.problems.append(f"stale GPU process: {p.describe()}; {_clear_hint(p)}")
+    return result
+
+
+def gpu_check(spec: ServerSpec) -> None:
+    """``server.preflight(..., gpu_check=gpu_check)``: raise :class:`PreflightError` naming every problem."""
+    result = preflight_gpus(spec)
+    if not result.ok:
+        raise PreflightError(f"GPU preflight for {spec.id} failed:\n  " + "\n  ".join(result.problems))
+
+
+def wait_memory_returned(
+    baseline_used: Mapping[int, int],
+    devices: Iterable[int] | None = None,
+    timeout_s: float = 30.0,
+    *,
+    tolerance_mib: int = DEFAULT_RETURN_TOLERANCE_MIB,
+    poll_s: float = 0.5,
+    sample: Callable[[], GpuSnapshot] | None = None,
+    sleep: Callable[[float], None] = time.sleep,
+    clock: Callable[[], float] = time.monotonic,
+) -> MemoryReturn:
+    """Poll until every device's used memory is at most its ``baseline_used`` + ``tolerance_mib``.
+
+    ``devices`` defaults to the keys of ``baseline_used``. Without a GPU it returns ``ok=True`` with
+    nothing measured. When memory does not come back in ``timeout_s``, the processes still holding
+    those GPUs are listed.
+    """
+    take = sample or snapshot
+    wanted = sorted(set(devices) if devices is not None else set(baseline_used))
+    start = clock()
+    while True:
+        snap = take()
+        if not snap.gpus:
+            return MemoryReturn(True, dict(baseline_used), {}, clock() - start, tolerance_mib=tolerance_mib)
+        used = {g.index: g.memory_used_mib for g in snap.gpus if g.index in wanted}
+        back = all(used.get(i, 0) <= baseline_used.get(i, 0) + tolerance_mib for i in wanted)
+        waited = clock() - start
+        if back or waited >= timeout_s:
+            leftover = [] if back else [p for p in snap.processes if p.gpu_index in wanted]
+            return MemoryReturn(
+                back, {i: baseline_used.get(i, 0) for i in wanted}, used, waited, leftover, tolerance_mib
+            )
+        sleep(poll_s)
