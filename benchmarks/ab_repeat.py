@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
+import sys
 import tempfile
 import time
 from dataclasses import replace
@@ -30,6 +32,8 @@ def main() -> int:
     parser.add_argument("--len", type=int, default=64, help="input and output length")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
+    # SIGTERM must run the finally below, or the two servers would outlive this script.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     base = embedded.default_spec()
     eager = replace(base, name="cpu", variant=(("eager", "on"),))
     compiled = replace(base, name="cpu", eager=False, variant=(("eager", "off"),))
