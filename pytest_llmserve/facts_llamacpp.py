@@ -1,0 +1,677 @@
+"""What llama-server says it did: facts from its log, ``/metrics``, ``/props`` and ``/slots``.
+
+Formats are those of the llama.cpp vendored in llama-cpp-python 0.3.36 (commit 0c1e570), read from its
+source (``common/log.cpp``, ``common/common.cpp``, ``src/llama-*.cpp``, ``ggml/src/ggml-cuda/ggml-cuda.cu``,
+``tools/server/*.cpp``) and checked against a real CPU build's log (``tests/data/logs/``).
+
+Where each fact comes from, and at which ``-lv`` verbosity it is printed:
+
+===========================  ======================================================================  ===
+fact                         line (after the ``M.SS.mmm.uuu L`` prefix)                              lv
+===========================  ======================================================================  ===
+version / build_info         ``cmn  common_param: build 1 (0c1e570) with GNU 12.2.0 for Linux x86_64``  4
+verbosity                    ``cmn  common_param: verbosity = 4 (adjust with the `-lv N` CLI arg)``    3
+backends, CUDA archs,        ``system_info: n_threads = 16 / 16 | CUDA : ARCHS = 900 | USE_GRAPHS = 1 |  4
+USE_GRAPHS (compile time)    PEER_MAX_BATCH_SIZE = 128 | CPU : SSE3 = 1 | ...``
+GPUs                         ``ggml_cuda_init: found 1 CUDA devices (Total VRAM: 143771 MiB):`` and     4
+                             ``  Device 0: NVIDIA H200, compute capability 9.0, VMM: yes, VRAM: ...``
+devices the model uses       ``llama_model_load_from_file_impl: using device CUDA0 (NVIDIA H200) ...``  4
+offloaded layers             ``load_tensors: offloaded 31/31 layers to GPU`` (CUDA builds only; a CPU    4
+                             build prints ``warning: no usable GPU found, --gpu-layers option will be
+                             ignored`` to stderr whatever the verbosity)
+flash attention              ``llama_context: flash_attn = enabled|disabled|auto``; for ``auto`` also    4
+                             ``resolve_fused_ops: Flash Attention enabled`` (or ``... not supported,
+                             set to disabled``)
+n_ctx, slots                 ``llama_context: n_ctx = 4096``; ``srv  load_model: initializing,         4/3
+                             n_slots = 4, n_ctx_slot = 4096, kv_unified = 'true'``
+KV cache                     ``llama_kv_cache: size = 90.00 MiB (4096 cells, 30 layers, 4/4 seqs), ...`` 4
+graph use (run time)         ``ggml_backend_cuda_graph_compute: CUDA graph warmup complete``           5
+===========================  ======================================================================  ===
+
+CUDA graphs are switched off by the environment (``GGML_CUDA_DISABLE_GRAPHS``), which no line reports.
+So the cuda_graph check is provable only where the engine leaves evidence: ``USE_GRAPHS`` missing
+(or no CUDA backend) proves "off"; a ``CUDA graph warmup complete`` line proves "on"; and at ``-lv 5``
+(where that line would be printed, and the per-token debug lines prove that decode ran and debug
+output reached the log) its absence proves "off". Anything else is "unverifiable", never "pass".
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
+
+from pytest_llmserve.facts import (
+    CheckResult,
+    ServerFacts,
+    Status,
+    check_config_is_execution,
+    parse_prometheus,
+    split_lines,
+)
+
+if TYPE_CHECKING:
+    from pytest_llmserve.config import ServerSpec
+
+__all__ = [
+    "LlamaCppFacts",
+    "check_llamacpp_execution",
+    "merge_llamacpp_metrics",
+    "parse_llamacpp",
+    "parse_llamacpp_log",
+    "parse_llamacpp_props",
+]
+
+MAX_EVENT_LINES = 200
+#: Decoded tokens (per-token debug lines or the metrics counter) needed before "no graph line" counts.
+MIN_DECODE_TOKENS_FOR_ABSENCE = 8
+
+
+@dataclass
+class LlamaCppFacts(ServerFacts):
+    """:class:`ServerFacts` plus what only llama.cpp reports. ``None`` = not reported."""
+
+    build_info: str | None = None  # "b1-0c1e570" (the /props spelling)
+    verbosity: int | None = None  # the -lv threshold the server ran with
+    backends: tuple[str, ...] | None = None  # backend registries with features, e.g. ("CUDA", "CPU")
+    cuda_archs: tuple[str, ...] | None = None  # ("900",): compiled architectures
+    cuda_graphs_compiled: bool | None = None  # USE_GRAPHS = 1 among the CUDA features
+    graph_warmups: int = 0  # "CUDA graph warmup complete" (debug): a graph was captured and launched
+    graph_reuses: int = 0  # "CUDA Graph id N reused" (debug)
+    debug_lines: int = 0  # lines at level D: debug output reaches the log
+    library_debug_lines: int = 0  # of those, from libllama/ggml (the channel graph lines would use)
+    debug_decode_tokens: int = 0  # per-token "n_gen = ..." debug lines: decode ran
+    flash_attention_type: str | None = None  # what the context was created with: enabled / disabled / auto
+    flash_attention: bool | None = None  # effective, after "auto" was resolved or a forced switch
+    offloaded_layers: int | None = None
+    total_layers: int | None = None
+    gpu_offload_supported: bool | None = None  # False: a CPU build ignored -ngl
+    gpus: list[dict[str, Any]] = field(
+        default_factory=list
+    )  # ggml_cuda_init devices: index, name, cc, vram_mib
+    devices_used: tuple[str, ...] | None = None  # "CUDA0", "CUDA1": devices the model was loaded on
+    model_buffers: dict[str, float] = field(default_factory=dict)  # buffer name -> MiB of weights
+    n_ctx: int | None = None  # the whole context (KV pool)
+    n_ctx_slot: int | None = None  # context of one slot
+    n_parallel: int | None = None  # slots
+    kv_unified: bool | None = None
+    kv_cache_mib: float | None = None
+    model_path: str | None = None
+    tokens_predicted: float | None = None  # llamacpp:tokens_predicted_total
+    n_decode: float | None = None  # llamacpp:n_decode_total
+
+
+# --------------------------------------------------------------------------- the log
+
+# "0.01.234.567 I " (minutes.seconds.ms.us since start, level) before every message once common_init ran.
+_PREFIX = re.compile(r"^\s*(?:(\d+)\.(\d\d)\.(\d{3})\.(\d{3})\s+)?(?:([IWED])\s)?")
+_BUILD = re.compile(r"\bbuild (\d+) \(([0-9a-fA-F]+|unknown)\) with (.+?) for (.+?)(?: \(debug\))?\s*$")
+_VERBOSITY = re.compile(r"\bverbosity = (\d+) \(adjust with")
+_SYSTEM_INFO = re.compile(r"system_info: n_threads = \d+.*?\| (.*)$")
+_CUDA_FOUND = re.compile(r"ggml_cuda_init: found (\d+) CUDA devices(?: \(Total VRAM: (\d+) MiB\))?")
+_CUDA_DEVICE = re.compile(
+    r"^\s*Device (\d+): (.+?), compute capability (\d+)\.(\d+), VMM: (\w+)(?:, VRAM: (\d+) MiB)?"
+)
+_USING_DEVICE = re.compile(r"using device (\S+) \((.*?)\) \((.*?)\) - (\d+) MiB free")
+_OFFLOADED = re.compile(r"offloaded (-?\d+)/(\d+) layers to GPU")
+_NO_GPU = re.compile(r"no usable GPU found, --gpu-layers option will be ignored")
+_MODEL_BUFFER = re.compile(r"load_tensors:\s+(\S+) model buffer size =\s*([\d.]+) MiB")
+_CTX_FIELD = re.compile(r"llama_context: (n_ctx|n_ctx_seq|n_seq_max|flash_attn|kv_unified)\s+= (\S+)")
+_FA_RESOLVED = re.compile(r"Flash Attention (enabled|not supported, set to disabled)")
+_FA_FORCED_ON = re.compile(r"enabling flash_attn since it is required")
+_FA_FORCED_OFF = re.compile(r"flash_attn is not compatible with .*forcing off|disabling flash attention")
+_KV_SIZE = re.compile(
+    r"llama_kv_cache: size =\s*([\d.]+) MiB \(\s*(\d+) cells,\s*(\d+) layers,\s*(\d+)/(\d+) seqs\)"
+)
+_SLOTS = re.compile(r"initializing, n_slots = (\d+), n_ctx_slot = (\d+), kv_unified = '(\w+)'")
+_MODEL_PATH = re.compile(r"loading model '([^']+)'")
+_READY = re.compile(r"(?:^|\s)(?:main|srv\s+\S+): (?:server is listening on|listening on|model loaded)")
+_GRAPH_WARMUP = re.compile(r"CUDA graph warmup complete")
+_GRAPH_REUSED = re.compile(r"CUDA Graph id \d+ reused")
+_DEBUG_TOKEN = re.compile(r"\| n_gen = (\d+), n_remaining = ")
+# libllama/ggml debug lines (the server's own start with "srv ", "slot ", "que ", "res ", "cmn ").
+# libllama logs "set_embeddings: value = 0" (debug) at every decode call.
+_LIBRARY_DEBUG = re.compile(
+    r"^(?:llama_|graph_reserve|create_tensor|load_tensors|ggml_|sched_|set_embeddings|set_adapters_lora"
+    r"|adapters_lora_are_same)"
+)
+_SPEC_ON = re.compile(r"loading draft model|speculative decoding context initialized")
+# Lines that end a boot or a request badly. ("E" level lines are errors too.)
+_ERRORS = re.compile(
+    r"GGML_ASSERT|CUDA error|out of memory|failed to load model|error loading model|exiting due to"
+    r"|Segmentation fault|terminate called|GGML_ABORT|error: "
+)
+_NAN_WORD = re.compile(r"(?<![\w.])nan(?![\w])", re.IGNORECASE)
+
+
+def _strip_prefix(line: str) -> tuple[float | None, str | None, str]:
+    match = _PREFIX.match(line)
+    if not match or not match.group(0):
+        return None, None, line
+    ts = None
+    if match.group(1) is not None:
+        ts = (
+            int(match.group(1)) * 60
+            + int(match.group(2))
+            + int(match.group(3)) / 1e3
+            + int(match.group(4)) / 1e6
+        )
+    return ts, match.group(5), line[match.end() :]
+
+
+def _system_info(facts: LlamaCppFacts, line: str, tail: str) -> None:
+    backends: list[str] = []
+    features: dict[str, dict[str, str]] = {}
+    current: str | None = None
+    for token in (t.strip() for t in tail.split("|")):
+        if not token:
+            continue
+        if " : " in token:
+            current, _, token = token.partition(" : ")
+            current = current.strip()
+            backends.append(current)
+            features[current] = {}
+        key, eq, value = token.partition(" = ")
+        if current is not None and eq:
+            features[current][key.strip()] = value.strip()
+    facts.record("backends", tuple(backends), line)
+    cuda = features.get("CUDA")
+    if cuda is None:
+        # No CUDA backend in this build: CUDA graphs cannot run.
+        facts.record("cuda_graphs_compiled", False, line)
+        return
+    archs = cuda.get("ARCHS")
+    if archs:
+        facts.record("cuda_archs", tuple(a for a in re.split(r"[,\s]+", archs) if a), line)
+    facts.record("cuda_graphs_compiled", cuda.get("USE_GRAPHS") == "1", line)
+
+
+def _bool(text: str) -> bool | None:
+    low = text.strip().strip("'\"").lower()
+    if low in ("true", "1", "yes", "enabled", "on"):
+        return True
+    if low in ("false", "0", "no", "disabled", "off"):
+        return False
+    return None
+
+
+def parse_llamacpp_log(text: str) -> LlamaCppFacts:
+    """Facts from a llama-server log (stdout and stderr together, as the plugin captures them)."""
+    facts = LlamaCppFacts(engine="llamacpp")
+    first_ts: float | None = None
+    devices_used: list[str] = []
+    for raw in split_lines(text):
+        if raw.startswith("# llmserve launch "):
+            continue  # the plugin's own header: the request, not what ran
+        ts, level, line = _strip_prefix(raw)
+        if ts is not None and first_ts is None:
+            first_ts = ts
+        is_token_line = False
+        if level == "D":
+            facts.debug_lines += 1
+            token = _DEBUG_TOKEN.search(line)
+            if token:
+                is_token_line = True
+                facts.debug_decode_tokens += 1
+                if facts.debug_decode_tokens <= 2:
+                    facts.add_evidence("debug_decode_tokens", raw)
+            elif _LIBRARY_DEBUG.match(line):
+                facts.library_debug_lines += 1
+                if facts.library_debug_lines <= 1:
+                    facts.add_evidence("library_debug_lines", raw)
+        if _GRAPH_WARMUP.search(line):
+            facts.graph_warmups += 1
+            facts.cuda_graph_enabled = True
+            if facts.graph_warmups <= 3:
+                facts.add_evidence("cuda_graph_enabled", raw)
+            continue
+        if _GRAPH_REUSED.search(line):
+            facts.graph_reuses += 1
+            facts.cuda_graph_enabled = True
+            if facts.graph_reuses <= 2:
+                facts.add_evidence("cuda_graph_enabled", raw)
+            continue
+        if not is_token_line:
+            _scan_events(facts, raw, line, level)
+        if is_token_line or level == "D":
+            continue
+        if (m := _BUILD.search(line)) and facts.build_info is None:
+            facts.record("build_info", f"b{m.group(1)}-{m.group(2)}", raw)
+            facts.record("version", f"b{m.group(1)}-{m.group(2)}", raw)
+        elif m := _VERBOSITY.search(line):
+            facts.record("verbosity", int(m.group(1)), raw)
+        elif m := _SYSTEM_INFO.search(line):
+            _system_info(facts, raw, m.group(1))
+        elif m := _CUDA_FOUND.search(line):
+            facts.add_evidence("gpus", raw)
+        elif m := _CUDA_DEVICE.search(line):
+            facts.gpus.append(
+                {
+                    "index": int(m.group(1)),
+                    "name": m.group(2),
+                    "compute_capability": f"{m.group(3)}.{m.group(4)}",
+                    "vmm": m.group(5) == "yes",
+                    "vram_mib": int(m.group(6)) if m.group(6) else None,
+                }
+            )
+            facts.add_evidence("gpus", raw)
+        elif m := _USING_DEVICE.search(line):
+            if m.group(1) not in devices_used:
+                devices_used.append(m.group(1))
+            facts.record("devices_used", tuple(devices_used), raw)
+        elif m := _OFFLOADED.search(line):
+            facts.record("offloaded_layers", int(m.group(1)), raw)
+            facts.record("total_layers", int(m.group(2)), raw)
+            facts.record("gpu_offload_supported", True, raw)
+        elif _NO_GPU.search(line):
+            facts.record("gpu_offload_supported", False, raw)
+            facts.record("offloaded_layers", 0, raw)
+        elif m := _MODEL_BUFFER.search(line):
+            facts.model_buffers[m.group(1)] = float(m.group(2))
+            facts.add_evidence("model_buffers", raw)
+        elif m := _CTX_FIELD.search(line):
+            key, value = m.group(1), m.group(2)
+            if key == "n_ctx":
+                facts.record("n_ctx", int(value), raw)
+            elif key == "flash_attn":
+                facts.record("flash_attention_type", value, raw)
+                if value in ("enabled", "disabled"):
+                    facts.record("flash_attention", value == "enabled", raw)
+            elif key == "kv_unified":
+                facts.record("kv_unified", _bool(value), raw)
+        elif m := _FA_RESOLVED.search(line):
+            facts.record("flash_attention", m.group(1) == "enabled", raw)
+        elif _FA_FORCED_ON.search(line):
+            facts.record("flash_attention", True, raw)
+        elif _FA_FORCED_OFF.search(line):
+            facts.record("flash_attention", False, raw)
+        elif m := _KV_SIZE.search(line):
+            # "(2048 cells, 30 layers, 2/2 seqs)": cells per stream; one stream per sequence unless
+            # the KV cache is unified (then "4/1 seqs").
+            facts.record("kv_cache_mib", float(m.group(1)), raw)
+            facts.record("kv_cache_tokens", int(m.group(2)) * max(1, int(m.group(5))), raw)
+        elif m := _SLOTS.search(line):
+            facts.record("n_parallel", int(m.group(1)), raw)
+            facts.record("max_batch_size", int(m.group(1)), raw)
+            facts.record("n_ctx_slot", int(m.group(2)), raw)
+            facts.record("kv_unified", _bool(m.group(3)), raw)
+        elif m := _MODEL_PATH.search(line):
+            if facts.model_path is None:
+                facts.record("model_path", m.group(1), raw)
+        elif _SPEC_ON.search(line):
+            facts.record("speculative", True, raw)
+        elif _READY.search(line):
+            if not facts.ready:
+                facts.record("ready", True, raw)
+                if ts is not None and first_ts is not None:
+                    facts.startup_s = round(ts - first_ts, 3)
+    if facts.devices_used is None and facts.model_buffers:
+        # Older logs have no "using device" line: the devices holding weights say the same.
+        gpu_buffers = tuple(n for n in facts.model_buffers if re.fullmatch(r"CUDA\d+", n))
+        if gpu_buffers:
+            facts.devices_used = gpu_buffers
+            for line in facts.evidence.get("model_buffers", []):
+                facts.add_evidence("devices_used", line)
+    facts.compact_evidence()
+    return facts
+
+
+def _scan_events(facts: LlamaCppFacts, raw: str, line: str, level: str | None) -> None:
+    if "system_info:" in line:
+        return
+    if _NAN_WORD.search(line) and len(facts.nan_events) < MAX_EVENT_LINES:
+        facts.nan_events.append(raw.rstrip())
+    if (level == "E" or _ERRORS.search(line)) and len(facts.errors) < MAX_EVENT_LINES:
+        facts.errors.append(raw.rstrip())
+
+
+# --------------------------------------------------------------------------- /metrics, /props, /slots
+
+
+def merge_llamacpp_metrics(facts: LlamaCppFacts, metrics_text: str) -> LlamaCppFacts:
+    """Counters from ``/metrics`` (needs ``--metrics``; the adapter passes it)."""
+    metrics = parse_prometheus(metrics_text)
+
+    def first(name: str) -> tuple[float, str] | None:
+        for _labels, value in metrics.get(name, [])[:1]:
+            return value, f"{name} {value:g}"
+        return None
+
+    if found := first("llamacpp:tokens_predicted_total"):
+        facts.record("tokens_predicted", found[0], found[1])
+    if found := first("llamacpp:n_decode_total"):
+        facts.record("n_decode", found[0], found[1])
+    if (found := first("llamacpp:spec_decode_num_drafts_total")) and found[0] > 0:
+        facts.record("speculative", True, found[1])
+    return facts
+
+
+def parse_llamacpp_props(info: Mapping[str, Any]) -> LlamaCppFacts:
+    """Facts from ``GET /props`` (and ``GET /slots`` when the adapter added it under ``"slots"``)."""
+    facts = LlamaCppFacts(engine="llamacpp")
+
+    def line(path: str, value: Any) -> str:
+        return f"/props {path} = {value!r}"
+
+    build = info.get("build_info")
+    if isinstance(build, str) and build:
+        facts.record("build_info", build, line("build_info", build))
+        facts.record("version", build, line("build_info", build))
+    slots = info.get("total_slots")
+    if isinstance(slots, int) and not isinstance(slots, bool):
+        facts.record("n_parallel", slots, line("total_slots", slots))
+        facts.record("max_batch_size", slots, line("total_slots", slots))
+    path = info.get("model_path")
+    if isinstance(path, str) and path:
+        facts.record("model_path", path, line("model_path", path))
+    settings = info.get("default_generation_settings")
+    if isinstance(settings, Mapping):
+        n_ctx = settings.get("n_ctx")
+        if isinstance(n_ctx, int) and not isinstance(n_ctx, bool):
+            facts.record("n_ctx_slot", n_ctx, line("default_generation_settings.n_ctx", n_ctx))
+        params = settings.get("params")
+        if isinstance(params, Mapping):
+            seed = params.get("seed")
+            if isinstance(seed, int) and not isinstance(seed, bool):
+                facts.record("seed", seed, line("default_generation_settings.params.seed", seed))
+    slot_list = info.get("slots")
+    if isinstance(slot_list, list) and slot_list:
+        flags = [s.get("speculative") for s in slot_list if isinstance(s, Mapping)]
+        if flags and all(isinstance(f, bool) for f in flags):
+            on = any(flags)
+            facts.record("speculative", on, f"/slots speculative = {flags!r}")
+        if facts.n_parallel is None:
+            facts.record("n_parallel", len(slot_list), f"/slots: {len(slot_list)} slots")
+    return facts
+
+
+def _fill(facts: LlamaCppFacts, other: LlamaCppFacts) -> LlamaCppFacts:
+    """Fill facts that ``facts`` lacks from ``other`` (scalars only), keeping ``other``'s evidence."""
+    from dataclasses import fields
+
+    skip = {
+        "engine",
+        "evidence",
+        "decode_batches",
+        "nan_events",
+        "errors",
+        "gpus",
+        "model_buffers",
+        "graph_captures",
+        "graph_passes",
+    }
+    for f in fields(LlamaCppFacts):
+        if f.name in skip:
+            continue
+        mine, theirs = getattr(facts, f.name), getattr(other, f.name)
+        if mine is None and theirs is not None:
+            setattr(facts, f.name, theirs)
+            for ev in other.evidence.get(f.name, []):
+                facts.add_evidence(f.name, ev)
+    return facts
+
+
+def parse_llamacpp(
+    log_text: str, metrics_text: str | None = None, server_info: Mapping[str, Any] | None = None
+) -> LlamaCppFacts:
+    """Log facts, plus ``/metrics`` counters, plus gaps filled from ``/props`` and ``/slots``.
+
+    The seed and the slots' speculative flag come only from /props and /slots; a log fact wins over
+    the same fact from /props.
+    """
+    facts = parse_llamacpp_log(log_text)
+    if metrics_text:
+        merge_llamacpp_metrics(facts, metrics_text)
+    if server_info:
+        _fill(facts, parse_llamacpp_props(server_info))
+    facts.compact_evidence()
+    return facts
+
+
+# --------------------------------------------------------------------------- config is execution
+
+
+def _ev(facts: ServerFacts, *names: str) -> list[str]:
+    out: list[str] = []
+    for name in names:
+        for line in facts.evidence.get(name, []):
+            if line not in out:
+                out.append(line)
+    return out
+
+
+def _decoded_tokens(facts: LlamaCppFacts) -> int:
+    return max(facts.debug_decode_tokens, int(facts.tokens_predicted or 0))
+
+
+def _check_graphs(spec: ServerSpec, facts: LlamaCppFacts) -> list[CheckResult]:
+    assert spec.cuda_graph is not None
+    on = spec.cuda_graph.enabled
+    requested = "cuda graphs on" if on else "cuda graphs off (GGML_CUDA_DISABLE_GRAPHS=1)"
+    used = facts.graph_warmups + facts.graph_reuses
+    compile_ev = _ev(facts, "cuda_graphs_compiled")
+    use_ev = _ev(facts, "cuda_graph_enabled")
+    debug_ev = _ev(facts, "verbosity", "debug_decode_tokens", "library_debug_lines")
+    decoded = _decoded_tokens(facts)
+    # Absence of the graph debug line proves "no graph" only where it would have been printed.
+    absence_proven = (
+        facts.library_debug_lines > 0
+        and facts.debug_decode_tokens >= MIN_DECODE_TOKENS_FOR_ABSENCE
+        and (facts.verbosity is None or facts.verbosity >= 5)
+    )
+    out: list[CheckResult] = []
+    if on:
+        if facts.cuda_graphs_compiled is None:
+            out.append(
+                CheckResult(
+                    "cuda_graph.compiled",
+                    "unverifiable",
+                    requested,
+                    "not reported",
+                    compile_ev,
+                    note="system_info is logged at -lv 4",
+                )
+            )
+        else:
+            out.append(
+                CheckResult(
+                    "cuda_graph.compiled",
+                    "pass" if facts.cuda_graphs_compiled else "fail",
+                    requested,
+                    "CUDA backend built with USE_GRAPHS"
+                    if facts.cuda_graphs_compiled
+                    else (
+                        "no CUDA backend in this build"
+                        if facts.backends is not None and "CUDA" not in facts.backends
+                        else "CUDA backend built without USE_GRAPHS"
+                    ),
+                    compile_ev,
+                )
+            )
+    status: Status
+    if used:
+        status = "pass" if on else "fail"
+        observed = (
+            f"graphs used: {facts.graph_warmups} warm-up(s) completed, {facts.graph_reuses} reuse line(s)"
+        )
+        out.append(CheckResult("cuda_graph.used_in_decode", status, requested, observed, use_ev))
+    elif facts.cuda_graphs_compiled is False:
+        out.append(
+            CheckResult(
+                "cuda_graph.used_in_decode",
+                "fail" if on else "pass",
+                requested,
+                "impossible: graphs not compiled in",
+                compile_ev,
+            )
+        )
+    elif absence_proven:
+        out.append(
+            CheckResult(
+                "cuda_graph.used_in_decode",
+                "fail" if on else "pass",
+                requested,
+                f"no graph captured in {facts.debug_decode_tokens} decoded tokens at debug verbosity",
+                debug_ev,
+                note="ggml-cuda logs 'CUDA graph warmup complete' (debug) when it first launches a graph",
+            )
+        )
+    else:
+        note = (
+            "graphs switched off by GGML_CUDA_DISABLE_GRAPHS leave no log line; "
+            if not on
+            else "graph use is logged only at debug verbosity; "
+        )
+        note += (
+            "run with args = ['-lv', '5'] to make it provable"
+            if (facts.verbosity or 0) < 5
+            else f"decode too short to tell ({decoded} tokens)"
+        )
+        out.append(
+            CheckResult(
+                "cuda_graph.used_in_decode",
+                "unverifiable",
+                requested,
+                "not reported",
+                debug_ev + compile_ev,
+                note=note,
+            )
+        )
+    return out
+
+
+def _check_flash_attention(want: bool, facts: LlamaCppFacts) -> CheckResult:
+    requested = "on" if want else "off"
+    evidence = _ev(facts, "flash_attention_type", "flash_attention")
+    if facts.flash_attention is None:
+        return CheckResult(
+            "flash_attention",
+            "unverifiable",
+            requested,
+            "not reported",
+            evidence,
+            note="llama_context logs flash_attn at -lv 4",
+        )
+    observed = "on" if facts.flash_attention else "off"
+    if facts.flash_attention_type == "auto":
+        observed += " (auto, resolved at load)"
+    return CheckResult(
+        "flash_attention", "pass" if facts.flash_attention == want else "fail", requested, observed, evidence
+    )
+
+
+def _check_gpu_layers(want: int, facts: LlamaCppFacts) -> CheckResult:
+    evidence = _ev(facts, "offloaded_layers", "gpu_offload_supported")
+    if facts.offloaded_layers is None:
+        return CheckResult(
+            "gpu_layers",
+            "unverifiable",
+            str(want),
+            "not reported",
+            evidence,
+            note="load_tensors logs 'offloaded N/M layers to GPU' at -lv 4",
+        )
+    if facts.gpu_offload_supported is False:
+        status: Status = "pass" if want == 0 else "fail"
+        return CheckResult("gpu_layers", status, str(want), "0 (this build has no GPU offload)", evidence)
+    total = facts.total_layers
+    expected = min(want, total) if total is not None else want
+    observed = f"{facts.offloaded_layers}/{total}" if total is not None else str(facts.offloaded_layers)
+    return CheckResult(
+        "gpu_layers",
+        "pass" if facts.offloaded_layers == expected else "fail",
+        f"{want} (expect {expected} offloaded)",
+        observed,
+        evidence,
+    )
+
+
+def _check_int(
+    name: str,
+    want: int,
+    got: int | None,
+    facts: LlamaCppFacts,
+    fact: str,
+    *,
+    at_least: bool = False,
+    note: str = "",
+) -> CheckResult:
+    evidence = _ev(facts, fact)
+    if got is None:
+        return CheckResult(name, "unverifiable", str(want), "not reported", evidence, note=note)
+    ok = got >= want if at_least else got == want
+    return CheckResult(
+        name,
+        "pass" if ok else "fail",
+        str(want),
+        str(got),
+        evidence,
+        note=note if not ok or got != want else "",
+    )
+
+
+def _check_devices(spec: ServerSpec, facts: LlamaCppFacts) -> CheckResult:
+    want = max(1, spec.tp)
+    evidence = _ev(facts, "devices_used")
+    used = facts.devices_used
+    if used is None:
+        return CheckResult(
+            "tp.devices",
+            "unverifiable",
+            f"{want} GPU(s)",
+            "not reported",
+            evidence,
+            note="llama_model_load_from_file_impl logs 'using device CUDAn' at -lv 4",
+        )
+    gpus = [d for d in used if not d.upper().startswith("CPU")]
+    return CheckResult(
+        "tp.devices",
+        "pass" if len(gpus) == want else "fail",
+        f"{want} GPU(s)",
+        ", ".join(gpus) or "none",
+        evidence,
+    )
+
+
+def check_llamacpp_execution(spec: ServerSpec, facts: ServerFacts) -> list[CheckResult]:
+    """Each requested option against what llama-server reported; unreported means "unverifiable".
+
+    The generic checks (speculative, seed, max_batch_size) come from
+    :func:`pytest_llmserve.facts.check_config_is_execution`; CUDA graphs, flash attention, GPU
+    layers, context, slots and devices are checked here.
+    """
+    lfacts = facts if isinstance(facts, LlamaCppFacts) else _promote(facts)
+    results = check_config_is_execution(replace(spec, cuda_graph=None), lfacts)
+    if spec.cuda_graph is not None:
+        results.extend(_check_graphs(spec, lfacts))
+    if spec.flash_attention is not None:
+        results.append(_check_flash_attention(spec.flash_attention, lfacts))
+    if spec.gpu_layers is not None:
+        results.append(_check_gpu_layers(spec.gpu_layers, lfacts))
+    if spec.context_size is not None:
+        results.append(
+            _check_int(
+                "context_size",
+                spec.context_size,
+                lfacts.n_ctx,
+                lfacts,
+                "n_ctx",
+                at_least=True,
+                note="llama.cpp pads each slot's context to a multiple of 256",
+            )
+        )
+    if spec.parallel is not None:
+        results.append(_check_int("parallel", spec.parallel, lfacts.n_parallel, lfacts, "n_parallel"))
+    if spec.gpu or spec.tp > 1:
+        results.append(_check_devices(spec, lfacts))
+    return results
+
+
+def _promote(facts: ServerFacts) -> LlamaCppFacts:
+    from dataclasses import fields
+
+    out = LlamaCppFacts(engine=facts.engine)
+    for f in fields(ServerFacts):
+        setattr(out, f.name, getattr(facts, f.name))
+    return out
