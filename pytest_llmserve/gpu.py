@@ -329,10 +329,11 @@ def _snapshot_nvml(nvml: Any = None) -> GpuSnapshot | None:
                     pci_bus_id=bus,
                 )
             )
-            running: list[Any] = []
-            for getter in ("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetGraphicsRunningProcesses"):
-                with contextlib.suppress(Exception):
-                    running.extend(getattr(nvml, getter)(handle))
+            # Compute processes are the ones that matter; if NVML cannot list them (a pynvml/driver
+            # mismatch does that), let nvidia-smi answer rather than report a GPU with no processes.
+            running: list[Any] = list(nvml.nvmlDeviceGetComputeRunningProcesses(handle))
+            with contextlib.suppress(Exception):
+                running.extend(nvml.nvmlDeviceGetGraphicsRunningProcesses(handle))
             seen: set[int] = set()
             for proc in running:
                 pid = int(proc.pid)

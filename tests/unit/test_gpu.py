@@ -185,6 +185,15 @@ def test_snapshot_through_nvml_first() -> None:
     assert nvml.shutdowns == 1
 
 
+def test_nvml_that_cannot_list_processes_hands_over_to_nvidia_smi() -> None:
+    class NoProcesses(FakeNVML):
+        def nvmlDeviceGetComputeRunningProcesses(self, h: int) -> list[Any]:  # noqa: N802
+            raise self.NVMLError("Function Not Found")
+
+    snap = gpu.snapshot(nvml=NoProcesses(), run=smi_runner())
+    assert snap.source == "nvidia-smi" and [p.pid for p in snap.processes] == [4242, 4243]
+
+
 def test_snapshot_prefers_nvidia_smi_when_asked() -> None:
     assert gpu.snapshot(nvml=FakeNVML(), run=smi_runner(), prefer="nvidia-smi").source == "nvidia-smi"
 
