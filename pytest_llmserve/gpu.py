@@ -127,6 +127,7 @@ class PreflightResult:
     processes: list[GpuProcess]
     baseline_used_mib: dict[int, int]
     problems: list[str] = field(default_factory=list)
+    baseline_pids: list[int] = field(default_factory=list)  # every GPU process seen, for the teardown check
 
     @property
     def ok(self) -> bool:
@@ -139,6 +140,7 @@ class PreflightResult:
             "processes": [asdict(p) for p in self.processes],
             "baseline_used_mib": {str(k): v for k, v in self.baseline_used_mib.items()},
             "problems": list(self.problems),
+            "baseline_pids": list(self.baseline_pids),
         }
 
 
@@ -518,12 +520,20 @@ def preflight_gpus(
     fewer visible GPUs than ``tp``; a GPU the server will use with less than ``min_free_fraction`` of
     its memory free (or less than ``min_free_mib``); any process holding memory on those GPUs, named
     with pid, command and memory, since a stale server would also skew every measurement.
+    ``ignore_pids``: processes that may be there (the process trees of this run's own live servers,
+    e.g. the other side of an A/B).
     """
     if not spec.gpu:
         return PreflightResult([], [], [], {})
     snap = snap if snap is not None else snapshot()
     gpus = list(snap.gpus)
-    result = PreflightResult(gpus, [], [], {g.index: g.memory_used_mib for g in gpus})
+    result = PreflightResult(
+        gpus,
+        [],
+        [],
+        {g.index: g.memory_used_mib for g in gpus},
+        baseline_pids=sorted({p.pid for p in snap.processes}),
+    )
     if not gpus:
         result.problems.append(
             f"server {spec.id} needs a GPU (gpu = true in {spec.source}) but no GPU is "
@@ -562,11 +572,13 @@ def preflight_gpus(
     return result
 
 
-def gpu_check(spec: ServerSpec) -> None:
-    """``server.preflight(..., gpu_check=gpu_check)``: raise :class:`PreflightError` naming every problem."""
-    result = preflight_gpus(spec)
+def gpu_check(spec: ServerSpec, *, ignore_pids: Iterable[int] = ()) -> PreflightResult:
+    """``server.preflight(..., gpu_check=gpu_check)``: raise :class:`PreflightError` naming every problem;
+    else return the result (its baseline is what :func:`wait_memory_returned` compares with)."""
+    result = preflight_gpus(spec, ignore_pids=ignore_pids)
     if not result.ok:
         raise PreflightError(f"GPU preflight for {spec.id} failed:\n  " + "\n  ".join(result.problems))
+    return result
 
 
 def wait_memory_returned(
@@ -575,6 +587,8 @@ def wait_memory_returned(
     timeout_s: float = 30.0,
     *,
     tolerance_mib: int = DEFAULT_RETURN_TOLERANCE_MIB,
+    server_pids: Iterable[int] | None = None,
+    baseline_pids: Iterable[int] = (),
     poll_s: float = 0.5,
     sample: Callable[[], GpuSnapshot] | None = None,
     sleep: Callable[[float], None] = time.sleep,
@@ -582,19 +596,34 @@ def wait_memory_returned(
 ) -> MemoryReturn:
     """Poll until every device's used memory is at most its ``baseline_used`` + ``tolerance_mib``.
 
-    ``devices`` defaults to the keys of ``baseline_used``. Without a GPU it returns ``ok=True`` with
-    nothing measured. When memory does not come back in ``timeout_s``, the processes still holding
-    those GPUs are listed.
+    ``devices`` defaults to the keys of ``baseline_used``. With ``server_pids`` (the torn-down
+    server's process tree) none of them may still hold GPU memory, and memory held by processes that
+    started after the baseline (``baseline_pids`` were there before) is not counted against the
+    server: an A/B keeps two servers up, and the second one's boot must not fail the first one's
+    teardown. Without a GPU it returns ``ok=True`` with nothing measured. When memory does not come
+    back in ``timeout_s``, the processes still holding those GPUs are listed.
     """
     take = sample or snapshot
     wanted = sorted(set(devices) if devices is not None else set(baseline_used))
+    mine = set(server_pids) if server_pids is not None else None
+    before = set(baseline_pids)
     start = clock()
     while True:
         snap = take()
         if not snap.gpus:
             return MemoryReturn(True, dict(baseline_used), {}, clock() - start, tolerance_mib=tolerance_mib)
         used = {g.index: g.memory_used_mib for g in snap.gpus if g.index in wanted}
-        back = all(used.get(i, 0) <= baseline_used.get(i, 0) + tolerance_mib for i in wanted)
+        allowance = {i: baseline_used.get(i, 0) + tolerance_mib for i in wanted}
+        held_by_server: list[GpuProcess] = []
+        if mine is not None:
+            for p in snap.processes:
+                if p.gpu_index not in allowance:
+                    continue
+                if p.pid in mine:
+                    held_by_server.append(p)
+                elif p.pid not in before and p.used_memory_mib is not None:
+                    allowance[p.gpu_index] += p.used_memory_mib  # someone else's, started since
+        back = not held_by_server and all(used.get(i, 0) <= allowance[i] for i in wanted)
         waited = clock() - start
         if back or waited >= timeout_s:
             leftover = [] if back else [p for p in snap.processes if p.gpu_index in wanted]

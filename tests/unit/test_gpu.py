@@ -266,7 +266,7 @@ def test_preflight_passes_on_clean_gpus() -> None:
     result = gpu.preflight_gpus(spec(tp=2), snap=_snap())
     assert result.ok, result.problems
     assert result.devices == [0, 1] and result.baseline_used_mib == {0: 1, 1: 1190}
-    assert result.to_dict()["devices"] == [0, 1]
+    assert result.to_dict()["devices"] == [0, 1] and result.baseline_pids == []
 
 
 def test_preflight_names_a_stale_process_with_pid_command_and_memory() -> None:
@@ -281,7 +281,8 @@ def test_preflight_names_a_stale_process_with_pid_command_and_memory() -> None:
 def test_preflight_ignores_other_gpus_and_ignored_pids(monkeypatch: pytest.MonkeyPatch) -> None:
     one = spec(env=(("CUDA_VISIBLE_DEVICES", "0"),))
     assert gpu.preflight_gpus(one, snap=_snap(SMI_APPS)).ok  # the process sits on GPU 1
-    assert gpu.preflight_gpus(spec(tp=2), snap=_snap(SMI_APPS), ignore_pids=[4242, 4243]).ok
+    ours = gpu.preflight_gpus(spec(tp=2), snap=_snap(SMI_APPS), ignore_pids=[4242, 4243])
+    assert ours.ok and ours.baseline_pids == [4242, 4243]  # known, for the teardown check
 
 
 def test_preflight_refuses_too_few_gpus() -> None:
@@ -310,7 +311,8 @@ def test_gpu_check_raises_one_preflight_error(monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.setattr(gpu, "snapshot", lambda **kw: stale)
     with pytest.raises(PreflightError, match=r"GPU preflight for s failed:\n  stale GPU process: pid 4242"):
         gpu.gpu_check(spec(tp=2))
-    gpu.gpu_check(spec(gpu=False))  # nothing to check
+    assert gpu.gpu_check(spec(gpu=False)).ok  # nothing to check
+    assert gpu.gpu_check(spec(tp=2), ignore_pids=[4242, 4243]).devices == [0, 1]  # the A/B's other side
 
 
 # --------------------------------------------------------------------------- teardown
@@ -354,6 +356,29 @@ def test_wait_memory_returned_only_checks_given_devices() -> None:
 
     back = gpu.wait_memory_returned({0: 1, 1: 1}, devices=[0], timeout_s=0, sample=sample)
     assert back.ok and back.used_mib == {0: 1}
+
+
+def test_memory_of_a_server_started_later_is_not_a_leak_of_this_one() -> None:
+    """A/B: B booted while A ran; A's teardown must not fail because B now holds GPU 1."""
+    later = "GPU-9a8b7c6d-0000-1111-2222-333344445555, 5000, llama-server, 1188\n"
+    snap = gpu.snapshot(nvml=FakeNVML(fail_init=True), run=smi_runner(apps=later))
+    back = gpu.wait_memory_returned(
+        {0: 1, 1: 1}, timeout_s=0, sample=lambda: snap, server_pids=[4242], baseline_pids=[]
+    )
+    assert back.ok, back.message()
+    # Without the process list, the same memory reads as not returned.
+    assert not gpu.wait_memory_returned({0: 1, 1: 1}, timeout_s=0, sample=lambda: snap).ok
+
+
+def test_a_server_process_still_on_the_gpu_is_a_leak() -> None:
+    snap = gpu.snapshot(nvml=FakeNVML(fail_init=True), run=smi_runner())
+    back = gpu.wait_memory_returned({0: 1, 1: 5000}, timeout_s=0, sample=lambda: snap, server_pids=[4242])
+    assert not back.ok and [p.pid for p in back.leftover_processes] == [4242, 4243]
+    # A process that was there before the boot counts against the baseline, not as an allowance.
+    stale = gpu.wait_memory_returned(
+        {0: 1, 1: 1}, timeout_s=0, sample=lambda: snap, server_pids=[1], baseline_pids=[4242, 4243]
+    )
+    assert not stale.ok
 
 
 def test_gpu_summary_matches_hardware_context_keys() -> None:
