@@ -209,10 +209,16 @@ class LLMClient:
             return [f.result() for f in futures]
 
     def tokenize(self, text: str) -> list[int] | None:
-        """Token ids from the server's /tokenize (vLLM, SGLang); None when the server has none."""
+        """Token ids from the server's /tokenize (vLLM, SGLang, llama.cpp); None when the server has none."""
+        tokens = self._tokenize({"model": self.model, "prompt": text, "add_special_tokens": False})
+        if tokens == [] and text:
+            # llama-server reads "content", and answers {"tokens": []} (200) to a body without it.
+            tokens = self._tokenize({"content": text, "add_special": False})
+        return tokens
+
+    def _tokenize(self, body: dict[str, Any]) -> list[int] | None:
         try:
-            resp = self._http.post("/tokenize", json={"model": self.model, "prompt": text,
-                                                      "add_special_tokens": False}, timeout=30)
+            resp = self._http.post("/tokenize", json=body, timeout=30)
         except httpx.HTTPError:
             return None
         if resp.status_code != 200:

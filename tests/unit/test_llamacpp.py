@@ -472,3 +472,33 @@ def test_context_may_be_padded_but_not_shrunk() -> None:
 def test_generic_facts_promote_to_llamacpp_facts() -> None:
     plain = ServerFacts(engine="llamacpp", seed=0)
     assert results(spec(), plain)["seed"] == "pass"
+
+
+def test_client_tokenize_speaks_llama_server() -> None:
+    """llama-server's /tokenize reads "content"; with only "prompt" it answers 200 {"tokens": []}."""
+    import httpx
+
+    from pytest_llmserve.client import LLMClient
+
+    seen: list[dict[str, object]] = []
+
+    def llama_server(request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content)
+        seen.append(body)
+        tokens = [19556, 905] if "content" in body else []
+        return httpx.Response(200, json={"tokens": tokens})
+
+    client = LLMClient("http://llama", "m")
+    client._http = httpx.Client(base_url="http://llama", transport=httpx.MockTransport(llama_server))
+    assert client.tokenize("Hello world") == [19556, 905]  # recorded from the CPU server
+    assert seen[-1] == {"content": "Hello world", "add_special": False}
+    assert client.tokenize("") == []  # empty text: no retry
+    assert len(seen) == 3
+
+    def vllm(request: httpx.Request) -> httpx.Response:
+        seen.append(json.loads(request.content))
+        return httpx.Response(200, json={"tokens": [1, 2], "count": 2})
+
+    seen.clear()
+    client._http = httpx.Client(base_url="http://vllm", transport=httpx.MockTransport(vllm))
+    assert client.tokenize("Hello world") == [1, 2] and len(seen) == 1  # one request, as before
