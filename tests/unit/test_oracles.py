@@ -625,7 +625,7 @@ def test_run_nan_check_resends_a_nan_400_without_logprobs_once() -> None:
     # The follow-up's evidence is the second thing shown; the repeated 400s are folded into one entry.
     assert message.count("HTTP 400 whose body reports NaN/inf") == 1
     assert "(the same in 4 more: nan-check[the-capital-of-france-is]" in message
-    assert ("without logprobs the same request answers HTTP 200, but 32 tokens were generated but the text "
+    assert ("without logprobs the same request answers HTTP 200, and 32 tokens were generated but the text "
             "has only 0 character(s)") in message
     assert message.index("HTTP 400") < message.index("without logprobs")
 
@@ -657,6 +657,12 @@ def test_run_differential_agrees_and_catches_a_divergence_and_a_broken_reference
     assert "candidate all 9 at once" in message
     assert "[differential] error in differential[chat-capital]: scrambled vs healthy: diverge at position 0" in message
     assert "scrambled's ' piece' is not in healthy's top-2" in message
+
+    one = client_for(FakeServer(flip_concurrent=True))  # batch 9 against batch 1 on one server
+    report = run_differential(one, one, name_ref="x", name_cand="x", concurrent=True)
+    assert report.server_id == "x" and not report.ok
+    assert "x (all 9 at once) vs x (one at a time): diverge at position 2" in report.message()
+    assert "offending tokens: x (one at a time)'s first, then x (all 9 at once)'s" in report.message()
 
     broken = FakeServer(nan_prompts=(DEFAULT_BATCH_PROMPTS[0].text,))
     report = run_differential(client_for(broken), client_for(FakeServer()), name_ref="ref", name_cand="cand",
