@@ -206,7 +206,7 @@ def output_findings(c: Completion, ex: ApiExample, *, probe: str = "") -> list[F
         if c.finish_reason == "length" and n != ex.max_tokens:
             out.append(_finding(f"finish_reason 'length' after {n} tokens, but max_tokens = {ex.max_tokens}",
                                 c, probe))
-        if len(c.tokens) != n:
+        if c.tokens and len(c.tokens) != n:  # none at all: transport_findings warns that logprobs are missing
             last = max(0, len(c.tokens) - 3)
             out.append(_finding(f"usage counts {n} completion tokens but {len(c.tokens)} came back with "
                                 "logprobs (one entry per generated token expected)", c, probe,
@@ -254,7 +254,7 @@ def agreement_findings(a: Completion, b: Completion, *, name_a: str, name_b: str
     if not a.ok or not b.ok:
         return []
     out: list[Finding] = []
-    i = _first_token_difference(a.tokens, b.tokens)
+    i = _first_token_difference(a.tokens, b.tokens) if a.tokens and b.tokens else None
     if i is not None:
         evidence = [TokenAt.of(i, t.tokens[i]) for t in (a, b) if i < len(t.tokens)]
         out.append(_finding(f"{name_b} differs from {name_a} at token {i} ({why}): "

@@ -78,13 +78,15 @@ class FakeApi:
                       "stop_reason": stop_reason,
                       "logprobs": {"tokens": [p for p, _ in toks], "token_logprobs": lp,
                                    "top_logprobs": [{p: v} for (p, _), v in zip(toks, lp, strict=True)]}}
+            if self.faults.get("no_logprobs"):
+                choice["logprobs"] = None
             return httpx.Response(200, json={"choices": [choice], "usage": usage})
         events: list[dict[str, Any]] = []
         for i, ((piece, visible), value) in enumerate(zip(toks, lp, strict=True)):
             last = i == len(toks) - 1
+            logprobs = {"tokens": [piece], "token_logprobs": [value], "top_logprobs": [{piece: value}]}
             events.append({"choices": [{"index": 0, "text": visible,
-                                        "logprobs": {"tokens": [piece], "token_logprobs": [value],
-                                                     "top_logprobs": [{piece: value}]},
+                                        "logprobs": None if self.faults.get("no_logprobs") else logprobs,
                                         "finish_reason": finish if last else None,
                                         "stop_reason": stop_reason if last else None}]})
             if self.faults.get("stream_nan") and i == 1:
@@ -176,6 +178,14 @@ def test_each_broken_behaviour_is_caught(fault: str, example: ApiExample, expect
 def test_usage_in_the_stream_is_counted_against_streamed_tokens() -> None:
     report = check_api_example(client_for(FakeApi(usage_off_by_one=True)), GREEDY)
     assert {f.probe for f in report.errors} == {"non-streamed", "streamed"}
+
+
+def test_a_server_without_logprobs_gets_a_warning_not_a_count_mismatch() -> None:
+    report = check_api_example(client_for(FakeApi(no_logprobs=True)), GREEDY)
+    assert report.ok, report.message()
+    assert [(f.probe, f.message) for f in report.warnings] == [
+        (probe, "logprobs were requested but none came back: NaN evidence is limited to the text")
+        for probe in ("non-streamed", "streamed")]
 
 
 def test_unrepeatable_seeded_sampling_is_caught() -> None:
