@@ -31,7 +31,7 @@ def test_suite_save_recheck_and_slower_configuration_fails(
     first = pytester.runpytest_subprocess("--llmserve-suite", "--llmserve-server=default",
                                           "--llmserve-save-baseline", "-p", "no:cacheprovider", timeout=900)
     out = first.stdout.str()
-    first.assert_outcomes(passed=12, skipped=1)
+    first.assert_outcomes(passed=14, skipped=1)  # 12 suite items + 2 property tests
     assert boots_line(out) == "server boots: 1 (default)"
     assert "saved 5 rounds as a new baseline record" in out
     baseline_files = sorted((pytester.path / "baselines").glob("test_throughput--default--tiny-*.json"))
@@ -46,7 +46,7 @@ def test_suite_save_recheck_and_slower_configuration_fails(
     # 2. A re-run against the saved baseline passes (same configuration: not regressed).
     second = pytester.runpytest_subprocess("--llmserve-suite", "--llmserve-server=default", "-k", "throughput",
                                            "-p", "no:cacheprovider", timeout=900)
-    second.assert_outcomes(passed=1, deselected=12)
+    second.assert_outcomes(passed=1, deselected=14)
     verdict_line = [ln for ln in second.stdout.lines if ln.startswith("test_throughput[default] ")]
     assert verdict_line and verdict_line[0].split()[-1] in ("pass", "inconclusive"), second.stdout.str()
 
