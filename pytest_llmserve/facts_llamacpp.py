@@ -137,6 +137,7 @@ _LIBRARY_DEBUG = re.compile(
     r"|adapters_lora_are_same)"
 )
 _SPEC_ON = re.compile(r"loading draft model|speculative decoding context initialized")
+_SPEC_OFF = re.compile(r"no implementations specified for speculative decoding")
 # Lines that end a boot or a request badly. ("E" level lines are errors too.)
 _ERRORS = re.compile(
     r"GGML_ASSERT|CUDA error|out of memory|failed to load model|error loading model|exiting due to"
@@ -301,6 +302,9 @@ def parse_llamacpp_log(text: str) -> LlamaCppFacts:
                 facts.record("model_path", m.group(1), raw)
         elif _SPEC_ON.search(line):
             facts.record("speculative", True, raw)
+        elif _SPEC_OFF.search(line):
+            if facts.speculative is None:
+                facts.record("speculative", False, raw)
         elif _READY.search(line):
             if not facts.ready:
                 facts.record("ready", True, raw)

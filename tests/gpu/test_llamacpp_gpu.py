@@ -114,6 +114,7 @@ def stale_server() -> Iterator[tuple[subprocess.Popen[bytes], dict[int, int]]]:
         time.sleep(0.5)
     yield proc, before
     procs.kill_tree(proc.pid, pgid=proc.pid)
+    proc.wait(timeout=10)
 
 
 def test_stale_gpu_process_is_named_and_memory_comes_back(

@@ -247,6 +247,7 @@ def test_real_cpu_log_at_default_verbosity() -> None:
     assert facts.ready is True and facts.startup_s == pytest.approx(18.078, abs=0.01)
     assert facts.errors == [] and facts.nan_events == []
     assert facts.debug_lines == 0 and facts.graph_warmups == 0
+    assert facts.speculative is False  # "no implementations specified for speculative decoding"
     assert "system_info: n_threads = 2" in facts.evidence["cuda_graphs_compiled"][0]
     assert "offloaded" not in " ".join(facts.evidence.get("offloaded_layers", []))
     assert "no usable GPU found" in facts.evidence["offloaded_layers"][0]
