@@ -5,10 +5,11 @@
 #   scripts/build_llamacpp_cpu.sh        ->  $CACHE/llama.cpp-0.3.36/build-cpu/bin/llama-server
 #
 # $CACHE is $PYTEST_LLMSERVE_CACHE or ~/.cache/pytest-llmserve. The llama-server adapter finds the
-# binary there by itself (after argv, $LLAMA_SERVER and PATH), and tests/e2e/test_llamacpp_cpu.py
-# boots it. Measured on the project's 2-core machine: configure 5 s, build of the llama-server target
-# about 25 minutes at -j2 (most of it in ggml-cpu and the ~150 model files of src/models/), so CI does
-# not build it; the adapter is covered there by recorded log lines and responses (tests/data/logs).
+# binary there by itself (after argv, $LLAMA_SERVER and PATH), and tests/llamacpp_e2e boots it.
+# Measured on the project's 2-core machine at -j2: configure 5-9 s; the llama-server target (212 steps,
+# most of the time in ggml-cpu and the ~150 files of src/models/) took 1131 s and 1351 s of wall time
+# while other sessions' tests kept the load average at 8-12, for 659 s of CPU time (user 614 + sys 45),
+# i.e. about 5.5-6 minutes of wall time on two otherwise idle cores.
 set -euo pipefail
 
 LCPP_PY_VERSION="${LCPP_PY_VERSION:-0.3.36}"

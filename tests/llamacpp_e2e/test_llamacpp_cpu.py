@@ -1,7 +1,7 @@
 """End to end on a real CPU llama-server: boot through the plugin, generate with logprobs, read facts
-back, tear down. Skipped (with the reason) where no llama-server is built: the CPU build takes ~19
-minutes on a 2-core machine (scripts/build_llamacpp_cpu.sh), too long for CI, where the adapter is
-covered by the recorded log lines and responses in tests/unit/test_llamacpp.py instead.
+back, tear down. Skipped (with the reason) where no llama-server is built (scripts/build_llamacpp_cpu.sh:
+659 s of CPU time, ~5.5-6 min on two idle cores, 19-22 min on a loaded one). Without it the adapter is
+covered by the recorded log lines and responses in tests/unit/test_llamacpp.py.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ BINARY = find_llama_server()
 GGUF = cache_dir() / "downloads" / "gguf" / "SmolLM2-135M-Instruct.Q4_1.gguf"
 needs_server = pytest.mark.skipif(
     BINARY is None or not GGUF.is_file(),
-    reason="no llama-server built (run scripts/build_llamacpp_cpu.sh, ~19 min on 2 cores, or set LLAMA_SERVER) "
+    reason="no llama-server built (run scripts/build_llamacpp_cpu.sh, ~6 min on 2 idle cores, or set LLAMA_SERVER) "
     f"or no GGUF at {GGUF} (llmserve setup downloads it)",
 )
 
