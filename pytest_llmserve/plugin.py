@@ -254,10 +254,47 @@ def pytest_configure(config: pytest.Config) -> None:
         run_dir = Path(tempfile.mkdtemp(prefix="llmserve-run-"))
         owns = True
     config.stash[STATE_KEY] = RunState(run_dir=run_dir, owns_run_dir=owns)
+    if not _is_xdist_worker(config):
+        _install_sigterm_handler(config)
     if config.pluginmanager.hasplugin("xdist"):
         config.pluginmanager.register(XdistHooks(), "llmserve-xdist-hooks")
     if settings.suite:
         _add_suite(config)
+
+
+SIGTERM_KEY = pytest.StashKey[Any]()
+
+
+def _install_sigterm_handler(config: pytest.Config) -> None:
+    """SIGTERM (a CI cancel, ``timeout``, ``kill``) ends Python without any teardown, which would leave
+    the servers running: turn it into KeyboardInterrupt, as pytest does with Ctrl-C, so sessionfinish and
+    unconfigure stop them. Only where no one else handles SIGTERM; a repeated SIGTERM during that
+    (bounded) shutdown is ignored so the teardown is not cut short."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return
+    if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        return
+    fired: list[int] = []
+
+    def on_sigterm(signum: int, frame: Any) -> None:
+        if fired:
+            return
+        fired.append(signum)
+        raise KeyboardInterrupt("SIGTERM: stopping servers and ending the run")
+
+    config.stash[SIGTERM_KEY] = signal.signal(signal.SIGTERM, on_sigterm)
+
+
+def _restore_sigterm_handler(config: pytest.Config) -> None:
+    import signal
+
+    previous = config.stash.get(SIGTERM_KEY, None)
+    if previous is not None:
+        signal.signal(signal.SIGTERM, previous)
+        del config.stash[SIGTERM_KEY]
 
 
 def _add_suite(config: pytest.Config) -> None:
@@ -600,7 +637,10 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
         if pool is not None:
             for handle in pool.handles.values():
                 if handle.spec.id == item.stash[SPEC_KEY].id and getattr(handle, "log_path", None):
-                    report.sections.append(("llmserve server log", f"{handle.describe()}"))
+                    # A request error is often a dead server: then say so, with the log's last lines.
+                    death = handle.death_report() if hasattr(handle, "death_report") else None
+                    report.sections.append(("llmserve: server died", death) if death
+                                           else ("llmserve server log", f"{handle.describe()}"))
     return report
 
 
@@ -665,3 +705,4 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         if leftovers:
             _say(config, f"processes left after teardown: {', '.join(leftovers)}")
         shutil.rmtree(state.run_dir, ignore_errors=True)
+    _restore_sigterm_handler(config)

@@ -28,7 +28,7 @@ from filelock import FileLock
 from pytest_llmserve import procs
 from pytest_llmserve.config import ServerSpec
 from pytest_llmserve.errors import ServerDiedError, ServerError
-from pytest_llmserve.server import ServerHandle, read_tail
+from pytest_llmserve.server import ServerHandle
 
 
 def spec_key(spec: ServerSpec) -> str:
@@ -49,6 +49,7 @@ class ServerPool:
         self.say = say or (lambda msg: None)
         self.handles: dict[str, ServerHandle] = {}
         self.failed: dict[str, str] = {}  # key -> error message: a boot that failed is not retried per test
+        self.died: dict[str, str] = {}  # key -> "server died" message: later tests fail fast with it
         (run_dir / "servers").mkdir(parents=True, exist_ok=True)
 
     # ------------------------------------------------------------------ acquire
@@ -57,9 +58,15 @@ class ServerPool:
         key = spec_key(spec)
         if key in self.failed:
             raise ServerError(f"{spec.id} failed to boot earlier in this run:\n{self.failed[key]}")
+        if key in self.died:
+            raise ServerDiedError(self.died[key])
         handle = self.handles.get(key)
         if handle is not None:
-            handle.ensure_alive()
+            try:
+                handle.ensure_alive()
+            except ServerDiedError as exc:
+                self._bury(key, handle, str(exc))
+                raise
             return handle
         if not self.shared:
             keep_keys = {spec_key(s) for s in keep}
@@ -72,8 +79,24 @@ class ServerPool:
         self.handles[key] = handle
         return handle
 
+    def _bury(self, key: str, handle: ServerHandle, message: str) -> None:
+        """A server died mid-session: remember why (later tests fail fast with it, no reboot behind the
+        user's back) and kill what is left of its tree now (engine workers may outlive the API process)."""
+        self.died[key] = message
+        self.handles.pop(key, None)
+        if self.shared:
+            return  # the controller stops shared servers
+        try:
+            handle.stop()
+        except ServerError as exc:
+            self.say(f"teardown after death of {handle.spec.id}: {exc}")
+
     def _boot(self, spec: ServerSpec, key: str) -> ServerHandle:
-        handle = ServerHandle(spec, log_dir=self.log_dir, say=self.say)
+        # Under xdist the controller (this worker's parent) is responsible for the server: while it runs,
+        # the server is not stale for another run, even if this worker crashes.
+        run_pid = os.getppid() if self.shared else os.getpid()
+        handle = ServerHandle(spec, log_dir=self.log_dir, say=self.say, on_launch=self._record_launch,
+                              run_pid=run_pid)
         started = time.time()
         try:
             handle.start()
@@ -99,6 +122,7 @@ class ServerPool:
                 raise
             info_path.write_text(json.dumps({
                 "url": handle.base_url, "model": handle.model_name, "pid": handle.pid, "port": handle.port,
+                "create_time": procs.create_time(handle.pid) if handle.pid else None,
                 "log": str(handle.log_path) if handle.log_path else None, "owner_pid": os.getpid()}))
             return handle
 
@@ -106,9 +130,20 @@ class ServerPool:
         """Attach to a server booted by another worker: same spec, but nothing launched or killed here."""
         ext = replace(spec, engine="external", url=info["url"], served_model_name=info["model"])
         handle = AttachedHandle(ext, original=spec, pid=info.get("pid"),
-                                log_path=Path(info["log"]) if info.get("log") else None)
+                                log_path=Path(info["log"]) if info.get("log") else None,
+                                created=info.get("create_time"))
         handle.start()  # readiness only
         return handle
+
+    def _record_launch(self, handle: ServerHandle) -> None:
+        """Written the moment a process starts, before readiness: if this worker dies mid-boot, the
+        controller still finds (and stops) the server."""
+        entry = {"server": handle.spec.id, "pid": handle.pid, "worker_pid": os.getpid(),
+                 "create_time": procs.create_time(handle.pid) if handle.pid else None,
+                 "log": str(handle.log_path) if handle.log_path else None}
+        path = self.run_dir / "launches.jsonl"
+        with FileLock(str(path) + ".lock"), open(path, "a") as fh:
+            fh.write(json.dumps(entry) + "\n")
 
     def _record_boot(self, spec: ServerSpec, handle: ServerHandle, started: float, *, ok: bool,
                      error: str | None = None) -> None:
@@ -148,21 +183,23 @@ class ServerPool:
 class AttachedHandle(ServerHandle):
     """A server another worker launched: readiness and evidence work, teardown is not ours."""
 
-    def __init__(self, spec: ServerSpec, original: ServerSpec, pid: int | None, log_path: Path | None) -> None:
+    def __init__(self, spec: ServerSpec, original: ServerSpec, pid: int | None, log_path: Path | None,
+                 created: float | None = None) -> None:
         super().__init__(spec)
         self.original = original
         self._owner_pid = pid
+        self._created = created
         self.log_path = log_path
         self.spec_for_checks = original
 
     def ensure_alive(self) -> None:
-        if self._owner_pid is not None and not procs.pid_alive(self._owner_pid):
-            tail = read_tail(self.log_path) if self.log_path else ""
+        if not self.is_alive():
+            tail = self._tail() if self.log_path else ""
             raise ServerDiedError(f"{self.original.id} (pid {self._owner_pid}) is gone: server died "
                                   f"(log: {self.log_path})\n--- last lines ---\n{tail}")
 
     def is_alive(self) -> bool:
-        return self._owner_pid is None or procs.pid_alive(self._owner_pid)
+        return self._owner_pid is None or procs.pid_alive(self._owner_pid, self._created)
 
     def facts(self) -> Any:
         from pytest_llmserve.engines import adapter_for
@@ -173,8 +210,7 @@ class AttachedHandle(ServerHandle):
         return None
 
 
-def read_boots(run_dir: Path) -> list[dict[str, Any]]:
-    path = run_dir / "boots.jsonl"
+def _read_jsonl(path: Path) -> list[dict[str, Any]]:
     if not path.is_file():
         return []
     out = []
@@ -184,16 +220,27 @@ def read_boots(run_dir: Path) -> list[dict[str, Any]]:
     return out
 
 
+def read_boots(run_dir: Path) -> list[dict[str, Any]]:
+    return _read_jsonl(run_dir / "boots.jsonl")
+
+
 def stop_shared_servers(run_dir: Path, say: Callable[[str], None]) -> list[str]:
-    """Controller side: stop every server any worker booted in this run; return leftover descriptions."""
+    """Controller side: stop every server any process of this run launched; return leftover descriptions.
+
+    Reads the launch records (written before readiness), so a server whose worker crashed mid-boot or
+    mid-session is stopped too. A pid is only signalled while it is still the process that was launched.
+    """
     leftovers: list[str] = []
-    for entry in read_boots(run_dir):
+    seen: set[int] = set()
+    for entry in _read_jsonl(run_dir / "launches.jsonl") + read_boots(run_dir):
         pid = entry.get("pid")
-        if not entry.get("ok") or not pid:
+        if not pid or int(pid) in seen or entry.get("launched") is False:
             continue
-        if not procs.pid_alive(int(pid)):
+        pid = int(pid)
+        seen.add(pid)
+        if not procs.pid_alive(pid, entry.get("create_time")):
             continue
-        report = procs.kill_tree(int(pid), pgid=int(pid))
+        report = procs.kill_tree(pid, pgid=pid)
         say(f"stopped shared server {entry['server']} (pid {pid}): {len(report.pids)} processes in "
             f"{report.seconds:.1f} s")
         leftovers.extend(report.survivors)

@@ -119,8 +119,26 @@ def who_listens(port: int) -> str | None:
     return None
 
 
-def pid_alive(pid: int) -> bool:
+def create_time(pid: int) -> float | None:
+    """When ``pid`` started (psutil's clock), or None if it is gone: with the pid, a process identity."""
     try:
-        return _is_alive(psutil.Process(pid))
-    except psutil.Error:
+        return float(psutil.Process(pid).create_time())
+    except (psutil.Error, OSError):
+        return None
+
+
+def pid_alive(pid: int, created: float | None = None) -> bool:
+    """True when ``pid`` runs (not a zombie) and, given ``created``, is still the process that started then.
+
+    Pids are reused: a registry entry that outlived its process must not make an unrelated process
+    look like a server (and be killed as stale) or look like a live owner (and hide a stale server).
+    """
+    if pid <= 0:
+        return False
+    try:
+        proc = psutil.Process(pid)
+        if created is not None and abs(proc.create_time() - created) > 1.0:
+            return False
+        return _is_alive(proc)
+    except (psutil.Error, OSError):
         return False

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -22,7 +23,7 @@ import httpx
 import tenacity
 
 from pytest_llmserve import procs
-from pytest_llmserve.config import ServerSpec, cache_dir, redact_argv
+from pytest_llmserve.config import SECRET_FLAGS, ServerSpec, cache_dir, is_secret_name, redact_argv
 from pytest_llmserve.engines import adapter_for
 from pytest_llmserve.engines.base import EngineAdapter, LaunchPlan
 from pytest_llmserve.errors import PreflightError, ServerDiedError, ServerError, ServerStartError
@@ -42,6 +43,26 @@ def read_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
         return "<no log>"
     parts = data.replace("\r", "\n").splitlines()
     return "\n".join(p for p in parts[-lines:])
+
+
+def secret_values(spec: ServerSpec, argv: list[str] | None = None) -> list[str]:
+    """Secret strings a server may echo into its own log: the API key, values of secret flags in its argv,
+    and secret-named environment variables it is given or inherits (HF_TOKEN...)."""
+    found = [spec.api_key or ""]
+    args = list(argv if argv is not None else [*spec.argv, *spec.args])
+    for i, arg in enumerate(args):
+        flag, eq, value = arg.partition("=")
+        if flag in SECRET_FLAGS:
+            found.append(value if eq else (args[i + 1] if i + 1 < len(args) else ""))
+    env = {**os.environ, **dict(spec.env)}
+    found += [value for name, value in env.items() if is_secret_name(name)]
+    return sorted({v for v in found if len(v) >= 8}, key=len, reverse=True)  # short values are not secrets
+
+
+def redact_text(text: str, secrets: list[str]) -> str:
+    for value in secrets:
+        text = text.replace(value, "***")
+    return text
 
 
 @dataclass
@@ -67,8 +88,16 @@ class ServerHandle:
     """
 
     def __init__(self, spec: ServerSpec, log_dir: Path | None = None, adapter: EngineAdapter | None = None,
-                 say: Callable[[str], None] | None = None) -> None:
+                 say: Callable[[str], None] | None = None,
+                 on_launch: Callable[[ServerHandle], None] | None = None, run_pid: int | None = None) -> None:
         self.spec = spec
+        # Called right after the process starts (before readiness), so whoever cleans up after a crash
+        # of this process (the xdist controller) knows the server even if the boot never finished.
+        self.on_launch = on_launch
+        # The pytest process responsible for this server (the xdist controller for a worker's boot): while
+        # it lives, the server is not stale, even if the launching worker crashed.
+        self.run_pid = run_pid or os.getpid()
+        self._launched_at: float | None = None
         self.adapter = adapter or adapter_for(spec)
         self.log_dir = Path(log_dir) if log_dir else cache_dir() / "logs"
         self.say = say or (lambda msg: None)
@@ -147,33 +176,49 @@ class ServerHandle:
                                          stdin=subprocess.DEVNULL, start_new_session=True)
         except OSError as exc:
             raise ServerStartError(f"cannot launch {self.spec.id}: {plan.argv[0]}: {exc} (log: {self.log_path})") from exc
+        self._launched_at = time.monotonic()
         self.boot.pid = self.proc.pid
         self.boot.port = self.port
         self.boot.log_path = str(self.log_path)
         register_running(self)
+        if self.on_launch is not None:
+            self.on_launch(self)
 
     def wait_ready(self) -> None:
-        """Poll health + one generation until ready; fail fast on exit; hard deadline."""
+        """Poll health + one generation until ready; fail fast on exit; hard deadline.
+
+        This is the only place that retries: a measured request is never retried. Each probe's own
+        timeout is cut to the time left, so the deadline holds even against a server that accepts
+        connections and never answers.
+        """
         assert self.plan is not None
         deadline_s = self.spec.startup_timeout_s
         start = time.monotonic()
+        deadline = start + deadline_s
         http = httpx.Client(timeout=10.0, headers=self._auth_headers())
 
         def attempt() -> bool:
             self._raise_if_exited(during="boot")
-            return self._probe(http)
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            ready = self._probe(http, left)
+            if ready:
+                # The answer may come from another process that holds the port: ours must still run.
+                self._raise_if_exited(during="boot")
+            return ready
 
         retrying = tenacity.Retrying(
             retry=tenacity.retry_if_result(lambda ok: ok is not True),
-            stop=tenacity.stop_after_delay(deadline_s),
-            wait=tenacity.wait_fixed(0.5),
+            stop=lambda _state: time.monotonic() >= deadline,
+            wait=lambda _state: max(0.0, min(0.5, deadline - time.monotonic())),
             reraise=True,
         )
         try:
             retrying(attempt)
         except tenacity.RetryError:
             raise ServerStartError(
-                f"{self.spec.id} was not ready within its startup deadline of {deadline_s:.0f} s "
+                f"{self.spec.id} was not ready within its startup deadline of {deadline_s:g} s "
                 f"(startup_timeout_s from {self.spec.source}); last readiness answer: {self.last_readiness}\n"
                 f"log: {self.log_path or '<attached server, no log>'}\n--- last lines ---\n{self._tail()}"
             ) from None
@@ -181,11 +226,16 @@ class ServerHandle:
             http.close()
         self.say(f"{self.spec.id} readiness passed after {time.monotonic() - start:.1f} s")
 
-    def _probe(self, http: httpx.Client) -> bool:
+    def _probe(self, http: httpx.Client, budget_s: float = 120.0) -> bool:
         assert self.plan is not None
         url = self.plan.base_url + self.plan.health_path
+        health_timeout = min(5.0 if self.plan.health_path != "/health_generate" else 60.0, budget_s)
         try:
-            resp = http.get(url, timeout=5.0 if self.plan.health_path != "/health_generate" else 60.0)
+            resp = http.get(url, timeout=health_timeout)
+        except httpx.TimeoutException as exc:
+            self.last_readiness = (f"GET {self.plan.health_path}: {type(exc).__name__} "
+                                   f"after {health_timeout:.1f} s")
+            return False
         except httpx.HTTPError as exc:
             self.last_readiness = f"GET {self.plan.health_path}: {type(exc).__name__}"
             return False
@@ -196,8 +246,13 @@ class ServerHandle:
             self.last_readiness = f"GET {self.plan.health_path}: 200"
             return True
         body = {"model": self.plan.model_name, "prompt": "Hello", "max_tokens": 1, "temperature": 0}
+        gen_timeout = max(0.1, min(120.0, budget_s))
         try:
-            gen = http.post(self.plan.base_url + "/v1/completions", json=body, timeout=120.0)
+            gen = http.post(self.plan.base_url + "/v1/completions", json=body, timeout=gen_timeout)
+        except httpx.TimeoutException as exc:
+            self.last_readiness = (f"health 200, generation probe: {type(exc).__name__} "
+                                   f"after {gen_timeout:.1f} s")
+            return False
         except httpx.HTTPError as exc:
             self.last_readiness = f"health 200, generation probe: {type(exc).__name__}"
             return False
@@ -211,7 +266,12 @@ class ServerHandle:
         return {"Authorization": f"Bearer {self.spec.api_key}"} if self.spec.api_key else {}
 
     def _tail(self) -> str:
-        return read_tail(self.log_path) if self.log_path else "<attached server: no log captured>"
+        """The log's last lines for an error message, with secrets the engine may have echoed masked
+        (some engines print their full arguments, API key included)."""
+        if not self.log_path:
+            return "<attached server: no log captured>"
+        argv = self.plan.argv if self.plan else None
+        return redact_text(read_tail(self.log_path), secret_values(self.spec, argv))
 
     def _raise_if_exited(self, during: str) -> None:
         if self.proc is None:
@@ -220,7 +280,13 @@ class ServerHandle:
         if code is None:
             return
         cls = ServerStartError if during == "boot" else ServerDiedError
-        raise cls(f"{self.spec.id} exited with code {code} during {during} "
+        how = f"exited with code {code}"
+        if code < 0:
+            with contextlib.suppress(ValueError):
+                how = f"was killed by {signal.Signals(-code).name}"
+        after = (f", {time.monotonic() - self._launched_at:.1f} s after launch"
+                 if during == "boot" and self._launched_at is not None else "")
+        raise cls(f"{self.spec.id} (pid {self.proc.pid}) {how} during {during}{after} "
                   f"(server died; log: {self.log_path})\n--- last lines ---\n{self._tail()}")
 
     def ensure_alive(self) -> None:
@@ -230,12 +296,22 @@ class ServerHandle:
     def is_alive(self) -> bool:
         return self.proc is None or self.proc.poll() is None
 
+    def death_report(self) -> str | None:
+        """None while the server runs; else who died, how, the log path and its last lines."""
+        try:
+            self.ensure_alive()
+        except ServerDiedError as exc:
+            return str(exc)
+        return None
+
     def stop(self) -> procs.TeardownReport | None:
         """Kill the whole process tree (SIGTERM, then SIGKILL) and check nothing is left."""
         report = None
         if self.proc is not None:
             start = time.monotonic()
-            report = procs.kill_tree(self.proc.pid, pgid=self.proc.pid)
+            # Workers left by an API process that already died have no one to finish for: a short grace.
+            grace_s = 10.0 if self.proc.poll() is None else 2.0
+            report = procs.kill_tree(self.proc.pid, pgid=self.proc.pid, grace_s=grace_s)
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self.proc.wait(timeout=5)
             self.boot.stop_s = time.monotonic() - start
@@ -296,12 +372,22 @@ def registry_dir() -> Path:
 
 
 def register_running(handle: ServerHandle) -> None:
-    """Record a launched server so a later run can find it if this one dies without teardown."""
+    """Record a launched server so a later run can find it if this one dies without teardown.
+
+    Pids are stored with their start times (a reused pid is not the same process), and with the pytest
+    process responsible for the server (``run_pid``: the xdist controller for a worker's boot).
+    """
     reg = registry_dir()
     reg.mkdir(parents=True, exist_ok=True)
-    entry = {"pid": handle.pid, "port": handle.port, "server": handle.spec.id, "owner_pid": os.getpid(),
+    assert handle.pid is not None
+    me = os.getpid()
+    entry = {"pid": handle.pid, "create_time": procs.create_time(handle.pid), "port": handle.port,
+             "server": handle.spec.id, "owner_pid": me, "owner_create_time": procs.create_time(me),
+             "run_pid": handle.run_pid, "run_create_time": procs.create_time(handle.run_pid),
              "log": str(handle.log_path), "started": time.time()}
-    (reg / f"{handle.pid}.json").write_text(json.dumps(entry))
+    tmp = reg / f".{handle.pid}.json.tmp"
+    tmp.write_text(json.dumps(entry))
+    os.replace(tmp, reg / f"{handle.pid}.json")  # a concurrent run's scan never reads half an entry
 
 
 def unregister_running(handle: ServerHandle) -> None:
@@ -310,36 +396,56 @@ def unregister_running(handle: ServerHandle) -> None:
             (registry_dir() / f"{handle.pid}.json").unlink()
 
 
+def _entry_owner_alive(entry: dict[str, Any]) -> bool:
+    """True while the pytest that launched the server, or the run it belongs to, is still running."""
+    for pid_key, created_key in (("owner_pid", "owner_create_time"), ("run_pid", "run_create_time")):
+        pid = int(entry.get(pid_key) or 0)
+        if pid and procs.pid_alive(pid, entry.get(created_key)):
+            return True
+    return False
+
+
 def stale_servers() -> list[dict[str, Any]]:
-    """Servers launched by an earlier run whose owner is gone but which are still running."""
-    out = []
+    """Servers launched by an earlier run whose owner is gone but which are still running.
+
+    A server whose owning pytest still runs (a concurrent run on this machine) is never stale.
+    """
+    out: list[dict[str, Any]] = []
     reg = registry_dir()
     if not reg.is_dir():
         return out
     for path in sorted(reg.glob("*.json")):
         try:
             entry = json.loads(path.read_text())
-        except (OSError, json.JSONDecodeError):
+            pid = int(entry.get("pid", 0))
+        except (OSError, ValueError, TypeError, AttributeError):
             continue
-        pid, owner = int(entry.get("pid", 0)), int(entry.get("owner_pid", 0))
-        if not procs.pid_alive(pid):
+        if not procs.pid_alive(pid, entry.get("create_time")):
             with contextlib.suppress(OSError):
-                path.unlink()  # the server is gone: the entry is history
+                path.unlink()  # the server is gone (or its pid now names another process): history
             continue
-        if not procs.pid_alive(owner):
+        if not _entry_owner_alive(entry):
             out.append(entry)
     return out
+
+
+def describe_stale(entry: dict[str, Any]) -> str:
+    return (f"{entry.get('server')} (pid {entry.get('pid')}, port {entry.get('port')}, "
+            f"log {entry.get('log')}; its pytest, pid {entry.get('owner_pid')}, is gone)")
 
 
 def kill_stale(say: Callable[[str], None] = print) -> int:
     """Kill every stale server found in the registry; return how many were killed."""
     killed = 0
     for entry in stale_servers():
-        report = procs.kill_tree(int(entry["pid"]), pgid=int(entry["pid"]))
-        say(f"killed stale server {entry['server']} (pid {entry['pid']}, port {entry['port']}): "
-            f"{len(report.pids)} processes")
+        pid = int(entry["pid"])
+        if not procs.pid_alive(pid, entry.get("create_time")):
+            continue
+        report = procs.kill_tree(pid, pgid=pid)
+        say(f"killed stale server {describe_stale(entry)}: {len(report.pids)} processes"
+            + (f"; still running: {', '.join(report.survivors)}" if report.survivors else ""))
         with contextlib.suppress(OSError):
-            (registry_dir() / f"{entry['pid']}.json").unlink()
+            (registry_dir() / f"{pid}.json").unlink()
         killed += 1
     return killed
 
@@ -352,7 +458,7 @@ def preflight(spec: ServerSpec, host: str, port: int, *, gpu_check: Callable[[Se
                              f"leave `port` unset in {spec.source} to get a free port, or stop that process")
     stale = stale_servers()
     if stale:
-        lines = ", ".join(f"{e['server']} (pid {e['pid']}, port {e['port']}, log {e['log']})" for e in stale)
+        lines = ", ".join(describe_stale(e) for e in stale)
         raise PreflightError(f"stale server(s) from an earlier run are still running: {lines}. "
                              f"Stop them with `llmserve kill-stale` (or pass --llmserve-kill-stale)")
     if gpu_check is not None:
