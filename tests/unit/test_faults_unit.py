@@ -1,0 +1,588 @@
+"""The fault matrix, where the real engine cannot produce the fault on demand: purpose-built stand-ins
+(``tests/standins/``; each script's docstring says which fault and why the real engine cannot) under the
+``command`` engine. What the real vLLM CPU server can do for real is in ``tests/e2e/test_faults.py``.
+
+Every test is bounded (short deadlines, bounded waits) and checks that no process it caused is left.
+Times are asserted as ratios to the configured deadline or timeout, never as absolute figures.
+"""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+from pytest_llmserve import load, procs, server
+from pytest_llmserve.config import CACHE_ENV, ServerSpec, Workload
+from pytest_llmserve.errors import PreflightError, RequestError, ServerDiedError, ServerStartError
+from pytest_llmserve.pool import ServerPool, stop_shared_servers
+from pytest_llmserve.server import ServerHandle
+from tests.standins.helpers import (
+    MARK_ENV,
+    ZERO_COST,
+    describe,
+    kill_marked,
+    marked_processes,
+    server_toml,
+    standin_argv,
+    standin_toml,
+    wait_for,
+)
+
+pytestmark = pytest.mark.filterwarnings("ignore")
+
+PACKAGE = Path(__file__).resolve().parents[2] / "pytest_llmserve"
+
+
+@pytest.fixture(autouse=True)
+def private_registry(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A registry of running servers of our own: other runs on this machine neither see nor disturb ours."""
+    cache = tmp_path / "llmserve-cache"
+    monkeypatch.setenv(CACHE_ENV, str(cache))
+    return cache / "running"
+
+
+@pytest.fixture(autouse=True)
+def anchored_rootdir(request: pytest.FixtureRequest) -> None:
+    """Inner runs get a pytest.ini, so their rootdir (and config file) is theirs, whatever lies above."""
+    if "pytester" in request.fixturenames:
+        request.getfixturevalue("pytester").makeini("[pytest]\n")
+
+
+@pytest.fixture
+def token() -> Iterator[str]:
+    """A unique mark for this test's processes; whatever still carries it at the end is a leak."""
+    mark = f"fault-{uuid.uuid4().hex[:12]}"
+    yield mark
+    left = marked_processes(mark)
+    if left:
+        kill_marked(mark)
+    assert not left, f"processes left behind: {describe(left)}"
+
+
+def spec(name: str, script: str, *args: str, token: str, **kw: object) -> ServerSpec:
+    argv = tuple(standin_argv(script, *args))
+    fields: dict[str, object] = {"engine": "command", "argv": argv, "served_model_name": "standin",
+                                 "env": ((MARK_ENV, token),), "source": "faults.toml", "startup_timeout_s": 30.0}
+    fields.update(kw)
+    return ServerSpec(name=name, **fields)  # type: ignore[arg-type]
+
+
+def timed_start(handle: ServerHandle) -> tuple[BaseException, float]:
+    start = time.monotonic()
+    with pytest.raises(Exception) as info:  # noqa: PT011 - the type is asserted by the caller
+        handle.start()
+    return info.value, time.monotonic() - start
+
+
+# --------------------------------------------------------------------------- 1/2: boot faults
+
+def test_crash_during_readiness_surfaces_within_a_poll_not_at_the_deadline(tmp_path: Path, token: str) -> None:
+    """Stand-in: never_ready.py --exit-after (a crash at a chosen moment of the boot, as an OOM while loading
+    weights; the real engine's own exit at boot is in tests/e2e/test_faults.py)."""
+    s = spec("crashy", "never_ready.py", "--exit-after", "1.0", token=token, startup_timeout_s=120.0)
+    handle = ServerHandle(s, log_dir=tmp_path / "logs")
+    err, elapsed = timed_start(handle)
+    assert isinstance(err, ServerStartError), err
+    text = str(err)
+    assert "exited with code 3 during boot" in text and "s after launch" in text
+    assert "server died" in text
+    assert f"log: {handle.log_path}" in text and handle.log_path is not None and handle.log_path.is_file()
+    assert "--- last lines ---" in text and "out of memory while loading weights" in text  # the log tail
+    after_launch = float(text.split("during boot, ")[1].split(" s after launch")[0])
+    assert elapsed / s.startup_timeout_s < 0.05, (elapsed, text)  # seconds, not the 120 s deadline
+    assert elapsed - after_launch < 0.25 * elapsed + 1.0  # noticed within a poll of the exit
+    print(f"MEASURE crash-during-boot: error {elapsed:.2f} s after start() (exit {after_launch:.1f} s after "
+          f"launch), deadline {s.startup_timeout_s:g} s, ratio {elapsed / s.startup_timeout_s:.3f}")
+
+
+@pytest.mark.parametrize(("script", "args", "answer"), [
+    ("never_ready.py", (), "GET /health: HTTP 503"),
+    ("never_binds.py", (), "GET /health: ConnectError"),
+    ("silent.py", ("--silent-from-start",), "GET /health: ReadTimeout"),
+], ids=["health-503-forever", "never-binds", "accepts-never-answers"])
+def test_never_ready_hits_a_hard_deadline_naming_it_the_last_answer_and_the_log(
+        tmp_path: Path, token: str, script: str, args: tuple[str, ...], answer: str) -> None:
+    """Stand-ins: never_ready.py, never_binds.py, silent.py (a real engine cannot be made to hang at boot)."""
+    s = spec("stuck", script, *args, token=token, startup_timeout_s=2.0)
+    handle = ServerHandle(s, log_dir=tmp_path / "logs")
+    err, elapsed = timed_start(handle)
+    assert isinstance(err, ServerStartError), err
+    text = str(err)
+    assert "not ready within its startup deadline of 2 s (startup_timeout_s from faults.toml)" in text
+    assert f"last readiness answer: {answer}" in text, text
+    assert f"log: {handle.log_path}" in text
+    assert "--- last lines ---" in text and f"standin {script}" in text
+    # A hard deadline: not cut short, and not stretched by a probe's own timeout (5 s /health, 120 s generation).
+    assert 1.0 <= elapsed / s.startup_timeout_s < 1.5, elapsed
+    assert not handle.is_alive()  # the stuck process was torn down
+    assert not list(server.registry_dir().glob("*.json"))
+    print(f"MEASURE never-ready[{script}]: error after {elapsed:.2f} s, deadline 2 s, ratio {elapsed / 2:.2f}")
+
+
+# --------------------------------------------------------------------------- 3: death mid-session (pool)
+
+def test_dead_server_fails_later_tests_fast_and_the_next_configuration_boots(tmp_path: Path, token: str) -> None:
+    """Stand-in: fail_once.py as a plain ready server, SIGKILLed between two ``get``s (the real engine's
+    version of this, between tests and during a request, is in tests/e2e/test_faults.py)."""
+    pool = ServerPool(tmp_path / "run", tmp_path / "logs")
+    a = spec("a", "fail_once.py", token=token)
+    b = spec("b", "fail_once.py", token=token)
+    handle = pool.get(a)
+    os.kill(handle.pid or 0, signal.SIGKILL)
+    wait_for(lambda: not handle.is_alive(), 10, "the SIGKILLed stand-in to exit")
+    for _ in range(2):  # every later user fails at once, with the same account
+        start = time.monotonic()
+        with pytest.raises(ServerDiedError) as info:
+            pool.get(a)
+        assert time.monotonic() - start < 0.1 * a.request_timeout_s
+        text = str(info.value)
+        assert "was killed by SIGKILL during the session (server died" in text
+        assert f"log: {handle.log_path}" in text and "--- last lines ---" in text and "standin fail_once.py" in text
+    other = pool.get(b)  # the next configuration still boots
+    assert other.is_alive()
+    assert pool.stop_all() == []
+
+
+# --------------------------------------------------------------------------- 5: ports and the registry
+
+def _holder(tmp_path: Path) -> tuple[subprocess.Popen[bytes], int]:
+    """A foreign process listening on a port (a distinctive command line, so the refusal can name it)."""
+    code = ("import socket,sys,time\ns=socket.socket(); s.bind(('127.0.0.1', 0)); s.listen()\n"
+            "print(s.getsockname()[1], flush=True)\ntime.sleep(120)  # llmserve-port-holder\n")
+    script = tmp_path / "llmserve_port_holder.py"
+    script.write_text(code)
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE)
+    assert proc.stdout is not None
+    port = int(proc.stdout.readline())
+    return proc, port
+
+
+def test_taken_port_is_refused_naming_the_holder_and_free_port_picking_avoids_it(
+        pytester: pytest.Pytester, tmp_path: Path, token: str) -> None:
+    holder, port = _holder(tmp_path)
+    try:
+        pytester.makefile(".toml", llmserve=standin_toml("fixed", "fail_once.py", token=token, port=port)
+                          + standin_toml("free", "fail_once.py", token=token))
+        pytester.makepyfile(test_port="""
+            import pytest
+
+            @pytest.mark.llmserve_server("fixed")
+            def test_fixed(llm_server):
+                pass
+
+            @pytest.mark.llmserve_server("free")
+            def test_free(llm_server):
+                print("FREE PORT", llm_server.port)
+        """)
+        start = time.monotonic()
+        result = pytester.runpytest_subprocess("-s", "-p", "no:cacheprovider", timeout=120)
+        elapsed = time.monotonic() - start
+        result.assert_outcomes(passed=1, errors=1)  # the refused server's test errors in setup
+        out = result.stdout.str()
+        assert f"port {port} on 127.0.0.1 is taken by pid {holder.pid} (" in out
+        assert "llmserve_port_holder.py" in out  # who holds it
+        assert "leave `port` unset in " in out and "llmserve.toml" in out  # where it came from, how to clear
+        free = int(out.split("FREE PORT ")[1].split()[0])
+        assert free != port
+        print(f"MEASURE port-taken: inner run (refusal + a stand-in boot) {elapsed:.1f} s")
+    finally:
+        holder.kill()
+        holder.wait(10)
+        assert holder.stdout is not None
+        holder.stdout.close()
+
+
+def _sleeper(token: str) -> psutil.Popen:
+    """A process in its own session standing for a server (marked, so the test can account for it)."""
+    return psutil.Popen([sys.executable, "-c", f"import time; time.sleep(120)  # {token}"],
+                        start_new_session=True)
+
+
+def _dead_pid() -> tuple[int, float]:
+    proc = psutil.Popen([sys.executable, "-c", "pass"])
+    created = proc.create_time()
+    proc.wait(10)
+    return proc.pid, created
+
+
+def _register(reg: Path, name: str, pid: int, created: float | None, owner: int, owner_created: float | None,
+              run_pid: int = 0, run_created: float | None = None) -> None:
+    reg.mkdir(parents=True, exist_ok=True)
+    (reg / f"{pid}.json").write_text(json.dumps({
+        "pid": pid, "create_time": created, "port": 1, "server": name, "owner_pid": owner,
+        "owner_create_time": owner_created, "run_pid": run_pid, "run_create_time": run_created,
+        "log": f"/logs/{name}.log"}))
+
+
+def test_stale_check_spares_live_runs_and_never_trusts_a_reused_pid(private_registry: Path, token: str) -> None:
+    me, my_created = os.getpid(), psutil.Process().create_time()
+    dead, dead_created = _dead_pid()
+    orphan, live, xdist, reused_owner = (_sleeper(token) for _ in range(4))
+    unrelated = _sleeper(token)
+    try:
+        _register(private_registry, "orphan", orphan.pid, orphan.create_time(), dead, dead_created)
+        _register(private_registry, "live-run", live.pid, live.create_time(), me, my_created)
+        # A worker that launched it crashed, but its xdist controller (the run) still runs: not stale.
+        _register(private_registry, "xdist", xdist.pid, xdist.create_time(), dead, dead_created, me, my_created)
+        # The owner's pid now names another process (this one, started at another time): the owner is gone.
+        _register(private_registry, "reused-owner", reused_owner.pid, reused_owner.create_time(), me,
+                  my_created - 1000)
+        # The server's pid now names an unrelated process: the entry is history, that process is not touched.
+        _register(private_registry, "reused-server", unrelated.pid, unrelated.create_time() - 1000, dead,
+                  dead_created)
+        stale = {e["server"] for e in server.stale_servers()}
+        assert stale == {"orphan", "reused-owner"}
+        assert not (private_registry / f"{unrelated.pid}.json").exists()
+
+        s = spec("x", "fail_once.py", token=token)
+        with pytest.raises(PreflightError) as info:
+            server.preflight(s, "127.0.0.1", procs.free_port())
+        text = str(info.value)
+        assert f"orphan (pid {orphan.pid}, port 1, log /logs/orphan.log; its pytest, pid {dead}, is gone)" in text
+        assert "`llmserve kill-stale` (or pass --llmserve-kill-stale)" in text
+        assert "live-run" not in text and "xdist" not in text
+
+        assert server.kill_stale(say=lambda msg: None) == 2
+        psutil.wait_procs([orphan, reused_owner], timeout=10)
+        assert all(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in (live, xdist, unrelated))
+        assert server.stale_servers() == []
+    finally:
+        for proc in (orphan, live, xdist, reused_owner, unrelated):
+            with contextlib.suppress(psutil.Error):
+                proc.kill()
+                proc.wait(10)
+
+
+def test_controller_stops_a_server_whose_worker_died_mid_boot(tmp_path: Path, token: str) -> None:
+    """Stand-in: never_ready.py (a boot still in progress when its xdist worker is killed). The launch
+    record is written before readiness, so the controller finds the server although no boot finished."""
+    run_dir = tmp_path / "run"
+    # The "worker": boots through a shared pool. The token reaches it reversed, so only the server carries it.
+    child = subprocess.Popen([sys.executable, "-c", (
+        "import json, os, pathlib\n"
+        "from pytest_llmserve.pool import ServerPool\n"
+        "from pytest_llmserve.config import ServerSpec\n"
+        "env = ((os.environ['MARK_NAME'], os.environ['MARK_REV'][::-1]),)\n"
+        "spec = ServerSpec(name='boot', engine='command', argv=tuple(json.loads(os.environ['ARGV'])), env=env,"
+        " startup_timeout_s=120.0)\n"
+        "ServerPool(pathlib.Path(os.environ['RUN_DIR']), pathlib.Path(os.environ['RUN_DIR']) / 'logs',"
+        " shared=True).get(spec)\n")],
+        env={**os.environ, "MARK_NAME": MARK_ENV, "MARK_REV": token[::-1], "RUN_DIR": str(run_dir),
+             "ARGV": json.dumps(standin_argv("never_ready.py"))})
+    try:
+        standin = wait_for(lambda: marked_processes(token), 60, "the stand-in to be launched")[0]
+        assert standin.ppid() == child.pid
+        wait_for(lambda: (run_dir / "launches.jsonl").is_file(), 10, "the launch record")
+        child.kill()  # the "worker" dies mid-boot; its server lives on in its own session
+        child.wait(10)
+        assert standin.is_running()
+        stop_shared_servers(run_dir, say=lambda msg: None)
+        assert not marked_processes(token)
+    finally:
+        child.kill()
+        child.wait(10)
+
+
+# --------------------------------------------------------------------------- 4: signals (stand-in)
+
+def _spawn_pytest(pytester: pytest.Pytester, *args: str) -> tuple[subprocess.Popen[bytes], Path]:
+    out = pytester.path / f"inner-{uuid.uuid4().hex[:6]}.out"
+    with open(out, "wb") as fh:
+        proc = subprocess.Popen([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-s", *args],
+                                cwd=pytester.path, stdout=fh, stderr=subprocess.STDOUT)
+    return proc, out
+
+
+def test_sigterm_during_boot_stops_the_booting_server(pytester: pytest.Pytester, token: str) -> None:
+    """Stand-in: never_ready.py (a boot that lasts as long as the test needs; the real engine's SIGINT and
+    SIGTERM with the server up are in tests/e2e/test_faults.py)."""
+    pytester.makefile(".toml", llmserve=standin_toml("slow", "never_ready.py", token=token,
+                                                     startup_timeout_s=300))
+    pytester.makepyfile(test_boot="def test_boot(llm_server):\n    pass\n")
+    proc, out = _spawn_pytest(pytester)
+    try:
+        wait_for(lambda: marked_processes(token), 60, "the stand-in server to be launched")
+        time.sleep(1.0)  # inside readiness polling
+        sent = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(60)
+        elapsed = time.monotonic() - sent
+        text = out.read_text()
+        assert code == pytest.ExitCode.INTERRUPTED, text
+        assert "KeyboardInterrupt" in text and "SIGTERM" in text
+        assert not marked_processes(token), text
+        assert elapsed / 300 < 0.1
+        print(f"MEASURE sigterm-during-boot: pytest ended {elapsed:.2f} s after SIGTERM, server gone")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+
+
+def test_xdist_worker_crash_under_the_default_loadgroup_still_leaves_no_server(
+        pytester: pytest.Pytester, token: str) -> None:
+    """Stand-in: fail_once.py as the shared server (the real engine's worker crash is in
+    tests/e2e/test_faults.py). With ``-n 2`` the plugin runs ``--dist loadgroup``; pytest-xdist 3.8.0's
+    loadgroup scheduler hangs once a crashed worker is replaced (pytest-dev/pytest-xdist#1323, #1327).
+    Whether or not it hangs, the shared server must not outlive the run: a CI timeout's SIGTERM ends it."""
+    pytester.makefile(".toml", llmserve=standin_toml("default", "fail_once.py", token=token))
+    pytester.makepyfile(test_crash="""
+        import os
+        import pytest
+
+        @pytest.mark.xdist_group("crash")
+        def test_crash(llm_server):
+            os._exit(3)
+
+        @pytest.mark.xdist_group("live")
+        @pytest.mark.parametrize("i", range(2))
+        def test_live(llm_server, llm_client, i):
+            assert llm_client.complete("Hello", 2).ok
+    """)
+    proc, out = _spawn_pytest(pytester, "-n", "2", "-v")
+    try:
+        wait_for(lambda: "node down" in out.read_text() or proc.poll() is not None, 120, "the worker crash")
+        wait_for(lambda: "PASSED test_crash.py::test_live" in out.read_text() or proc.poll() is not None, 60,
+                 "a live test after the crash")
+        try:
+            proc.wait(15)  # a fixed pytest-xdist ends here by itself
+            hung = False
+        except subprocess.TimeoutExpired:
+            hung = True
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(60)
+        text = out.read_text()
+        assert not marked_processes(token), text
+        assert "stopped shared server default" in text
+        assert proc.returncode == (pytest.ExitCode.INTERRUPTED if hung else pytest.ExitCode.TESTS_FAILED), text
+        print(f"MEASURE xdist loadgroup after a worker crash: {'hung (upstream bug), ended by SIGTERM' if hung else 'ended by itself'}")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+
+
+# --------------------------------------------------------------------------- 8: requests
+
+def test_request_timeout_raises_naming_it(tmp_path: Path, token: str) -> None:
+    """Stand-in: silent.py (ready, then never answers: a wedged engine cannot be made on demand)."""
+    s = spec("wedged", "silent.py", token=token, request_timeout_s=1.0)
+    with ServerHandle(s, log_dir=tmp_path / "logs") as handle:
+        client = handle.client()
+        start = time.monotonic()
+        with pytest.raises(RequestError) as info:
+            client.complete("Hello", 8)
+        elapsed = time.monotonic() - start
+        client.close()
+        assert f"POST {handle.base_url}/v1/completions timed out after 1 s" in str(info.value)
+        assert "sent {" in str(info.value)  # what was sent
+        assert 1.0 <= elapsed / s.request_timeout_s < 3.0
+        # The load generator's per-request timeout: a record with the error, never a hang.
+        wl = Workload("w", num_prompts=2, input_len=4, output_len=4, warmup=0)
+        start = time.monotonic()
+        res = load.run_workload(handle.base_url, handle.model_name, wl, progress=False, timeout_s=1.0)
+        assert time.monotonic() - start < 5
+        assert not res.valid
+        assert all(r.error and r.error.startswith("timed out after 1 s") for r in res.per_request)
+        print(f"MEASURE request-timeout: RequestError after {elapsed:.2f} s (request_timeout_s 1 s)")
+
+
+def test_measured_request_is_never_retried_through_the_gate(pytester: pytest.Pytester, token: str) -> None:
+    """Stand-in: fail_once.py (exactly one measured request fails; readiness answers 503 three times first)."""
+    pytester.makefile(".toml", llmserve=standin_toml("flaky", "fail_once.py", "--health-503", "3", token=token)
+                      + "[workloads.four]\nnum_prompts = 4\ninput_len = 4\noutput_len = 8\nwarmup = 0\n")
+    pytester.makepyfile(test_gate="""
+        import httpx
+        import pytest
+
+        @pytest.mark.llmserve_benchmark(workload="four", rounds=1)
+        def test_gate(llm_server, llm_bench):
+            try:
+                llm_bench.run()
+            finally:
+                print("STATS", httpx.get(llm_server.base_url + "/stats").text)
+    """)
+    result = pytester.runpytest_subprocess("-s", "-p", "no:cacheprovider", timeout=120)
+    result.assert_outcomes(failed=1)
+    out = result.stdout.str()
+    assert "benchmark round 1 on flaky is INVALID (not a number)" in out
+    assert "1 of 4 requests failed (requests are never retried)" in out
+    assert "HTTP 500" in out and "injected transient failure" in out
+    stats = json.loads(out.split("STATS ", 1)[1].splitlines()[0])
+    assert stats["streamed"] == 4 and stats["failed"] == 1  # four sent, none resent
+    assert stats["health"] >= 4  # readiness was retried through the three 503s
+
+
+def test_stream_cut_mid_way_fails_the_gate_with_what_was_received(pytester: pytest.Pytester, token: str) -> None:
+    """Stand-in: tools/zero_cost_server.py --drop-after (a connection cut mid-stream at a chosen chunk)."""
+    argv = [sys.executable, str(ZERO_COST), "--port", "{port}", "--drop-after", "5", "--fault-every", "2",
+            "--token-delay-ms", "0.5"]
+    pytester.makefile(".toml", llmserve=server_toml("cut", engine="command", argv=argv, served_model_name="zero-cost",
+                                                    env={MARK_ENV: token}, startup_timeout_s=30)
+                      + "[workloads.four]\nnum_prompts = 4\ninput_len = 4\noutput_len = 16\nwarmup = 0\n")
+    pytester.makepyfile(test_gate="""
+        import pytest
+
+        @pytest.mark.llmserve_benchmark(workload="four", rounds=1)
+        def test_gate(llm_bench):
+            llm_bench.run()
+    """)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", timeout=120)
+    result.assert_outcomes(failed=1)
+    out = result.stdout.str()
+    assert "is INVALID (not a number)" in out
+    assert "2 of 4 requests failed" in out
+    assert "stream ended after 5 chunks without [DONE]: last bytes" in out  # what was received
+
+
+# --------------------------------------------------------------------------- 7: marker arguments
+
+@pytest.mark.parametrize(("marker", "expected"), [
+    ("tolerance=2", "marker llmserve_benchmark tolerance = 2: must be a fraction below 1"),
+    ("rounds=0", "marker llmserve_benchmark rounds = 0: must be a positive integer"),
+    ("max_rounds='many'", "marker llmserve_benchmark max_rounds = 'many': must be a positive integer"),
+    ("rounds_=3", "marker llmserve_benchmark: unknown argument rounds_=3 (known: "),
+    ("higher_is_better='yes'", "higher_is_better = 'yes': must be True or False"),
+    ("metric='tokens'", "metric = 'tokens': unknown metric"),
+    ("'tiny', 'small'", "takes at most one positional argument (the workload), got ('tiny', 'small')"),
+])
+def test_bad_benchmark_marker_argument_is_a_usage_error_naming_test_and_value(
+        pytester: pytest.Pytester, token: str, marker: str, expected: str) -> None:
+    pytester.makefile(".toml", llmserve=standin_toml("s", "fail_once.py", token=token))
+    pytester.makepyfile(test_marker=f"""
+        import pytest
+
+        @pytest.mark.llmserve_benchmark({marker})
+        def test_bench(llm_bench):
+            llm_bench.run()
+    """)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", timeout=60)
+    out = result.stdout.str() + result.stderr.str()
+    assert "test_marker.py::test_bench" in out and expected in out, out
+    assert "UsageError" in out
+    assert result.ret != 0
+
+
+@pytest.mark.parametrize(("where", "expected"), [
+    ("env", "$PYTEST_LLMSERVE_ROUNDS = '0': must be a positive integer"),
+    ("ini", "ini llmserve_max_rounds = 'lots': must be a positive integer"),
+    ("file-port", "[tool.llmserve.servers.a] port = 70000: must be a port number below 65536"),
+    ("file-workload", "[tool.llmserve.workloads.w] num_prompts = 0: must be a positive integer"),
+    ("file-matrix", "[tool.llmserve.matrix.a] unknown or non-varying key 'engine'"),
+])
+def test_bad_setting_is_a_usage_error_naming_value_and_source(
+        pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, where: str, expected: str) -> None:
+    pytester.makepyfile("def test_x(): pass")
+    args: list[str] = []
+    if where == "env":
+        monkeypatch.setenv("PYTEST_LLMSERVE_ROUNDS", "0")
+    elif where == "ini":
+        pytester.makeini("[pytest]\nllmserve_max_rounds = lots\n")
+    else:
+        body = {"file-port": '[servers.a]\nmodel = "/m"\nport = 70000\n',
+                "file-workload": '[workloads.w]\nnum_prompts = 0\n',
+                "file-matrix": '[servers.a]\nmodel = "/m"\n[matrix.a]\nengine = ["sglang"]\n'}[where]
+        pytester.makefile(".toml", llmserve=body)
+    result = pytester.runpytest(*args)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    err = result.stderr.str()
+    assert expected in err, err
+    if where.startswith("file"):
+        assert str(pytester.path / "llmserve.toml") in err
+
+
+# --------------------------------------------------------------------------- 9: security
+
+def _shell_uses(tree: ast.AST) -> list[str]:
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call):
+            func = node.func
+            name = ast.unparse(func)
+            if name in ("os.system", "os.popen", "os.execl", "os.execlp", "os.spawnl", "commands.getoutput",
+                        "subprocess.getoutput", "subprocess.getstatusoutput", "pty.spawn"):
+                found.append(f"{node.lineno}: {name}(...)")
+            for kw in node.keywords:
+                if kw.arg == "shell" and not (isinstance(kw.value, ast.Constant) and kw.value.value is False):
+                    found.append(f"{node.lineno}: {name}(..., shell={ast.unparse(kw.value)})")
+            if name.startswith(("subprocess.", "asyncio.create_subprocess_shell")) and node.args and \
+                    isinstance(node.args[0], ast.Constant | ast.JoinedStr | ast.BinOp):
+                found.append(f"{node.lineno}: {name}({ast.unparse(node.args[0])[:60]}) takes a string command")
+            if name.endswith("create_subprocess_shell"):
+                found.append(f"{node.lineno}: {name}(...)")
+    return found
+
+
+def test_no_shell_anywhere_in_the_package() -> None:
+    problems = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for hit in _shell_uses(ast.parse(path.read_text(), str(path))):
+            problems.append(f"{path.relative_to(PACKAGE.parent)}:{hit}")
+    assert problems == []
+    # The checker itself finds what it must.
+    assert _shell_uses(ast.parse("import os, subprocess\nos.system('x')\nsubprocess.run('ls', shell=True)\n"))
+
+
+def test_shell_metacharacters_in_configuration_are_passed_literally(tmp_path: Path, token: str) -> None:
+    marker = tmp_path / "pwned"
+    values = (f"; touch {marker}", f"$(touch {marker})", f"`touch {marker}` && touch {marker}|")
+    s = spec("literal", "fail_once.py", "--note", *values, token=token)
+    with ServerHandle(s, log_dir=tmp_path / "logs") as handle:
+        assert handle.client().complete("Hello", 2).ok
+        argv = psutil.Process(handle.pid or 0).cmdline()
+        for value in values:
+            assert value in argv  # one argument each, exactly as configured
+    assert not marker.exists()
+    header = (handle.log_path or Path()).read_text().splitlines()[0]
+    assert header.startswith("# llmserve launch ") and json.loads(header.split(" ", 3)[3])["argv"][-3:] == list(values)
+
+
+def test_launch_header_and_failure_messages_never_show_secrets(tmp_path: Path, token: str,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """Stand-in: never_ready.py with secrets in api_key, args and env (a boot that fails: every place a
+    failure prints from, the header, the error and the log tail, is checked)."""
+    secrets = {"api_key": "sk-cfg-" + uuid.uuid4().hex, "arg": "sk-arg-" + uuid.uuid4().hex,
+               "env": "hf_env_" + uuid.uuid4().hex}
+    monkeypatch.setenv("HF_TOKEN", "hf_outer_" + uuid.uuid4().hex)
+    s = spec("secret", "never_ready.py", "--api-key", secrets["arg"], token=token, startup_timeout_s=1.0,
+             api_key=secrets["api_key"], env=((MARK_ENV, token), ("HF_TOKEN", secrets["env"])))
+    handle = ServerHandle(s, log_dir=tmp_path / "logs")
+    err, _ = timed_start(handle)
+    log = (handle.log_path or Path()).read_text()
+    header = log.splitlines()[0]
+    assert secrets["arg"] in log  # the stand-in echoes its argv into its own output, as some engines do...
+    assert "--- last lines ---" in str(err) and "--api-key', '***'" in str(err)  # ...the error masks it
+    for value in [*secrets.values(), os.environ["HF_TOKEN"]]:
+        assert value not in header and value not in str(err)
+    assert '"--api-key", "***"' in header and '"HF_TOKEN"' in header
+
+
+def test_registry_entry_is_written_atomically_and_only_under_the_cache(tmp_path: Path, token: str,
+                                                                       private_registry: Path) -> None:
+    s = spec("reg", "fail_once.py", token=token)
+    with ServerHandle(s, log_dir=tmp_path / "logs") as handle:
+        entries = list(private_registry.iterdir())
+        assert [p.name for p in entries] == [f"{handle.pid}.json"]  # no temporary file left
+        entry = json.loads(entries[0].read_text())
+        assert entry["create_time"] == pytest.approx(psutil.Process(handle.pid).create_time())
+        assert entry["run_pid"] == os.getpid()
+    assert not list(private_registry.iterdir())
+
+
+def test_free_port_is_bindable(tmp_path: Path) -> None:
+    port = procs.free_port()
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", port))
