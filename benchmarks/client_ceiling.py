@@ -3,9 +3,13 @@
 
 Starts ``tools/zero_cost_server.py`` (pinned to one core), then runs each client in its own process
 (pinned to another core) against it: the plugin's lean path, the plugin's httpx path, a plain openai
-SDK streaming loop, and, when ``--vllm-python`` points at an interpreter with vLLM, ``vllm bench
-serve`` (``vllm.benchmarks.serve.add_cli_args`` + ``main`` parsed with
+SDK streaming loop, the lean path from two client processes with merged records (``lean-x2``:
+``run_workload_multiprocess``; both share the client's core), and, when ``--vllm-python`` points at an
+interpreter with vLLM, ``vllm bench serve`` (``vllm.benchmarks.serve.add_cli_args`` + ``main`` parsed with
 ``vllm.utils.argparse_utils.FlexibleArgumentParser``).
+
+The per-core figure depends on how many tokens each read carries: ``--token-delay-ms 1`` gives one
+chunk per read (a real engine's decode steps), ``--server-burst 8`` eight (see docs/performance.md).
 
 For each it reports client CPU seconds (``time.process_time`` around the load, measured inside the
 client process; and ``getrusage(RUSAGE_CHILDREN)`` of the whole client process, imports included),
@@ -32,7 +36,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 SERVER = ROOT / "tools" / "zero_cost_server.py"
 MODEL = "zero-cost"
-PATHS = ("lean", "httpx", "openai", "vllm")
+PATHS = ("lean", "httpx", "openai", "vllm", "lean-x2")
 
 
 # --------------------------------------------------------------------------- client side (child process)
@@ -40,17 +44,37 @@ PATHS = ("lean", "httpx", "openai", "vllm")
 def child_plugin(transport: str, url: str, n: int, output_len: int, concurrency: int) -> dict[str, Any]:
     sys.path.insert(0, str(ROOT))
     from pytest_llmserve.config import Workload
-    from pytest_llmserve.load import build_prompts, run_workload
+    from pytest_llmserve.load import build_prompts, run_workload, run_workload_multiprocess
 
     wl = Workload("ceiling", num_prompts=n, input_len=16, output_len=output_len, warmup=0,
                   max_concurrency=concurrency)
     prompts = build_prompts(wl)
+    processes = 1
+    if transport.startswith("lean-x"):  # the lean path from several client processes, records merged
+        processes = int(transport[len("lean-x"):])
     cpu0, t0 = time.process_time(), time.perf_counter()
-    res = run_workload(url, MODEL, wl, prompts=prompts, transport=transport, progress=False)  # type: ignore[arg-type]
+    if processes > 1:
+        res = run_workload_multiprocess(url, MODEL, wl, processes=processes, prompts=prompts,
+                                        transport="lean", progress=False,
+                                        server_counter="vllm:generation_tokens")
+    else:
+        res = run_workload(url, MODEL, wl, prompts=prompts, transport=transport,  # type: ignore[arg-type]
+                           progress=False)
     cpu, wall = time.process_time() - cpu0, time.perf_counter() - t0
+    if processes > 1:
+        cpu += res.client_cpu_s or 0.0  # the spawned clients' CPU in the timed phase (start-up: proc CPU s)
     figures = res.metrics or res.diagnostics
-    return {"tokens": int(figures.get("total_output_tokens", 0)), "cpu_s": cpu, "wall_s": wall,
-            "valid": res.valid, "errors": res.invalid_reasons[:2]}
+    out = {"tokens": int(figures.get("total_output_tokens", 0)), "cpu_s": cpu, "wall_s": wall,
+           "valid": res.valid, "errors": res.invalid_reasons[:2]}
+    if processes > 1:
+        # Evidence that the merge is right: every request of every process, percentiles over all samples.
+        out["merge"] = {"processes": res.processes, "requests": len(res.per_request),
+                        "children_timed_cpu_s": res.client_cpu_s,
+                        "parent_cpu_s": cpu - (res.client_cpu_s or 0.0),
+                        "by_process": sorted({r.process for r in res.per_request}),
+                        "itl_samples": res.summaries["itl"].count if res.summaries else None,
+                        "p99_itl_ms": figures.get("p99_itl_ms"), "server_check": res.server_check}
+    return out
 
 
 def child_openai(url: str, n: int, output_len: int, concurrency: int) -> dict[str, Any]:
@@ -227,6 +251,8 @@ def main(argv: list[str] | None = None) -> int:
                    "cpu_ms_per_1k_tokens": best["cpu_s"] * 1e6 / max(best["tokens"], 1),
                    "wall_tokens_per_s": best["tokens"] / max(best["wall_s"], 1e-9), "valid": best["valid"],
                    "errors": best.get("errors", [])}
+            if "merge" in best:
+                row["merge"] = best["merge"]
             rows.append(row)
     finally:
         server.terminate()
@@ -247,6 +273,16 @@ def main(argv: list[str] | None = None) -> int:
               f"{r['process_cpu_s']:>10.2f} {r['valid']}")
     print("tok/s per core = streamed tokens / client CPU seconds during the load (process_time); "
           "proc CPU s = getrusage of the whole client process, start-up and imports included")
+    for r in rows:
+        if "merge" in r:
+            m = r["merge"]
+            print(f"{r['path']}: {m['processes']} client processes (same pinned core), "
+                  f"{m['requests']} requests merged from processes {m['by_process']}, "
+                  f"{m['itl_samples']} ITL samples pooled "
+                  f"(p99 ITL {m['p99_itl_ms'] or float('nan'):.3f} ms); {m['server_check']}; CPU: clients "
+                  f"{m['children_timed_cpu_s']:.2f} s in the timed phase "
+                  f"({r['tokens'] / max(m['children_timed_cpu_s'], 1e-9):,.0f} tok/s per core), parent "
+                  f"{m['parent_cpu_s']:.2f} s (spawn, /metrics via httpx, merging records)")
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=2))
     return 0

@@ -1117,6 +1117,14 @@ class RunResult:
     server_output_throughput: float | None = None
     server_check: str | None = None
     client_cpu_fraction: float | None = None  # client CPU seconds / duration, per client process
+    client_cpu_s: float | None = None  # the load generator's CPU seconds in the timed phase, all processes
+
+    @property
+    def client_cpu_ms_per_request(self) -> float | None:
+        """The load generator's own CPU cost per timed request (ms; all client processes together)."""
+        if self.client_cpu_s is None or not self.per_request:
+            return None
+        return self.client_cpu_s * 1000.0 / len(self.per_request)
 
     def metric(self, name: str) -> float:
         """A figure of a valid run; raises :class:`InvalidRunError` (with the reasons) otherwise."""
@@ -1141,6 +1149,7 @@ class RunResult:
             "notes": list(self.notes), "prompts_exact": self.prompts_exact, "processes": self.processes,
             "server_counter": self.server_counter, "server_output_throughput": self.server_output_throughput,
             "server_check": self.server_check, "client_cpu_fraction": self.client_cpu_fraction,
+            "client_cpu_s": self.client_cpu_s, "client_cpu_ms_per_request": self.client_cpu_ms_per_request,
             "metric_definitions": dict(METRIC_DEFINITIONS),
         }
         if per_request:
@@ -1209,7 +1218,8 @@ def evaluate(records: Sequence[RequestRecord], workload: Workload, *, transport:
         summaries=summaries if valid else {}, valid=valid, invalid_reasons=reasons, started_at=started,
         ended_at=ended, warmup=list(warmup), diagnostics={} if valid else metrics, notes=notes,
         prompts_exact=exact, processes=processes, server_counter=server_counter,
-        server_output_throughput=server_tps, server_check=check, client_cpu_fraction=cpu_fraction)
+        server_output_throughput=server_tps, server_check=check, client_cpu_fraction=cpu_fraction,
+        client_cpu_s=client_cpu_s)
 
 
 # --------------------------------------------------------------------------- server counters

@@ -554,3 +554,13 @@ def test_trailing_finish_marker_is_not_a_token() -> None:
     parser = _StreamParser()
     parser.feed(finish_marker_stream("y"), 1.0)
     assert parser.record(0, 0.0, 2.0, 0.0).chunks == 4
+
+
+def test_client_cpu_per_request_is_recorded() -> None:
+    records = [rec(0, 10.0, 0.1, [0.01] * 9), rec(1, 10.5, 0.2, [0.02] * 9)]
+    wl = Workload("w", num_prompts=2, output_len=10)
+    res = evaluate(records, wl, transport="lean", client_cpu_s=0.004)
+    assert res.client_cpu_s == pytest.approx(0.004)
+    assert res.client_cpu_ms_per_request == pytest.approx(2.0)
+    assert res.to_dict(per_request=False)["client_cpu_ms_per_request"] == pytest.approx(2.0)
+    assert evaluate(records, wl, transport="lean").client_cpu_ms_per_request is None
