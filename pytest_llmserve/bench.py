@@ -115,9 +115,10 @@ class BenchGate:
         for i in range(rounds):
             self.server.ensure_alive()
             self.say(f"{self.spec.id}: round {i + 1}/{rounds} of workload {workload.name}")
-            result = load.run_workload(self.server.base_url, self.server.model_name, workload, prompts=prompts,
-                                       api_key=self.spec.api_key, progress=False,
-                                       server_counter=self.server.adapter.generation_counter)
+            with _requests(self.server):
+                result = load.run_workload(self.server.base_url, self.server.model_name, workload,
+                                           prompts=prompts, api_key=self.spec.api_key, progress=False,
+                                           server_counter=self.server.adapter.generation_counter)
             last = result
             if not result.valid:
                 self.fail(f"benchmark round {i + 1} on {self.spec.id} is INVALID (not a number):\n  - "
@@ -204,6 +205,13 @@ class BenchGate:
     def _finish(self, outcome: dict[str, Any]) -> None:
         self.results_dir.mkdir(parents=True, exist_ok=True)
         self.record(outcome)
+
+
+def _requests(server: Any) -> Any:
+    import contextlib
+
+    acc = getattr(server, "accounting", None)
+    return acc.requests() if acc is not None else contextlib.nullcontext()
 
 
 def _series(samples: list[dict[str, float]]) -> dict[str, list[float]]:
@@ -302,9 +310,10 @@ class ABRunner:
             for name in ("A", "B"):
                 server = servers[name]
                 server.ensure_alive()
-                result = load.run_workload(server.base_url, server.model_name, wl, prompts=prompts,
-                                           api_key=server.spec.api_key, progress=False,
-                                           server_counter=server.adapter.generation_counter)
+                with _requests(server):
+                    result = load.run_workload(server.base_url, server.model_name, wl, prompts=prompts,
+                                               api_key=server.spec.api_key, progress=False,
+                                               server_counter=server.adapter.generation_counter)
                 if not result.valid:
                     self.fail(f"A/B round {i + 1} on {name} ({server.spec.id}) is INVALID (not a number):\n  - "
                               + "\n  - ".join(result.invalid_reasons))

@@ -116,8 +116,10 @@ def _as_float(value: Any) -> float | None:
 class LLMClient:
     """A small synchronous client for correctness requests (not for load generation)."""
 
-    def __init__(self, base_url: str, model: str, api_key: str | None = None, timeout_s: float = 300.0) -> None:
+    def __init__(self, base_url: str, model: str, api_key: str | None = None, timeout_s: float = 300.0,
+                 accounting: Any = None) -> None:
         self.base_url = base_url.rstrip("/")
+        self.accounting = accounting  # counts the time spent waiting on the server as request time
         self.model = model
         self.timeout_s = timeout_s
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
@@ -168,6 +170,12 @@ class LLMClient:
         return self._post("/v1/chat/completions", body, timeout_s)
 
     def _post(self, path: str, body: dict[str, Any], timeout_s: float | None) -> Completion:
+        if self.accounting is not None:
+            with self.accounting.requests():
+                return self._post_timed(path, body, timeout_s)
+        return self._post_timed(path, body, timeout_s)
+
+    def _post_timed(self, path: str, body: dict[str, Any], timeout_s: float | None) -> Completion:
         start = time.monotonic()
         try:
             resp = self._http.post(path, content=json.dumps(body), timeout=timeout_s or self.timeout_s,

@@ -92,6 +92,7 @@ class RunState:
     owns_run_dir: bool
     pool: Any = None
     outcomes: list[dict[str, Any]] = field(default_factory=list)
+    accounting: Any = None  # pytest_llmserve.accounting.Accounting, from pytest_configure
     request_s: float = 0.0
     session_start: float = field(default_factory=time.monotonic)
 
@@ -253,7 +254,9 @@ def pytest_configure(config: pytest.Config) -> None:
     else:
         run_dir = Path(tempfile.mkdtemp(prefix="llmserve-run-"))
         owns = True
-    config.stash[STATE_KEY] = RunState(run_dir=run_dir, owns_run_dir=owns)
+    from pytest_llmserve.accounting import Accounting
+
+    config.stash[STATE_KEY] = RunState(run_dir=run_dir, owns_run_dir=owns, accounting=Accounting())
     if not _is_xdist_worker(config):
         _install_sigterm_handler(config)
     if config.pluginmanager.hasplugin("xdist"):
@@ -328,6 +331,7 @@ def _pool(config: pytest.Config) -> Any:
             kill_stale(say=lambda msg: _say(config, msg))
         state.pool = ServerPool(state.run_dir, settings.results_dir / "logs", shared=_is_xdist_worker(config),
                                 say=lambda msg: _say(config, msg))
+        state.pool.accounting = state.accounting
     return state.pool
 
 
@@ -675,6 +679,10 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
         terminalreporter.write_line(f"  {b['server']}: boot {b.get('boot_s')} s, log {b.get('log')}")
     for b in attached:
         terminalreporter.write_line(f"attached (not booted, not stopped): {b['server']} at {b.get('url')}")
+    if state.pool is not None and state.accounting is not None:
+        from pytest_llmserve.accounting import format_report
+
+        terminalreporter.write_line("time: " + format_report(state.accounting.report()))
     if outcomes:
         from pytest_llmserve.bench import render_outcomes
 

@@ -48,6 +48,7 @@ class ServerPool:
         self.max_alive = max_alive
         self.say = say or (lambda msg: None)
         self.handles: dict[str, ServerHandle] = {}
+        self.accounting: Any = None  # pytest_llmserve.accounting.Accounting: where the suite's time goes
         self.failed: dict[str, str] = {}  # key -> error message: a boot that failed is not retried per test
         self.died: dict[str, str] = {}  # key -> "server died" message: later tests fail fast with it
         (run_dir / "servers").mkdir(parents=True, exist_ok=True)
@@ -97,9 +98,11 @@ class ServerPool:
         run_pid = os.getppid() if self.shared else os.getpid()
         handle = ServerHandle(spec, log_dir=self.log_dir, say=self.say, on_launch=self._record_launch,
                               run_pid=run_pid)
+        handle.accounting = self.accounting
         started = time.time()
         try:
-            handle.start()
+            with self.accounting.boot(key) if self.accounting is not None else contextlib.nullcontext():
+                handle.start()
         except Exception as exc:
             self.failed[key] = str(exc)
             self._record_boot(spec, handle, started, ok=False, error=str(exc).splitlines()[0])
@@ -161,7 +164,8 @@ class ServerPool:
             return
         if self.shared:
             return  # the controller stops shared servers
-        report = handle.stop()
+        with self.accounting.teardown() if self.accounting is not None else contextlib.nullcontext():
+            report = handle.stop()
         if report is not None:
             self._record_stop(handle, report.seconds)
 
@@ -204,7 +208,10 @@ class AttachedHandle(ServerHandle):
     def facts(self) -> Any:
         from pytest_llmserve.engines import adapter_for
 
-        return adapter_for(self.original).parse_facts(self.log_text(), self.metrics_text())
+        adapter = adapter_for(self.original)
+        fetch = getattr(adapter, "fetch_server_info", None)
+        info = fetch(self.base_url, self.spec.api_key) if fetch is not None else None
+        return adapter.parse_facts(self.log_text(), self.metrics_text(), info)
 
     def stop(self) -> procs.TeardownReport | None:
         return None

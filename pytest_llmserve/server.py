@@ -108,6 +108,8 @@ class ServerHandle:
         self.boot = BootRecord(spec.id, None, 0, None)
         self._log_fh: IO[bytes] | None = None
         self.last_readiness: str = "not polled yet"
+        self.accounting: Any = None  # set by the pool: request time is accounted there
+        self.gpu_pre: Any = None  # the GPU preflight result of a ``gpu = true`` server, for the teardown check
 
     # ------------------------------------------------------------------ identity
     @property
@@ -144,6 +146,11 @@ class ServerHandle:
         if self.adapter.launches:
             self.port = self.spec.port or procs.free_port(host)
             preflight(self.spec, host, self.port)
+            if self.spec.gpu:
+                # Enough GPUs, enough free memory, no stale GPU process; servers of this run are not stale.
+                from pytest_llmserve import gpu
+
+                self.gpu_pre = gpu.gpu_check(self.spec, ignore_pids=_live_server_pids())
         self.plan = self.adapter.launch_plan(self.spec, host, self.port)
         if self.adapter.launches:
             self._launch(self.plan)
@@ -318,6 +325,14 @@ class ServerHandle:
             self.boot.teardown = {"pids": list(report.pids), "escalated": report.escalated,
                                   "survivors": list(report.survivors), "seconds": round(report.seconds, 2)}
             unregister_running(self)
+            if getattr(self, "gpu_pre", None) is not None:
+                from pytest_llmserve import gpu
+
+                back = gpu.wait_memory_returned(self.gpu_pre.baseline_used_mib, self.gpu_pre.devices, 30,
+                                                server_pids=report.pids, baseline_pids=self.gpu_pre.baseline_pids)
+                self.boot.teardown["gpu_memory"] = back.to_dict()
+                if not back.ok:
+                    raise ServerError(f"teardown of {self.spec.id}: {back.message()}")
             self.say(f"{self.spec.id} stopped in {report.seconds:.1f} s ({len(report.pids)} processes"
                      f"{', SIGKILL needed' if report.escalated else ''})")
             if report.survivors:
@@ -340,7 +355,7 @@ class ServerHandle:
         from pytest_llmserve.client import LLMClient
 
         return LLMClient(self.base_url, self.model_name, api_key=self.spec.api_key,
-                         timeout_s=self.spec.request_timeout_s)
+                         timeout_s=self.spec.request_timeout_s, accounting=self.accounting)
 
     def metrics_text(self) -> str | None:
         try:
@@ -350,7 +365,11 @@ class ServerHandle:
         return resp.text if resp.status_code == 200 else None
 
     def server_info(self) -> dict[str, Any] | None:
-        """The engine's own account of its resolved settings (SGLang ``/server_info``), when it has one."""
+        """The engine's own account of its resolved settings (SGLang ``/server_info``, llama.cpp ``/props``)."""
+        fetch = getattr(self.adapter, "fetch_server_info", None)
+        if fetch is not None:
+            info = fetch(self.base_url, self.spec.api_key)
+            return info if isinstance(info, dict) else None
         path = self.adapter.server_info_path
         if not path:
             return None
@@ -366,6 +385,23 @@ class ServerHandle:
 
 
 # ---------------------------------------------------------------------- preflight and the registry
+
+def _live_server_pids() -> list[int]:
+    """Processes of servers whose owning pytest is alive (this run's and concurrent runs'): not stale."""
+    pids: list[int] = []
+    reg = registry_dir()
+    if not reg.is_dir():
+        return pids
+    for path in reg.glob("*.json"):
+        try:
+            entry = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError):
+            continue
+        pid = int(entry.get("pid", 0))
+        if pid and procs.pid_alive(pid):
+            pids.extend(p.pid for p in procs.tree_of(pid))
+    return pids
+
 
 def registry_dir() -> Path:
     return cache_dir() / "running"
