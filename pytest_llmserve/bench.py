@@ -86,7 +86,9 @@ class BenchGate:
 
     @property
     def spec(self) -> ServerSpec:
-        return getattr(self.server, "spec_for_checks", None) or self.server.spec
+        spec = getattr(self.server, "spec_for_checks", None) or self.server.spec
+        assert isinstance(spec, ServerSpec)
+        return spec
 
     def engine_version(self) -> str | None:
         try:
@@ -136,7 +138,8 @@ class BenchGate:
         hib = opts["higher_is_better"] if opts["higher_is_better"] is not None else higher_is_better(metric)
         spec = self.spec
         context = baselines.build_context(spec, wl, engine_version=self.engine_version())
-        key = baselines.BenchKey(test=str(opts.get("baseline_test") or self.key_test), server=str(opts.get("baseline_server") or spec.id), workload=wl.name)
+        key = baselines.BenchKey(test=str(opts.get("baseline_test") or self.key_test),
+                                 server=str(opts.get("baseline_server") or spec.id), workload=wl.name)
         store = baselines.BaselineStore(self.store_dir)
         outcome: dict[str, Any] = {"test": self.test_id, "server": spec.id, "workload": wl.name, "metric": metric,
                                    "higher_is_better": hib, "tolerance": opts["tolerance"],

@@ -52,8 +52,9 @@ def _run(args: argparse.Namespace) -> int:
 
     extra = [a for a in args.pytest_args if a != "--"]
     if not embedded.is_ready() and not any(a.startswith("--llmserve-url") for a in extra):
-        from pytest_llmserve.config import find_config_file
         from pathlib import Path
+
+        from pytest_llmserve.config import find_config_file
 
         if find_config_file(Path.cwd()) is None:
             embedded.setup()

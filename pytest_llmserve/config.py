@@ -423,7 +423,8 @@ def workload_from_table(name: str, body: Mapping[str, Any], source: str, base: W
     kwargs: dict[str, Any] = {}
     for key, value in body.items():
         if key not in _WORKLOAD_KEYS:
-            raise ConfigError(f"{where} unknown key {key!r} = {value!r} (known keys: {', '.join(sorted(_WORKLOAD_KEYS))})")
+            raise ConfigError(f"{where} unknown key {key!r} = {value!r} "
+                              f"(known keys: {', '.join(sorted(_WORKLOAD_KEYS))})")
         kwargs[key] = parse_workload_value(key, value, f"{where} {key}")
     wl = replace(base, name=name, **kwargs) if base else Workload(name=name, **kwargs)
     if wl.warmup >= 0 and wl.num_prompts < 1:

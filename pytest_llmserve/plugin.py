@@ -36,7 +36,8 @@ from pytest_llmserve.errors import ConfigError, LLMServeError, ServerError
 SUITE_DIR = Path(__file__).parent / "suite"
 
 # Help texts shared between options and ini keys (pytest-timeout's *_DESC style).
-SUITE_HELP = "run the built-in suite (boot, config-is-execution, decode oracles, throughput gate) on every configured server"
+SUITE_HELP = ("run the built-in suite (boot, config-is-execution, decode oracles, throughput gate) "
+              "on every configured server")
 SERVER_HELP = "server name(s) from [tool.llmserve.servers] to use (comma separated); default: all for the suite"
 URL_HELP = "attach to an already-running OpenAI-compatible server at this URL instead of booting one"
 CONFIG_HELP = "configuration file (default: llmserve.toml or pyproject.toml in the rootdir)"
@@ -49,7 +50,8 @@ WORKLOAD_HELP = "default workload of benchmarks without one in their marker (def
 METRIC_HELP = "default gated metric (default output_throughput)"
 RESULTS_DIR_HELP = "where logs, reports, plots and result JSON are written (default llmserve-results/ in the rootdir)"
 KILL_STALE_HELP = "kill servers left running by an earlier, interrupted run instead of refusing to boot"
-ALLOW_CONFOUNDED_HELP = "compare against a baseline whose context differs in more than the variable under test (reported)"
+ALLOW_CONFOUNDED_HELP = ("compare against a baseline whose context differs in more than the variable under test "
+                         "(reported)")
 BENCH_JSON_HELP = "also write results as pytest-benchmark compatible JSON to this path"
 
 ENV_PREFIX = "PYTEST_LLMSERVE_"
@@ -58,9 +60,11 @@ MARKERS = {
     "gpu": "gpu: the test needs a GPU; skipped with a reason where none is visible",
     "llmserve_server": "llmserve_server(*names): run this test once per configuration of the named server(s) "
                        "(matrix combinations included); '*' means every configured server",
-    "llmserve_correctness": "llmserve_correctness: a decode-correctness oracle test (select with -m llmserve_correctness)",
+    "llmserve_correctness": "llmserve_correctness: a decode-correctness oracle test "
+                            "(select with -m llmserve_correctness)",
     "llmserve_benchmark": "llmserve_benchmark(workload=None, *, metric=None, tolerance=None, rounds=None, "
-                          "max_rounds=None, variable=None, higher_is_better=None, baseline_server=None, baseline_test=None): a throughput/latency gate "
+                          "max_rounds=None, variable=None, higher_is_better=None, baseline_server=None, "
+                          "baseline_test=None): a throughput/latency gate "
                           "against the stored baseline (of another server/test when baseline_server/baseline_test "
                           "name one, e.g. 'test_llmserve_suite.py::test_throughput'); runs on one xdist worker only",
 }
@@ -350,7 +354,8 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
     specs = _selected_specs(settings, None)
     lines = [f"llmserve: config {settings.cfg.source}; servers: {', '.join(s.id for s in specs)}",
              f"llmserve: baselines {settings.baseline_dir}; results {settings.results_dir}; "
-             f"workload {settings.bench.workload}, metric {settings.bench.metric}, tolerance {settings.bench.tolerance}, "
+             f"workload {settings.bench.workload}, metric {settings.bench.metric}, "
+             f"tolerance {settings.bench.tolerance}, "
              f"rounds {settings.bench.rounds}..{settings.bench.max_rounds}"]
     return lines
 

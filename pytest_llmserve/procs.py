@@ -85,7 +85,7 @@ def kill_tree(pid: int, pgid: int | None = None, grace_s: float = 10.0, kill_wai
 
 def _is_alive(proc: psutil.Process) -> bool:
     try:
-        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+        return bool(proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE)
     except psutil.Error:
         return False
 

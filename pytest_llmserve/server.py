@@ -182,7 +182,8 @@ class ServerHandle:
             self.proc = subprocess.Popen(plan.argv, stdout=self._log_fh, stderr=subprocess.STDOUT, env=env,
                                          stdin=subprocess.DEVNULL, start_new_session=True)
         except OSError as exc:
-            raise ServerStartError(f"cannot launch {self.spec.id}: {plan.argv[0]}: {exc} (log: {self.log_path})") from exc
+            raise ServerStartError(f"cannot launch {self.spec.id}: {plan.argv[0]}: {exc} "
+                                   f"(log: {self.log_path})") from exc
         self._launched_at = time.monotonic()
         self.boot.pid = self.proc.pid
         self.boot.port = self.port

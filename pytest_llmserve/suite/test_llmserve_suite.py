@@ -61,7 +61,7 @@ def test_captured_batch_sizes_covered(decode_check: Any) -> None:
     decode_check.cuda_graph_sizes_covered()
 
 
-@pytest.mark.llmserve_benchmark()
+@pytest.mark.llmserve_benchmark
 def test_throughput(llm_bench: Any) -> None:
     """Throughput gate against the stored baseline (several rounds, statistical verdict)."""
     llm_bench.run()
