@@ -298,7 +298,22 @@ def build_context(
     }
     if extra:
         ctx.update(extra)
-    return redact_context(ctx)
+    return redact_context(_portable_paths(ctx))
+
+
+def _portable_paths(value: Any) -> Any:
+    """Paths under the plugin's cache (the embedded default's venv and model) written as ``<cache>/...``,
+    so a baseline recorded by one user compares with another user's run of the same set-up."""
+    from pytest_llmserve.config import cache_dir
+
+    prefix = str(cache_dir())
+    if isinstance(value, str):
+        return "<cache>" + value[len(prefix):] if value.startswith(prefix) else value
+    if isinstance(value, dict):
+        return {k: _portable_paths(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_portable_paths(v) for v in value]
+    return value
 
 
 def _redact_walk(value: Any, key: str | None) -> Any:

@@ -120,6 +120,16 @@ def _http(client: LLMClient) -> httpx.Client:
 
 def stream_completion(client: LLMClient, body: dict[str, Any],
                       timeout_s: float | None = None) -> StreamedCompletion:
+    """Like :func:`_stream_completion`, with the time counted as request time when the client accounts."""
+    acc = getattr(client, "accounting", None)
+    if acc is None:
+        return _stream_completion(client, body, timeout_s)
+    with acc.requests():
+        return _stream_completion(client, body, timeout_s)
+
+
+def _stream_completion(client: LLMClient, body: dict[str, Any],
+                       timeout_s: float | None = None) -> StreamedCompletion:
     """POST ``body`` to /v1/completions with ``stream: true`` and ``stream_options.include_usage`` and
     join the server-sent events. HTTP errors, and error events inside the stream, come back as a failed
     :class:`Completion` (status from the error object, else 500) since they can be NaN evidence;
