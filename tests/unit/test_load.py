@@ -272,10 +272,16 @@ def test_percentile_matches_numpy_linear() -> None:
 
 def test_invalid_reasons_cover_each_fault() -> None:
     wl = Workload("w", num_prompts=1, output_len=4)
-    assert any("TPOT <= 0" in r for r in invalid_reasons([rec(0, 0.0, 0.5, [0.0, 0.0, 0.0])], wl))
+    assert any("TPOT = 0" in r for r in invalid_reasons([rec(0, 0.0, 0.5, [0.0, 0.0, 0.0])], wl))
     neg = rec(0, 0.0, 0.5, [0.1, 0.1, 0.1])
     neg.e2e = 0.4  # last chunk stamped before the first: what parsing-before-timestamping produces
-    assert any("TPOT <= 0" in r for r in invalid_reasons([neg], wl))
+    assert any("negative TPOT" in r for r in invalid_reasons([neg], wl))
+    # One coalesced request of four (a starved machine) is a note, not an invalid run; half or more is.
+    healthy = [rec(i, 0.0, 0.5, [0.1, 0.1, 0.1]) for i in range(1, 4)]
+    wl4 = Workload("w", num_prompts=4, output_len=4)
+    assert invalid_reasons([rec(0, 0.0, 0.5, [0.0, 0.0, 0.0]), *healthy], wl4) == []
+    assert any("TPOT = 0" in r for r in invalid_reasons(
+        [rec(0, 0.0, 0.5, [0.0, 0.0, 0.0]), rec(9, 0.0, 0.5, [0.0, 0.0, 0.0]), *healthy[:2]], wl4))
     assert any("output_len=4" in r for r in invalid_reasons([rec(0, 0.0, 0.5, [0.1, 0.1])], wl))
     mismatch = rec(0, 0.0, 0.5, [0.1], n=4)
     assert any("content chunks" in r for r in invalid_reasons([mismatch], wl))
