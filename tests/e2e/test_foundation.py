@@ -16,7 +16,9 @@ def test_suite_save_recheck_and_slower_configuration_fails(
         pytester: pytest.Pytester, write_config: Callable[[str], Path]) -> None:
     slow = default_server_toml("slow", max_batch_size=1)
     write_config('default_server = "default"\n' + default_server_toml() + slow + TINY_WORKLOAD)
-    pytester.makeini("[pytest]\nllmserve_workload = tiny\nllmserve_tolerance = 0.10\n")
+    # Two boots on a shared 2-core machine can differ by 15 % on a 2-second round; the slower configuration
+    # below is ~80 % slower, so a wide tolerance still separates them.
+    pytester.makeini("[pytest]\nllmserve_workload = tiny\nllmserve_tolerance = 0.30\n")
     pytester.makepyfile(test_slow="""
         import pytest
 
