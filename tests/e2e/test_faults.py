@@ -130,7 +130,9 @@ class Workdir:
         return self.finish(name, proc, out, started, timeout_s)
 
     def leftovers(self) -> list[str]:
-        return [describe(marked_processes(t)) for t in self.tokens if marked_processes(t)]
+        """Processes still carrying a server's token (environment) or this run's unique model path (argv)."""
+        marks = [*self.tokens, str(self.model)]
+        return [describe(marked_processes(t)) for t in marks if marked_processes(t)]
 
     def cleanup(self) -> None:
         for token in self.tokens:
@@ -603,7 +605,9 @@ def story(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Story]:
         # C: a concurrent run on this machine, same registry, with --llmserve-kill-stale: it must neither
         # refuse nor kill S's live server. (Its server is a stand-in: one real server at a time on 2 cores.)
         conc = wd.path / "concurrent"
-        c_table = standin_toml("default", "fail_once.py", token=f"fault-c-{uuid.uuid4().hex[:8]}")
+        c_token = f"fault-c-{uuid.uuid4().hex[:8]}"
+        wd.tokens.append(c_token)
+        c_table = standin_toml("default", "fail_once.py", token=c_token)
         wd.write("concurrent/llmserve.toml", c_table)
         wd.write("concurrent/pytest.ini", "[pytest]\n")
         wd.write("concurrent/test_concurrent.py", CONCURRENT_TEST)
