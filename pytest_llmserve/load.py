@@ -786,6 +786,7 @@ class HttpxTransport:
         await self._client.aclose()
 
     async def stream(self, body: bytes, parser: _StreamParser) -> None:
+        import httpcore
         import httpx
 
         perf = time.perf_counter
@@ -798,7 +799,9 @@ class HttpxTransport:
                 async for data in resp.aiter_bytes():
                     parser.feed(data, perf())
                 parser.close(perf())
-        except httpx.HTTPError as exc:
+        except (httpx.HTTPError, httpcore.ProtocolError, OSError, ValueError, RuntimeError) as exc:
+            # httpcore's protocol errors can escape httpx's mapping inside a streamed body: the stream
+            # was cut, which is what interrupted() records, never an exception out of the run.
             parser.interrupted(exc)
 
 
