@@ -1,5 +1,18 @@
-"""Test-suite conftest: pytester for plugin tests, and the embedded default's readiness for e2e tests."""
+"""Test-suite conftest: pytester for plugin tests.
+
+pytester's in-process runs restore ``sys.modules`` afterwards, dropping modules first imported inside
+them. If httpcore were first imported there, later code would see a second copy of its exception
+classes, which httpx (imported earlier) no longer maps: import the HTTP stack here, once, up front.
+"""
 
 from __future__ import annotations
+
+import anyio  # noqa: F401
+import httpcore  # noqa: F401
+import httpx  # noqa: F401
+
+import pytest_llmserve.client  # noqa: F401
+import pytest_llmserve.load  # noqa: F401
+import pytest_llmserve.server  # noqa: F401
 
 pytest_plugins = ["pytester"]
