@@ -548,11 +548,8 @@ def llm_bench(llm_server: Any, request: pytest.FixtureRequest) -> Any:
         options = parse_benchmark_marker(spec_marker, settings, request.node.nodeid)
     except ConfigError as exc:
         raise pytest.UsageError(str(exc)) from None
-    state = config.stash[STATE_KEY]
 
-    def record(outcome: dict[str, Any]) -> None:
-        request.node.user_properties.append(("llmserve_benchmark", json.dumps(outcome, default=str)))
-        state.outcomes.append(outcome)
+    record = _outcome_recorder(request)
 
     return BenchGate(server=llm_server, cfg=settings.cfg, options=options, store_dir=settings.baseline_dir,
                      results_dir=settings.results_dir, save=settings.save_baseline,
@@ -572,14 +569,22 @@ def llm_ab(request: pytest.FixtureRequest) -> Any:
 
     config = request.config
     settings = config.stash[SETTINGS_KEY]
-    state = config.stash[STATE_KEY]
+
+    record = _outcome_recorder(request)
+
+    return ABRunner(pool=_pool(config), cfg=settings.cfg, test_id=request.node.nodeid,
+                    results_dir=settings.results_dir, record=record, fail=_fail, say=lambda msg: _say(config, msg))
+
+
+def _outcome_recorder(request: pytest.FixtureRequest) -> Any:
+    """Keep a benchmark outcome for the summary: in this process and, via user_properties, across xdist."""
+    state = request.config.stash[STATE_KEY]
 
     def record(outcome: dict[str, Any]) -> None:
         request.node.user_properties.append(("llmserve_benchmark", json.dumps(outcome, default=str)))
         state.outcomes.append(outcome)
 
-    return ABRunner(pool=_pool(config), cfg=settings.cfg, test_id=request.node.nodeid,
-                    results_dir=settings.results_dir, record=record, fail=_fail, say=lambda msg: _say(config, msg))
+    return record
 
 
 def _fail(message: str) -> None:
