@@ -45,9 +45,17 @@ def group_members(pgid: int) -> list[psutil.Process]:
     return out
 
 
-def describe(proc: psutil.Process) -> str:
+def describe(proc: psutil.Process, limit: int = 240) -> str:
+    """``pid N (python3 /path/to/script.py --args...)``: the program by its base name, so the script that
+    follows it survives the cut at ``limit`` characters."""
     try:
-        return f"pid {proc.pid} ({' '.join(proc.cmdline())[:120] or proc.name()})"
+        argv = proc.cmdline()
+        if argv:
+            argv = [os.path.basename(argv[0]), *argv[1:]]
+        line = " ".join(argv)
+        if len(line) > limit:
+            line = line[:limit - 1] + "…"
+        return f"pid {proc.pid} ({line or proc.name()})"
     except psutil.Error:
         return f"pid {proc.pid}"
 

@@ -170,6 +170,23 @@ def _holder(tmp_path: Path) -> tuple[subprocess.Popen[bytes], int]:
     return proc, port
 
 
+def test_a_process_is_described_by_its_program_base_name_so_a_long_path_keeps_the_script_visible(
+        tmp_path: Path) -> None:
+    deep = tmp_path / ("d" * 60) / ("e" * 60)  # a CI checkout's temp paths run to ~150 characters
+    deep.mkdir(parents=True)
+    script = deep / "llmserve_port_holder.py"
+    script.write_text("import time\ntime.sleep(60)\n")
+    proc = subprocess.Popen([sys.executable, str(script), "--flag", "x" * 600])
+    try:
+        text = procs.describe(psutil.Process(proc.pid))
+        assert text.startswith(f"pid {proc.pid} ({os.path.basename(sys.executable)} {script} --flag x")
+        assert "llmserve_port_holder.py" in text
+        assert text.endswith("…)") and len(text) < 270  # the 600-character argument was cut, not the script
+    finally:
+        proc.kill()
+        proc.wait(10)
+
+
 def test_taken_port_is_refused_naming_the_holder_and_free_port_picking_avoids_it(
         pytester: pytest.Pytester, tmp_path: Path, token: str) -> None:
     holder, port = _holder(tmp_path)
