@@ -115,18 +115,9 @@ class BenchGate:
         samples: list[dict[str, float]] = []
         last = None
         for i in range(rounds):
-            self.server.ensure_alive()
             self.say(f"{self.spec.id}: round {i + 1}/{rounds} of workload {workload.name}")
-            with _requests(self.server):
-                result = load.run_workload(self.server.base_url, self.server.model_name, workload,
-                                           prompts=prompts, api_key=self.spec.api_key, progress=False,
-                                           server_counter=self.server.adapter.generation_counter)
-            last = result
-            if not result.valid:
-                self.fail(f"benchmark round {i + 1} on {self.spec.id} is INVALID (not a number):\n  - "
-                          + "\n  - ".join(result.invalid_reasons)
-                          + f"\nworkload: {asdict(workload)}\nserver: {self.server.describe()}")
-            samples.append(round_samples(result))
+            last = run_round(self.server, workload, prompts, f"benchmark round {i + 1} on {self.spec.id}", self.fail)
+            samples.append(round_samples(last))
         return samples, last
 
     def run(self, workload: str | None = None) -> dict[str, Any]:
@@ -208,6 +199,23 @@ class BenchGate:
     def _finish(self, outcome: dict[str, Any]) -> None:
         self.results_dir.mkdir(parents=True, exist_ok=True)
         self.record(outcome)
+
+
+def run_round(server: Any, workload: Workload, prompts: Any, what: str, fail: Callable[[str], Any]) -> Any:
+    """One measured round on a live ``server`` (its requests counted as request time, bounded by the server's
+    ``request_timeout_s``); an invalid round is never a number: ``fail`` gets what made it invalid."""
+    from pytest_llmserve import load
+
+    server.ensure_alive()
+    with _requests(server):
+        result = load.run_workload(server.base_url, server.model_name, workload, prompts=prompts,
+                                   api_key=server.spec.api_key, progress=False,
+                                   timeout_s=server.spec.request_timeout_s,
+                                   server_counter=server.adapter.generation_counter)
+    if not result.valid:
+        fail(f"{what} is INVALID (not a number):\n  - " + "\n  - ".join(result.invalid_reasons)
+             + f"\nworkload: {asdict(workload)}\nserver: {server.describe()}")
+    return result
 
 
 def _requests(server: Any) -> Any:
@@ -312,14 +320,7 @@ class ABRunner:
         for i in range(warmup_rounds + rounds):
             for name in ("A", "B"):
                 server = servers[name]
-                server.ensure_alive()
-                with _requests(server):
-                    result = load.run_workload(server.base_url, server.model_name, wl, prompts=prompts,
-                                               api_key=server.spec.api_key, progress=False,
-                                               server_counter=server.adapter.generation_counter)
-                if not result.valid:
-                    self.fail(f"A/B round {i + 1} on {name} ({server.spec.id}) is INVALID (not a number):\n  - "
-                              + "\n  - ".join(result.invalid_reasons))
+                result = run_round(server, wl, prompts, f"A/B round {i + 1} on {name} ({server.spec.id})", self.fail)
                 if i >= warmup_rounds:  # the first round of each side warms caches and is not counted
                     side[name].append(round_samples(result))
                     self.say(f"A/B round {i + 1 - warmup_rounds}/{rounds}: {name} {metric} "

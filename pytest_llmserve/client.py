@@ -136,8 +136,12 @@ class LLMClient:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    def _aux(self, timeout_s: float) -> float:
+        """An auxiliary request's timeout (metrics, version, tokenize): its own, never above the client's."""
+        return min(timeout_s, self.timeout_s)
+
     def get(self, path: str, timeout_s: float = 10.0) -> httpx.Response:
-        return self._http.get(path, timeout=timeout_s)
+        return self._http.get(path, timeout=self._aux(timeout_s))
 
     def complete(self, prompt: str | list[int], max_tokens: int = 16, *, temperature: float = 0.0,
                  logprobs: int | None = 5, seed: int | None = 0, ignore_eos: bool = False,
@@ -226,7 +230,7 @@ class LLMClient:
 
     def _tokenize(self, body: dict[str, Any]) -> list[int] | None:
         try:
-            resp = self._http.post("/tokenize", json=body, timeout=30)
+            resp = self._http.post("/tokenize", json=body, timeout=self._aux(30))
         except httpx.HTTPError:
             return None
         if resp.status_code != 200:
@@ -238,7 +242,7 @@ class LLMClient:
     def metrics_text(self) -> str | None:
         """The Prometheus /metrics page, or None when the server has none."""
         try:
-            resp = self._http.get("/metrics", timeout=10)
+            resp = self._http.get("/metrics", timeout=self._aux(10))
         except httpx.HTTPError:
             return None
         return resp.text if resp.status_code == 200 else None

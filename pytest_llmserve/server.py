@@ -360,7 +360,8 @@ class ServerHandle:
 
     def metrics_text(self) -> str | None:
         try:
-            resp = httpx.get(self.base_url + "/metrics", timeout=10, headers=self._auth_headers())
+            resp = httpx.get(self.base_url + "/metrics", timeout=min(10.0, self.spec.request_timeout_s),
+                             headers=self._auth_headers())
         except httpx.HTTPError:
             return None
         return resp.text if resp.status_code == 200 else None
@@ -375,7 +376,8 @@ class ServerHandle:
         if not path:
             return None
         try:
-            resp = httpx.get(self.base_url + path, timeout=10, headers=self._auth_headers())
+            resp = httpx.get(self.base_url + path, timeout=min(10.0, self.spec.request_timeout_s),
+                             headers=self._auth_headers())
             data = resp.json() if resp.status_code == 200 else None
         except (httpx.HTTPError, ValueError):
             return None

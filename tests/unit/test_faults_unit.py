@@ -12,6 +12,7 @@ import ast
 import contextlib
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -415,6 +416,30 @@ def test_request_timeout_raises_naming_it(tmp_path: Path, token: str) -> None:
         assert not res.valid
         assert all(r.error and r.error.startswith("timed out after 1 s") for r in res.per_request)
         print(f"MEASURE request-timeout: RequestError after {elapsed:.2f} s (request_timeout_s 1 s)")
+
+
+def test_the_gate_bounds_each_measured_request_by_the_servers_request_timeout(
+        pytester: pytest.Pytester, token: str) -> None:
+    """Stand-in: silent.py (passes readiness, then never answers: a wedged engine cannot be made on demand).
+    The gate hands the server's ``request_timeout_s`` to the load generator instead of its 300 s default."""
+    pytester.makefile(".toml", llmserve=standin_toml("wedged", "silent.py", token=token, request_timeout_s=1.0)
+                      + "[workloads.two]\nnum_prompts = 2\ninput_len = 4\noutput_len = 4\nwarmup = 0\n")
+    pytester.makepyfile(test_gate="""
+        import pytest
+
+        @pytest.mark.llmserve_benchmark(workload="two", rounds=1)
+        def test_gate(llm_bench):
+            llm_bench.run()
+    """)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", timeout=120)
+    result.assert_outcomes(failed=1)
+    out = result.stdout.str()
+    assert "benchmark round 1 on wedged is INVALID (not a number)" in out
+    assert "timed out after 1 s" in out  # the server's 1 s, not the generator's default
+    # The auxiliary requests before the round (/metrics, /version, /tokenize) are bounded by it too: with their
+    # own 10 + 10 + 30 s timeouts the run could not take less than 50 s against this wedged server.
+    wall = float(re.search(r"time: wall ([\d.]+) s", out).group(1))  # type: ignore[union-attr]
+    assert wall < 50, out
 
 
 def test_measured_request_is_never_retried_through_the_gate(pytester: pytest.Pytester, token: str) -> None:
