@@ -425,7 +425,13 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
     for item in items:
         if item.get_closest_marker("gpu") and gpu_reason:
             item.add_marker(pytest.mark.skip(reason=gpu_reason))
-        if item.get_closest_marker("llmserve_benchmark") or "llm_ab" in getattr(item, "fixturenames", ()):
+        bench_marker = item.get_closest_marker("llmserve_benchmark")
+        if bench_marker is not None:
+            try:  # at collection, so a typo in a marker costs no server boot
+                parse_benchmark_marker(bench_marker, settings, item.nodeid)
+            except ConfigError as exc:
+                raise pytest.UsageError(str(exc)) from None
+        if bench_marker or "llm_ab" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.xdist_group("llmserve-bench"))
 
     def key(indexed: tuple[int, pytest.Item]) -> tuple[int, int, int]:

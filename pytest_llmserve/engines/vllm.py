@@ -79,10 +79,10 @@ class VLLMAdapter(EngineAdapter):
             argv += ["--speculative-config", spec.speculative]
         if spec.context_size:
             argv += ["--max-model-len", str(spec.context_size)]
-        if spec.api_key:
-            argv += ["--api-key", spec.api_key]
         argv += list(spec.args)
         env = dict(spec.env)
+        if spec.api_key:  # through the environment: a command-line key is visible to every user (ps)
+            env["VLLM_API_KEY"] = spec.api_key
         env.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
         if spec.deterministic:
             env.setdefault("VLLM_BATCH_INVARIANT", "1")

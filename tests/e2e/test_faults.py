@@ -467,6 +467,7 @@ SECURE_TESTS = """
     import pathlib
     import time
 
+    import httpx
     import psutil
     import pytest
 
@@ -480,7 +481,8 @@ SECURE_TESTS = """
                             if c.status == psutil.CONN_LISTEN})
         pathlib.Path("up.json").write_text(json.dumps({
             "pid": llm_server.pid, "port": llm_server.port, "url": llm_server.base_url,
-            "listening": listening, "cmdline": psutil.Process(llm_server.pid).cmdline()}))
+            "listening": listening, "cmdline": psutil.Process(llm_server.pid).cmdline(),
+            "without_key": httpx.get(llm_server.base_url + "/v1/models", timeout=30).status_code}))
         deadline = time.monotonic() + 400
         while time.monotonic() < deadline and not pathlib.Path("resume").exists():
             time.sleep(0.1)
@@ -724,8 +726,13 @@ def test_shell_metacharacters_in_configuration_do_not_run(story: Story) -> None:
     assert not story.marker.exists()
 
 
+def test_the_api_key_guards_the_server_without_showing_on_its_command_line(story: Story) -> None:
+    assert story.up["without_key"] == 401  # vLLM got the key (through VLLM_API_KEY) and enforces it
+    assert not any(story.secrets["api_key"] in arg for arg in story.up["cmdline"])  # ps shows no key
+
+
 def test_secrets_never_reach_files_the_run_wrote_or_its_output(story: Story) -> None:
-    # up.json holds the server's argv, read by the test from /proc (see the report on --api-key in argv).
+    # up.json holds the server's argv, read by the test from /proc.
     written = [p for p in story.created_during_secure if not p.startswith(("home/", "up.json"))]
     assert any(p.startswith("llmserve-results/") for p in written) and any("baselines/" in p for p in written)
     for rel in [*written, *(f"out-{n}.txt" for n in story.runs)]:

@@ -27,6 +27,13 @@ def test_vllm_cpu_launch_uses_module_entry_point_and_explicit_seed() -> None:
     assert plan.health_path == "/health" and plan.generation_probe
 
 
+def test_vllm_gets_the_api_key_through_its_environment_never_on_the_command_line() -> None:
+    spec = ServerSpec(name="d", engine="vllm", model="/m", python="/venv/bin/python", api_key="sk-secret")
+    plan = VLLMAdapter().launch_plan(spec, "127.0.0.1", 1)
+    assert plan.env["VLLM_API_KEY"] == "sk-secret"
+    assert not any("sk-secret" in arg for arg in plan.argv) and "--api-key" not in plan.argv
+
+
 def test_vllm_cuda_graph_sizes_and_backend() -> None:
     spec = ServerSpec(name="g", engine="vllm", model="/m", python="/p",
                       cuda_graph=CudaGraphSpec(enabled=True, batch_sizes=(1, 2, 4)),
