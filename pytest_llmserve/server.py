@@ -235,39 +235,38 @@ class ServerHandle:
         self.say(f"{self.spec.id} readiness passed after {time.monotonic() - start:.1f} s")
 
     def _probe(self, http: httpx.Client, budget_s: float = 120.0) -> bool:
-        assert self.plan is not None
-        url = self.plan.base_url + self.plan.health_path
-        health_timeout = min(5.0 if self.plan.health_path != "/health_generate" else 60.0, budget_s)
-        try:
-            resp = http.get(url, timeout=health_timeout)
-        except httpx.TimeoutException as exc:
-            self.last_readiness = (f"GET {self.plan.health_path}: {type(exc).__name__} "
-                                   f"after {health_timeout:.1f} s")
+        plan = self.plan
+        assert plan is not None
+        health = plan.health_path
+        health_timeout = min(5.0 if health != "/health_generate" else 60.0, budget_s)
+        if not self._probe_step(f"GET {health}", health_timeout,
+                                lambda t: http.get(plan.base_url + health, timeout=t)):
             return False
-        except httpx.HTTPError as exc:
-            self.last_readiness = f"GET {self.plan.health_path}: {type(exc).__name__}"
-            return False
-        if resp.status_code != 200:
-            self.last_readiness = f"GET {self.plan.health_path}: HTTP {resp.status_code} {resp.text[:200]!r}"
-            return False
-        if not self.plan.generation_probe:
-            self.last_readiness = f"GET {self.plan.health_path}: 200"
+        if not plan.generation_probe:
+            self.last_readiness = f"GET {health}: 200"
             return True
-        body = {"model": self.plan.model_name, "prompt": "Hello", "max_tokens": 1, "temperature": 0}
-        gen_timeout = max(0.1, min(120.0, budget_s))
-        try:
-            gen = http.post(self.plan.base_url + "/v1/completions", json=body, timeout=gen_timeout)
-        except httpx.TimeoutException as exc:
-            self.last_readiness = (f"health 200, generation probe: {type(exc).__name__} "
-                                   f"after {gen_timeout:.1f} s")
-            return False
-        except httpx.HTTPError as exc:
-            self.last_readiness = f"health 200, generation probe: {type(exc).__name__}"
-            return False
-        if gen.status_code != 200:
-            self.last_readiness = f"health 200, generation probe: HTTP {gen.status_code} {gen.text[:300]!r}"
+        body = {"model": plan.model_name, "prompt": "Hello", "max_tokens": 1, "temperature": 0}
+        if not self._probe_step("health 200, generation probe", max(0.1, min(120.0, budget_s)),
+                                lambda t: http.post(plan.base_url + "/v1/completions", json=body, timeout=t),
+                                limit=300):
             return False
         self.last_readiness = "health 200, one-token generation 200"
+        return True
+
+    def _probe_step(self, label: str, timeout_s: float, send: Callable[[float], httpx.Response],
+                    limit: int = 200) -> bool:
+        """One readiness request: True on HTTP 200, else False with what came back in ``last_readiness``."""
+        try:
+            resp = send(timeout_s)
+        except httpx.TimeoutException as exc:
+            self.last_readiness = f"{label}: {type(exc).__name__} after {timeout_s:.1f} s"
+            return False
+        except httpx.HTTPError as exc:
+            self.last_readiness = f"{label}: {type(exc).__name__}"
+            return False
+        if resp.status_code != 200:
+            self.last_readiness = f"{label}: HTTP {resp.status_code} {resp.text[:limit]!r}"
+            return False
         return True
 
     def _auth_headers(self) -> dict[str, str]:
