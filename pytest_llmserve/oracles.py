@@ -28,6 +28,7 @@ from pytest_llmserve.errors import RequestError
 
 Severity = Literal["error", "warning"]
 _T = TypeVar("_T")
+_P = TypeVar("_P", bound="Prompt | KnownAnswer")
 
 DEFAULT_LOGPROBS = 5
 
@@ -1005,22 +1006,30 @@ def _without_logprobs(client: LLMClient, prompt: Prompt, max_tokens: int, label:
                      "among the top-k alternatives) or appear later in the decode", c, probe=probe)]
 
 
+def _send_each(report: OracleReport, client: LLMClient, items: Sequence[_P], label: Callable[[_P], str],
+               max_tokens: Callable[[_P], int], logprobs: int | None,
+               judge: Callable[[_P, Completion, str], list[Finding]]) -> OracleReport:
+    """The sequential shape of the oracles: send each item greedily (batch 1), keep the answer, add its NaN
+    and transport findings and what ``judge`` finds; a transport failure ends the check with what it has."""
+    for item in items:
+        probe = label(item)
+        try:
+            c = _send(client, item, max_tokens(item), logprobs)
+        except RequestError as exc:
+            report.add([_transport_failure(exc, probe)])
+            break
+        report.completions.append(c)
+        report.add(response_findings(c, probe=probe))
+        report.add(judge(item, c, probe))
+    return report
+
+
 def run_known_answers(client: LLMClient, probes: Sequence[KnownAnswer] = DEFAULT_KNOWN_ANSWERS,
                       server_id: str = "", *, logprobs: int = DEFAULT_LOGPROBS) -> OracleReport:
     """Each probe's greedy answer must contain one of its expected words (and carry no NaN)."""
-    report = OracleReport("known-answers", server_id=server_id)
-    for probe in probes:
-        label = f"known-answer[{probe.label}]"
-        try:
-            c = _send(client, probe, probe.max_tokens, logprobs)
-        except RequestError as exc:
-            report.add([_transport_failure(exc, label)])
-            break
-        report.completions.append(c)
-        report.add(response_findings(c, probe=label))
-        if c.ok:
-            report.add(known_answer_findings(probe, c))
-    return report
+    return _send_each(OracleReport("known-answers", server_id=server_id), client, probes,
+                      lambda p: f"known-answer[{p.label}]", lambda p: p.max_tokens, logprobs,
+                      lambda p, c, _probe: known_answer_findings(p, c) if c.ok else [])
 
 
 def run_long_decode(client: LLMClient, server_id: str = "", max_tokens: int = 256,
@@ -1028,23 +1037,17 @@ def run_long_decode(client: LLMClient, server_id: str = "", max_tokens: int = 25
                     prompts: Sequence[Prompt] = DEFAULT_LONG_DECODE_PROMPTS,
                     logprobs: int = DEFAULT_LOGPROBS) -> OracleReport:
     """Long greedy decodes (bugs often show only after ~100 tokens) checked for NaN and collapse."""
-    report = OracleReport("long-decode", server_id=server_id)
-    for prompt in prompts:
-        label = f"long-decode[{prompt.label}]"
-        try:
-            c = _send(client, prompt, max_tokens, logprobs)
-        except RequestError as exc:
-            report.add([_transport_failure(exc, label)])
-            break
-        report.completions.append(c)
-        report.add(response_findings(c, probe=label))
-        report.add(coherence_findings(c, thresholds, probe=label))
+    def judge(_prompt: Prompt, c: Completion, probe: str) -> list[Finding]:
+        found = coherence_findings(c, thresholds, probe=probe)
         n = c.completion_tokens if c.completion_tokens is not None else len(c.tokens)
         if c.ok and n < max_tokens // 2:
-            report.add([_finding("coherence", "warning", f"the decode stopped after {n} of {max_tokens} "
-                                 f"tokens (finish_reason={c.finish_reason!r}): long-decode coverage is short",
-                                 c, probe=label)])
-    return report
+            found.append(_finding("coherence", "warning", f"the decode stopped after {n} of {max_tokens} "
+                                  f"tokens (finish_reason={c.finish_reason!r}): long-decode coverage is short",
+                                  c, probe=probe))
+        return found
+
+    return _send_each(OracleReport("long-decode", server_id=server_id), client, prompts,
+                      lambda p: f"long-decode[{p.label}]", lambda _p: max_tokens, logprobs, judge)
 
 
 def batch_prompts(size: int, prompts: Sequence[Prompt] = DEFAULT_BATCH_PROMPTS) -> list[Prompt]:
@@ -1060,18 +1063,9 @@ def run_batch_reference(client: LLMClient, server_id: str = "", *, max_tokens: i
                         thresholds: CoherenceThresholds | None = None) -> OracleReport:
     """One request at a time (batch 1) for every prompt of the pool. ``report.completions`` is the
     reference that :func:`run_batch_case` compares with (from this server, or from an eager one)."""
-    report = OracleReport("batch-reference", server_id=server_id)
-    for prompt in prompts:
-        label = f"bs=1-reference[{prompt.label}]"
-        try:
-            c = _send(client, prompt, max_tokens, logprobs)
-        except RequestError as exc:
-            report.add([_transport_failure(exc, label)])
-            break
-        report.completions.append(c)
-        report.add(response_findings(c, probe=label))
-        report.add(coherence_findings(c, thresholds or BATCH_THRESHOLDS, probe=label))
-    return report
+    return _send_each(OracleReport("batch-reference", server_id=server_id), client, prompts,
+                      lambda p: f"bs=1-reference[{p.label}]", lambda _p: max_tokens, logprobs,
+                      lambda _p, c, probe: coherence_findings(c, thresholds or BATCH_THRESHOLDS, probe=probe))
 
 
 def run_batch_case(client: LLMClient, case: BatchCase, reference: Sequence[Completion] | None,
