@@ -100,6 +100,11 @@ class ServerFacts:
         if line is not None:
             self.add_evidence(name, line)
 
+    def record_many(self, line: str | None, **values: Any) -> None:
+        """Several facts proven by one line."""
+        for name, value in values.items():
+            self.record(name, value, line)
+
     def add_evidence(self, name: str, line: str) -> None:
         lines = self.evidence.setdefault(name, [])
         line = line.rstrip()
@@ -314,6 +319,13 @@ def _scan_events(facts: ServerFacts, line: str) -> None:
         facts.errors.append(line.rstrip())
 
 
+def _record_ready(facts: ServerFacts, ready_line: str, first: datetime | None, ready: datetime | None) -> None:
+    facts.record("ready", True, ready_line)
+    startup = _startup_seconds(first, ready)
+    if startup is not None:
+        facts.record("startup_s", startup, ready_line)
+
+
 def _startup_seconds(first: datetime | None, ready: datetime | None) -> float | None:
     if first is None or ready is None:
         return None
@@ -477,9 +489,7 @@ def parse_vllm_log(text: str) -> ServerFacts:
             _vllm_non_default(facts, line, m.group(1))
             continue
         if _VLLM_EAGER_WARN.search(line):
-            facts.record("enforce_eager", True, line)
-            facts.record("compilation_mode", "NONE", line)
-            facts.record("cudagraph_mode", "NONE", line)
+            facts.record_many(line, enforce_eager=True, compilation_mode="NONE", cudagraph_mode="NONE")
             continue
         if _VLLM_EAGER_NO_GRAPH.search(line):
             facts.record("cudagraph_mode", "NONE", line)
@@ -532,10 +542,7 @@ def parse_vllm_log(text: str) -> ServerFacts:
                 facts.add_evidence("attention_backend", other_line)
 
     if ready_line is not None:
-        facts.record("ready", True, ready_line)
-        startup = _startup_seconds(first_ts, ready_ts)
-        if startup is not None:
-            facts.record("startup_s", startup, ready_line)
+        _record_ready(facts, ready_line, first_ts, ready_ts)
 
     _vllm_graph_facts(facts, state, captures, capture_done_line, ready_line)
     facts.compact_evidence()
@@ -573,8 +580,7 @@ def _vllm_graph_facts(
     elif ready_line is not None:
         # A graph mode was configured but the engine finished booting without a capture bar or
         # "Graph capturing finished": nothing was captured.
-        facts.record("cuda_graph_enabled", False, ready_line)
-        facts.record("captured_batch_sizes", (), ready_line)
+        facts.record_many(ready_line, cuda_graph_enabled=False, captured_batch_sizes=())
 
 
 # --------------------------------------------------------------------------- SGLang
@@ -804,10 +810,7 @@ def parse_sglang_log(text: str) -> ServerFacts:
         # The scheduler's max_running_requests is the effective one (capped by the KV pool).
         facts.record("max_batch_size", sched_running[0], sched_running[1])
     if ready_line is not None:
-        facts.record("ready", True, ready_line)
-        startup = _startup_seconds(first_ts, ready_ts)
-        if startup is not None:
-            facts.record("startup_s", startup, ready_line)
+        _record_ready(facts, ready_line, first_ts, ready_ts)
 
     # Graph facts: capture lines are execution; ServerArgs/"disabled because" lines are the reason.
     if capture_sizes is None and bar_sizes:
@@ -830,8 +833,7 @@ def parse_sglang_log(text: str) -> ServerFacts:
         proof = why + ([ready_line] if ready_line else [])
         if why or ready_line is not None or capture_failed:
             # Booted (or failed capture) without any target decode capture line: no graphs.
-            facts.record("cuda_graph_enabled", False, None)
-            facts.record("captured_batch_sizes", (), None)
+            facts.record_many(None, cuda_graph_enabled=False, captured_batch_sizes=())
             for line in proof:
                 facts.add_evidence("cuda_graph_enabled", line)
                 facts.add_evidence("captured_batch_sizes", line)

@@ -238,8 +238,7 @@ def parse_llamacpp_log(text: str) -> LlamaCppFacts:
         if is_token_line or level == "D":
             continue
         if (m := _BUILD.search(line)) and facts.build_info is None:
-            facts.record("build_info", f"b{m.group(1)}-{m.group(2)}", raw)
-            facts.record("version", f"b{m.group(1)}-{m.group(2)}", raw)
+            facts.record_many(raw, build_info=f"b{m.group(1)}-{m.group(2)}", version=f"b{m.group(1)}-{m.group(2)}")
         elif m := _VERBOSITY.search(line):
             facts.record("verbosity", int(m.group(1)), raw)
         elif m := _SYSTEM_INFO.search(line):
@@ -262,12 +261,10 @@ def parse_llamacpp_log(text: str) -> LlamaCppFacts:
                 devices_used.append(m.group(1))
             facts.record("devices_used", tuple(devices_used), raw)
         elif m := _OFFLOADED.search(line):
-            facts.record("offloaded_layers", int(m.group(1)), raw)
-            facts.record("total_layers", int(m.group(2)), raw)
-            facts.record("gpu_offload_supported", True, raw)
+            facts.record_many(raw, offloaded_layers=int(m.group(1)), total_layers=int(m.group(2)),
+                              gpu_offload_supported=True)
         elif _NO_GPU.search(line):
-            facts.record("gpu_offload_supported", False, raw)
-            facts.record("offloaded_layers", 0, raw)
+            facts.record_many(raw, gpu_offload_supported=False, offloaded_layers=0)
         elif m := _MODEL_BUFFER.search(line):
             facts.model_buffers[m.group(1)] = float(m.group(2))
             facts.add_evidence("model_buffers", raw)
@@ -290,13 +287,11 @@ def parse_llamacpp_log(text: str) -> LlamaCppFacts:
         elif m := _KV_SIZE.search(line):
             # "(2048 cells, 30 layers, 2/2 seqs)": cells per stream; one stream per sequence unless
             # the KV cache is unified (then "4/1 seqs").
-            facts.record("kv_cache_mib", float(m.group(1)), raw)
-            facts.record("kv_cache_tokens", int(m.group(2)) * max(1, int(m.group(5))), raw)
+            facts.record_many(raw, kv_cache_mib=float(m.group(1)),
+                              kv_cache_tokens=int(m.group(2)) * max(1, int(m.group(5))))
         elif m := _SLOTS.search(line):
-            facts.record("n_parallel", int(m.group(1)), raw)
-            facts.record("max_batch_size", int(m.group(1)), raw)
-            facts.record("n_ctx_slot", int(m.group(2)), raw)
-            facts.record("kv_unified", _bool(m.group(3)), raw)
+            facts.record_many(raw, n_parallel=int(m.group(1)), max_batch_size=int(m.group(1)),
+                              n_ctx_slot=int(m.group(2)), kv_unified=_bool(m.group(3)))
         elif m := _MODEL_PATH.search(line):
             if facts.model_path is None:
                 facts.record("model_path", m.group(1), raw)
