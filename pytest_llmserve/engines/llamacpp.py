@@ -23,7 +23,7 @@ Logical options → flags (llama.cpp as vendored in llama-cpp-python 0.3.36, com
   tp = 1 (gpu = true)        --split-mode none (one GPU: the first visible)
   tp = N > 1                 --split-mode layer --tensor-split 1,...,1 (layers spread over exactly N GPUs)
   served_model_name          --alias NAME
-  api_key                    --api-key KEY
+  api_key                    env LLAMA_API_KEY (llama-server reads it; a command-line key shows in ps)
   always                     --metrics (the /metrics counters), -lv 4 (the facts: CUDA archs,
                              USE_GRAPHS, offloaded layers, slots, KV size, GPU names are logged at
                              "trace" level 4; at the default level 3 the log says nothing about CUDA)
@@ -236,8 +236,6 @@ class LlamaCppAdapter(EngineAdapter):
             notes.append("tp=1, gpu=true -> --split-mode none (the first visible GPU only)")
         if spec.served_model_name:
             argv += ["--alias", spec.served_model_name]
-        if spec.api_key:
-            argv += ["--api-key", spec.api_key]
         if "--metrics" not in user_flags:
             argv.append("--metrics")
             notes.append("--metrics added: llamacpp:tokens_predicted_total and friends for the cross-checks")
@@ -245,6 +243,8 @@ class LlamaCppAdapter(EngineAdapter):
         if spec.args:
             notes.append(f"args passed through verbatim: {' '.join(spec.args)}")
         env = dict(spec.env)
+        if spec.api_key:
+            env["LLAMA_API_KEY"] = spec.api_key
         graph = spec.cuda_graph
         if graph is not None and not graph.enabled:
             env[GRAPHS_ENV] = "1"

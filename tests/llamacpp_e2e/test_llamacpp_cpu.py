@@ -75,6 +75,20 @@ def test_boot_generate_facts_teardown(tmp_path: Path) -> None:
 
 
 @needs_server
+def test_api_key_travels_in_the_environment_and_is_enforced(tmp_path: Path) -> None:
+    import httpx
+    import psutil
+
+    s = cpu_spec(name="llamacpp-key", api_key="sk-llamacpp-e2e")
+    with ServerHandle(s, log_dir=tmp_path) as server:  # readiness itself sends the key
+        assert httpx.get(server.base_url + "/v1/models", timeout=30).status_code == 401
+        with server.client() as client:
+            assert client.complete("Hello", 2).ok
+        assert server.pid is not None
+        assert "sk-llamacpp-e2e" not in " ".join(psutil.Process(server.pid).cmdline())  # not visible in ps
+
+
+@needs_server
 def test_suite_items_through_the_plugin(pytester: pytest.Pytester) -> None:
     assert BINARY is not None
     pytester.makeini("[pytest]\n")  # pins the rootdir, where the plugin reads llmserve.toml

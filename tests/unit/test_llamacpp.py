@@ -97,7 +97,8 @@ def test_every_logical_option() -> None:
     assert value(argv, "-np") == "16" and value(argv, "-c") == "32768" and value(argv, "-ngl") == "99"
     assert value(argv, "-fa") == "on" and value(argv, "--seed") == "7"
     assert value(argv, "--split-mode") == "none"  # tp = 1 on a GPU: one device, not all visible ones
-    assert value(argv, "--alias") == "smol" and value(argv, "--api-key") == "sk-x"
+    assert value(argv, "--alias") == "smol" and env["LLAMA_API_KEY"] == "sk-x"
+    assert "--api-key" not in argv and "sk-x" not in " ".join(argv)  # a command-line key shows in ps
     assert GRAPHS_ENV not in env
     assert any("cuda_graph=on -> nothing to pass" in n for n in notes)
 
