@@ -176,9 +176,10 @@ def test_a_process_is_described_by_its_program_base_name_so_a_long_path_keeps_th
     deep = tmp_path / ("d" * 60) / ("e" * 60)  # a CI checkout's temp paths run to ~150 characters
     deep.mkdir(parents=True)
     script = deep / "llmserve_port_holder.py"
-    script.write_text("import time\ntime.sleep(60)\n")
-    proc = subprocess.Popen([sys.executable, str(script), "--flag", "x" * 600])
+    script.write_text("import time\nprint('up', flush=True)\ntime.sleep(60)\n")
+    proc = subprocess.Popen([sys.executable, str(script), "--flag", "x" * 600], stdout=subprocess.PIPE)
     try:
+        assert proc.stdout is not None and proc.stdout.readline() == b"up\n"  # exec'd: /proc shows its argv
         text = procs.describe(psutil.Process(proc.pid))
         assert text.startswith(f"pid {proc.pid} ({os.path.basename(sys.executable)} {script} --flag x")
         assert "llmserve_port_holder.py" in text
