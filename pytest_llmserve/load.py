@@ -339,6 +339,24 @@ class _StreamParser:
     def feed(self, data: bytes, ts: float) -> None:
         if not data:
             return
+        if (not self.pending and data[:5] == b"data:" and data.find(b"\n") == len(data) - 2
+                and data[-1:] == b"\n" and data.rfind(b'"finish_reason":null') > 0
+                and b'"completion_tokens"' not in data):
+            # Fast path: the read is exactly one plain content chunk (one decode step, most reads). A
+            # null finish_reason is only in a choice; an event without usage and error is then content.
+            self.tail = data
+            self.events += 1
+            if self.first < 0:
+                self.first = ts
+            else:
+                self.itl.append(ts - self.last)
+            self.prev_last = self.last
+            self.last = ts
+            self.chunks += 1
+            if b'"text":""' in data:
+                self.empty_chunks += 1
+            self.finish_only = False
+            return
         if self.pending:
             data = self.pending + data
         cut = data.rfind(b"\n") + 1
@@ -348,7 +366,7 @@ class _StreamParser:
         self.pending = data[cut:]
         if cut < len(data):
             data = data[:cut]
-        self.tail = data[-300:]
+        self.tail = data  # sliced only when an error message needs its last bytes
         # Bulk path for the plain content chunks before the first event that needs a look (finish, usage,
         # [DONE], error): those all arrived at ``ts``, so only their number matters.
         if self._bulk(data, ts):
@@ -496,6 +514,16 @@ class _Dechunker:
         self.ended = False
 
     def feed(self, data: bytes) -> bytes:
+        if not self.buf:
+            # Fast path: a read that holds exactly one whole chunk (one SSE event per decode step).
+            idx = data.find(b"\r\n")
+            if 0 < idx <= 8:
+                try:
+                    size = int(data[:idx], 16)
+                except ValueError:
+                    size = 0
+                if size and len(data) == idx + size + 4 and data[-2:] == b"\r\n":
+                    return data[idx + 2:idx + 2 + size]
         buf = self.buf + data if self.buf else data
         end = len(buf)
         pos = 0

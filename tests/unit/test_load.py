@@ -462,6 +462,31 @@ def test_parser_and_dechunker_survive_arbitrary_splits(spaced: bool) -> None:
         assert record.ttft > 0
 
 
+@pytest.mark.parametrize("spaced", [False, True])
+def test_one_event_per_read_takes_the_fast_paths_and_agrees_with_split_reads(spaced: bool) -> None:
+    events = [e + b"\n\n" for e in sse_body(40, spaced=spaced).split(b"\n\n") if e]
+    events.insert(3, b'data: {"choices":[{"index":0,"text":"","finish_reason":null}],"usage":null}\n\n')  # empty
+    wire = [b"%x\r\n" % len(e) + e + b"\r\n" for e in events]  # one event per chunk, one chunk per read
+    whole = b"".join(wire) + b"0\r\n\r\n"
+
+    def run(reads: list[bytes]) -> tuple[RequestRecord, bool]:
+        dechunk, parser = _Dechunker(), _StreamParser()
+        for i, read in enumerate(reads):
+            parser.feed(dechunk.feed(read), float(i + 1))
+        parser.close(float(len(reads)))
+        return parser.record(0, 0.0, float(len(reads)), 0.0), dechunk.ended
+
+    fast, ended = run([*wire, b"0\r\n\r\n"])
+    rng = random.Random(1)
+    cuts = sorted(rng.sample(range(1, len(whole)), 200))
+    split, split_ended = run([whole[a:b] for a, b in zip([0, *cuts], [*cuts, len(whole)], strict=True)])
+    assert ended and split_ended
+    assert fast.ok and split.ok, (fast.error, split.error)
+    assert (fast.chunks, fast.empty_chunks, fast.output_tokens, fast.finish_reason) == (41, 1, 40, "length")
+    assert (split.chunks, split.empty_chunks, split.output_tokens) == (41, 1, 40)
+    assert len(fast.itl) == 40 and all(x == 1.0 for x in fast.itl)  # one read per event: one step apart
+
+
 def test_parser_counts_empty_text_chunks_and_reports_errors() -> None:
     parser = _StreamParser()
     parser.feed(b'data: {"choices":[{"text":"","finish_reason":null}],"usage":null}\n\n', 1.0)
