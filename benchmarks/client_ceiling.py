@@ -36,7 +36,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 SERVER = ROOT / "tools" / "zero_cost_server.py"
 MODEL = "zero-cost"
-PATHS = ("lean", "httpx", "openai", "vllm", "lean-x2")
+PATHS = ("lean", "lean-asyncio", "httpx", "openai", "vllm", "lean-x2")
 
 
 # --------------------------------------------------------------------------- client side (child process)
@@ -49,6 +49,9 @@ def child_plugin(transport: str, url: str, n: int, output_len: int, concurrency:
     wl = Workload("ceiling", num_prompts=n, input_len=16, output_len=output_len, warmup=0,
                   max_concurrency=concurrency)
     prompts = build_prompts(wl)
+    if transport == "lean-asyncio":  # the lean path on asyncio's own event loop instead of uvloop
+        os.environ["PYTEST_LLMSERVE_EVENT_LOOP"] = "asyncio"
+        transport = "lean"
     processes = 1
     if transport.startswith("lean-x"):  # the lean path from several client processes, records merged
         processes = int(transport[len("lean-x"):])
@@ -65,7 +68,7 @@ def child_plugin(transport: str, url: str, n: int, output_len: int, concurrency:
         cpu += res.client_cpu_s or 0.0  # the spawned clients' CPU in the timed phase (start-up: proc CPU s)
     figures = res.metrics or res.diagnostics
     out = {"tokens": int(figures.get("total_output_tokens", 0)), "cpu_s": cpu, "wall_s": wall,
-           "valid": res.valid, "errors": res.invalid_reasons[:2]}
+           "valid": res.valid, "errors": res.invalid_reasons[:2], "event_loop": res.event_loop}
     if processes > 1:
         # Evidence that the merge is right: every request of every process, percentiles over all samples.
         out["merge"] = {"processes": res.processes, "requests": len(res.per_request),
@@ -250,7 +253,7 @@ def main(argv: list[str] | None = None) -> int:
                    "max_tokens_per_cpu_s": max(tps),
                    "cpu_ms_per_1k_tokens": best["cpu_s"] * 1e6 / max(best["tokens"], 1),
                    "wall_tokens_per_s": best["tokens"] / max(best["wall_s"], 1e-9), "valid": best["valid"],
-                   "errors": best.get("errors", [])}
+                   "errors": best.get("errors", []), "event_loop": best.get("event_loop", "asyncio")}
             if "merge" in best:
                 row["merge"] = best["merge"]
             rows.append(row)
@@ -262,15 +265,15 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\nzero-cost server, {args.requests} requests x {args.output_len} tokens, concurrency "
           f"{args.concurrency}, token delay {args.token_delay_ms} ms, median of {args.repeat} runs "
           "(openai path: fewer requests)")
-    header = f"{'client':<8} {'tokens':>8} {'tok/s per core':>15} {'(min-max)':>19} {'CPU ms/1k tok':>14} " \
-             f"{'wall tok/s':>11} {'proc CPU s':>10} valid"
+    header = f"{'client':<12} {'tokens':>8} {'tok/s per core':>15} {'(min-max)':>19} {'CPU ms/1k tok':>14} " \
+             f"{'wall tok/s':>11} {'proc CPU s':>10} valid loop"
     print(header)
     print("-" * len(header))
     for r in rows:
-        print(f"{r['path']:<8} {r['tokens']:>8} {r['tokens_per_cpu_s']:>15,.0f} "
+        print(f"{r['path']:<12} {r['tokens']:>8} {r['tokens_per_cpu_s']:>15,.0f} "
               f"{r['min_tokens_per_cpu_s']:>9,.0f}-{r['max_tokens_per_cpu_s']:<9,.0f} "
               f"{r['cpu_ms_per_1k_tokens']:>14.2f} {r['wall_tokens_per_s']:>11,.0f} "
-              f"{r['process_cpu_s']:>10.2f} {r['valid']}")
+              f"{r['process_cpu_s']:>10.2f} {r['valid']!s:<5} {r['event_loop']}")
     print("tok/s per core = streamed tokens / client CPU seconds during the load (process_time); "
           "proc CPU s = getrusage of the whole client process, start-up and imports included")
     for r in rows:

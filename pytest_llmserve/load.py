@@ -46,15 +46,16 @@ import contextlib
 import json
 import math
 import multiprocessing
+import os
 import queue as queue_mod
 import random
 import ssl
 import sys
 import threading
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 from urllib.parse import urlsplit
 
 from pytest_llmserve.config import Workload
@@ -63,6 +64,7 @@ from pytest_llmserve.errors import LLMServeError
 Transport = Literal["lean", "httpx"]
 Tokenize = Callable[[str], list[int] | None]  # None: the server has no /tokenize
 Detokenize = Callable[[list[int]], str]
+_R = TypeVar("_R")
 
 DEFAULT_TIMEOUT_S = 300.0
 LATENCY_METRICS = ("ttft", "tpot", "itl", "e2e")
@@ -602,8 +604,7 @@ class _HttpStream(asyncio.Protocol):
 
     # -- asyncio.Protocol
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        self.transport = transport  # type: ignore[assignment]  # uvloop's TCPTransport is no asyncio.Transport
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
@@ -1156,6 +1157,7 @@ class RunResult:
     server_check: str | None = None
     client_cpu_fraction: float | None = None  # client CPU seconds / duration, per client process
     client_cpu_s: float | None = None  # the load generator's CPU seconds in the timed phase, all processes
+    event_loop: str = "asyncio"  # the client's event loop: "asyncio" or "uvloop" (see event_loop_name)
 
     @property
     def client_cpu_ms_per_request(self) -> float | None:
@@ -1187,6 +1189,7 @@ class RunResult:
             "notes": list(self.notes), "prompts_exact": self.prompts_exact, "processes": self.processes,
             "server_counter": self.server_counter, "server_output_throughput": self.server_output_throughput,
             "server_check": self.server_check, "client_cpu_fraction": self.client_cpu_fraction,
+            "event_loop": self.event_loop,
             "client_cpu_s": self.client_cpu_s, "client_cpu_ms_per_request": self.client_cpu_ms_per_request,
             "metric_definitions": dict(METRIC_DEFINITIONS),
         }
@@ -1390,10 +1393,12 @@ async def run_workload_async(base_url: str, model: str, workload: Workload, *,
     if server_counter is not None:
         after = await asyncio.to_thread(_fetch_text, base_url, "/metrics", api_key)
         server_tokens = _counter_delta(scrapes[0] if scrapes else None, after, server_counter)
-    return evaluate(execution.records, workload, transport=transport, warmup=execution.warmup, prompts=plist,
-                    allow_multi_token_chunks=allow_multi_token_chunks, server_counter=server_counter,
-                    server_tokens=server_tokens, cross_check_bound=cross_check_bound,
-                    client_cpu_s=execution.cpu_s)
+    result = evaluate(execution.records, workload, transport=transport, warmup=execution.warmup, prompts=plist,
+                      allow_multi_token_chunks=allow_multi_token_chunks, server_counter=server_counter,
+                      server_tokens=server_tokens, cross_check_bound=cross_check_bound,
+                      client_cpu_s=execution.cpu_s)
+    result.event_loop = "uvloop" if type(asyncio.get_running_loop()).__module__.startswith("uvloop") else "asyncio"
+    return result
 
 
 def _counter_delta(before: str | None, after: str | None, counter: str) -> float | None:
@@ -1419,6 +1424,36 @@ def run_workload(base_url: str, model: str, workload: Workload, *, prompts: Sequ
     return _run_sync(coro)
 
 
+LOOP_ENV = "PYTEST_LLMSERVE_EVENT_LOOP"
+
+
+def event_loop_name() -> str:
+    """``uvloop`` when it is installed (``pip install pytest-llmserve[fast]``) and not turned off with
+    ``$PYTEST_LLMSERVE_EVENT_LOOP=asyncio``; else ``asyncio``. uvloop halves the client's cost per read."""
+    choice = os.environ.get(LOOP_ENV, "auto").strip().lower()
+    if choice not in ("auto", "uvloop", "asyncio"):
+        raise ValueError(f"${LOOP_ENV} = {choice!r}: must be auto, uvloop or asyncio")
+    if choice == "asyncio":
+        return "asyncio"
+    try:
+        import uvloop  # noqa: F401
+    except ImportError:
+        if choice == "uvloop":
+            raise ValueError(f"${LOOP_ENV} = 'uvloop' but uvloop is not installed "
+                             "(pip install 'pytest-llmserve[fast]')") from None
+        return "asyncio"
+    return "uvloop"
+
+
+def run_loop(main: Coroutine[Any, Any, _R]) -> _R:
+    """``asyncio.run`` on the load generator's event loop (see :func:`event_loop_name`)."""
+    if event_loop_name() == "uvloop":
+        import uvloop
+
+        return uvloop.run(main)
+    return asyncio.run(main)
+
+
 def _run_sync(coro: Callable[[], Awaitable[RunResult]]) -> RunResult:
     async def main() -> RunResult:
         return await coro()
@@ -1426,13 +1461,13 @@ def _run_sync(coro: Callable[[], Awaitable[RunResult]]) -> RunResult:
     try:
         asyncio.get_running_loop()
     except RuntimeError:
-        return asyncio.run(main())
+        return run_loop(main())
     box: list[RunResult] = []
     errors: list[BaseException] = []
 
     def target() -> None:
         try:
-            box.append(asyncio.run(main()))
+            box.append(run_loop(main()))
         except BaseException as exc:  # re-raised in the caller's thread
             errors.append(exc)
 
@@ -1475,7 +1510,7 @@ def _child_main(args: dict[str, Any], ready: Any, go: Any, results: Any, counter
             await asyncio.to_thread(ready.wait, args["timeout_s"])
             await asyncio.to_thread(go.wait, args["timeout_s"])
 
-        execution = asyncio.run(_execute(
+        execution = run_loop(_execute(
             args["base_url"], args["model"], prompts, workload, api_key=args["api_key"],
             transport=args["transport"], timeout_s=args["timeout_s"], on_done=on_done, between=between,
             index_of=args["indices"], process=process))
@@ -1571,17 +1606,20 @@ def run_workload_multiprocess(base_url: str, model: str, workload: Workload, *, 
     server_tokens: float | None = None
     if server_counter is not None:
         server_tokens = _counter_delta(before, _fetch_text(base_url, "/metrics", api_key), server_counter)
-    return evaluate(merged, workload, transport=transport, warmup=warm_records, prompts=plist,
-                    allow_multi_token_chunks=allow_multi_token_chunks, processes=n,
-                    server_counter=server_counter, server_tokens=server_tokens,
-                    cross_check_bound=cross_check_bound, client_cpu_s=sum(v[2] for v in got.values()))
+    result = evaluate(merged, workload, transport=transport, warmup=warm_records, prompts=plist,
+                      allow_multi_token_chunks=allow_multi_token_chunks, processes=n,
+                      server_counter=server_counter, server_tokens=server_tokens,
+                      cross_check_bound=cross_check_bound, client_cpu_s=sum(v[2] for v in got.values()))
+    result.event_loop = event_loop_name()  # what the client processes ran
+    return result
 
 
 __all__ = [
     "HIGHER_IS_BETTER", "METRIC_DEFINITIONS", "HttpxTransport", "InvalidRunError", "LeanTransport",
     "Progress",
     "Prompt", "RequestRecord", "RunResult", "Summary", "arrival_offsets", "build_prompts", "compute_metrics",
-    "counter_value", "cross_check", "evaluate", "invalid_reasons", "latency_samples", "make_transport",
-    "merge_records", "percentile", "request_body", "run_workload", "run_workload_async",
+    "counter_value", "cross_check", "evaluate", "event_loop_name", "invalid_reasons", "latency_samples",
+    "make_transport",
+    "merge_records", "percentile", "request_body", "run_loop", "run_workload", "run_workload_async",
     "run_workload_multiprocess", "server_counter_throughput", "split_evenly", "summarize",
 ]

@@ -17,6 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from pytest_llmserve import load
 from pytest_llmserve.config import Workload
 from pytest_llmserve.load import (
     METRIC_DEFINITIONS,
@@ -123,6 +124,31 @@ def test_lean_and_httpx_give_identical_counts_and_valid_runs(start_server: Start
     lean, hx = results["lean"], results["httpx"]
     assert sorted((r.index, r.output_tokens, r.chunks, r.prompt_tokens) for r in lean.per_request) == \
         sorted((r.index, r.output_tokens, r.chunks, r.prompt_tokens) for r in hx.per_request)
+
+
+def test_uvloop_and_asyncio_loops_give_identical_counts(start_server: StartServer,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    url = start_server()
+    prompts = build_prompts(SMALL)
+    results = {}
+    for loop in ("asyncio", "uvloop"):
+        monkeypatch.setenv(load.LOOP_ENV, loop)
+        assert load.event_loop_name() == loop
+        results[loop] = run_workload(url, MODEL, SMALL, prompts=prompts, progress=False, timeout_s=30)
+    for loop, res in results.items():
+        assert res.valid, (loop, res.invalid_reasons)
+        assert res.event_loop == loop and res.to_dict()["event_loop"] == loop
+    a, b = results["asyncio"], results["uvloop"]
+    assert [r.chunks for r in a.per_request] == [r.chunks for r in b.per_request]
+    assert [r.output_tokens for r in a.per_request] == [r.output_tokens for r in b.per_request]
+
+
+def test_a_bad_event_loop_choice_names_the_variable_and_value(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(load.LOOP_ENV, "trio")
+    with pytest.raises(ValueError, match=r"\$PYTEST_LLMSERVE_EVENT_LOOP = 'trio': must be auto, uvloop or asyncio"):
+        load.event_loop_name()
+    monkeypatch.setenv(load.LOOP_ENV, "auto")
+    assert load.event_loop_name() == "uvloop"  # installed with the package on Linux
 
 
 def test_max_concurrency_is_respected(start_server: StartServer) -> None:
