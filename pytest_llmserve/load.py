@@ -348,15 +348,7 @@ class _StreamParser:
             # null finish_reason is only in a choice; an event without usage and error is then content.
             self.tail = data
             self.events += 1
-            if self.first < 0:
-                self.first = ts
-            else:
-                self.itl.append(ts - self.last)
-            self.prev_last = self.last
-            self.last = ts
-            self.chunks += 1
-            if b'"text":""' in data:
-                self.empty_chunks += 1
+            self._content(ts, b'"text":""' in data)
             self.finish_only = False
             return
         if self.pending:
