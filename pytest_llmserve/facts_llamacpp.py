@@ -238,7 +238,8 @@ def parse_llamacpp_log(text: str) -> LlamaCppFacts:
         if is_token_line or level == "D":
             continue
         if (m := _BUILD.search(line)) and facts.build_info is None:
-            facts.record_many(raw, build_info=f"b{m.group(1)}-{m.group(2)}", version=f"b{m.group(1)}-{m.group(2)}")
+            build = f"b{m.group(1)}-{m.group(2)}"
+            facts.record_many(raw, build_info=build, version=build)
         elif m := _VERBOSITY.search(line):
             facts.record("verbosity", int(m.group(1)), raw)
         elif m := _SYSTEM_INFO.search(line):
@@ -355,12 +356,10 @@ def parse_llamacpp_props(info: Mapping[str, Any]) -> LlamaCppFacts:
 
     build = info.get("build_info")
     if isinstance(build, str) and build:
-        facts.record("build_info", build, line("build_info", build))
-        facts.record("version", build, line("build_info", build))
+        facts.record_many(line("build_info", build), build_info=build, version=build)
     slots = info.get("total_slots")
     if isinstance(slots, int) and not isinstance(slots, bool):
-        facts.record("n_parallel", slots, line("total_slots", slots))
-        facts.record("max_batch_size", slots, line("total_slots", slots))
+        facts.record_many(line("total_slots", slots), n_parallel=slots, max_batch_size=slots)
     path = info.get("model_path")
     if isinstance(path, str) and path:
         facts.record("model_path", path, line("model_path", path))
