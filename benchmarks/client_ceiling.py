@@ -110,37 +110,18 @@ def child_openai(url: str, n: int, output_len: int, concurrency: int) -> dict[st
             "errors": []}
 
 
-# Run by the vLLM interpreter: `vllm bench serve` in-process, CPU time around main() only.
-VLLM_WRAPPER = r"""
-import json, sys, time, io, contextlib
-import vllm.benchmarks.serve as bench
-from vllm.utils.argparse_utils import FlexibleArgumentParser
-parser = FlexibleArgumentParser()
-bench.add_cli_args(parser)
-args = parser.parse_args(sys.argv[1:])
-# Time only the load (bench.benchmark: test request, requests, metrics), not the dataset building
-# (random prompts through the HF tokenizer) that main() does first.
-timed = {}
-original = bench.benchmark
-async def benchmark(*a, **k):
-    cpu0, t0 = time.process_time(), time.perf_counter()
-    try:
-        return await original(*a, **k)
-    finally:
-        timed["cpu_s"], timed["wall_s"] = time.process_time() - cpu0, time.perf_counter() - t0
-bench.benchmark = benchmark
-log = io.StringIO()
-cpu0, t0 = time.process_time(), time.perf_counter()
-with contextlib.redirect_stdout(log):
-    result = bench.main(args)
-main_cpu = time.process_time() - cpu0
-result = result if isinstance(result, dict) else {}
-tokens = result.get("total_output_tokens") or sum(result.get("output_lens") or [])
-print(json.dumps({"tokens": int(tokens or 0), "cpu_s": timed.get("cpu_s", main_cpu),
-                  "wall_s": timed.get("wall_s", time.perf_counter() - t0), "main_cpu_s": main_cpu,
-                  "valid": result.get("completed") == args.num_prompts, "errors": [],
-                  "log_tail": log.getvalue()[-600:]}))
-"""
+# Run by the vLLM interpreter: `vllm bench serve` in-process, its timed part measured.
+VLLM_CHILD = ROOT / "benchmarks" / "vllm_bench_child.py"
+MARKER = "@@LLMSERVE@@"  # the child's result line
+
+
+def vllm_row(child: dict[str, Any], n: int) -> dict[str, Any]:
+    """A client row from vllm_bench_child.py's figures: CPU and wall time of the load only, not the dataset
+    building (random prompts through the HF tokenizer) that main() does first."""
+    result = child.get("result", {})
+    return {"tokens": int(result.get("total_output_tokens") or 0),
+            "cpu_s": child.get("cpu_s", child["main_cpu_s"]), "wall_s": child.get("wall_s", 0.0),
+            "main_cpu_s": child["main_cpu_s"], "valid": result.get("completed") == n, "errors": []}
 
 
 def find_tokenizer() -> str | None:
@@ -165,7 +146,7 @@ def run_client(cmd: list[str], cores: set[int] | None,
     proc = subprocess.run(cmd, capture_output=True, text=True, preexec_fn=pin(cores), timeout=timeout)
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     total_cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+    lines = [ln.removeprefix(MARKER) for ln in proc.stdout.splitlines() if ln.startswith(("{", MARKER))]
     if proc.returncode != 0 or not lines:
         return None, total_cpu, (proc.stderr or proc.stdout)[-1500:]
     return json.loads(lines[-1]), total_cpu, ""
@@ -224,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
                 if tokenizer is None:
                     print("vllm: skipped (vllm bench serve needs a local HF tokenizer: pass --tokenizer DIR)")
                     continue
-                cmd = [str(Path(args.vllm_python).expanduser()), "-c", VLLM_WRAPPER,
+                cmd = [str(Path(args.vllm_python).expanduser()), str(VLLM_CHILD),
                        "--backend", "openai", "--base-url", url, "--endpoint", "/v1/completions",
                        "--model", MODEL, "--tokenizer", tokenizer, "--dataset-name", "random",
                        "--random-input-len", "16", "--random-output-len", str(args.output_len),
@@ -241,6 +222,8 @@ def main(argv: list[str] | None = None) -> int:
                 if got is None:
                     print(f"{path}: failed: {err}")
                     break
+                if path == "vllm":
+                    got = vllm_row(got, n)
                 got["process_cpu_s"] = total_cpu
                 runs.append(got)
             if not runs:

@@ -52,28 +52,8 @@ from pytest_llmserve.config import Workload  # noqa: E402
 
 COUNTER = "vllm:generation_tokens_total"
 
-# Run by the engine's interpreter: `vllm bench serve` in-process; benchmark() (the timed part: the
-# requests and the metrics) is wrapped to record its wall-clock window and the client's CPU time.
-VLLM_WRAPPER = r"""
-import json, sys, time
-import vllm.benchmarks.serve as bench
-from vllm.utils.argparse_utils import FlexibleArgumentParser
-parser = FlexibleArgumentParser()
-bench.add_cli_args(parser)
-args = parser.parse_args(sys.argv[1:])
-timed = {}
-original = bench.benchmark
-async def benchmark(*a, **k):
-    timed["wall_start"], cpu0 = time.time(), time.process_time()
-    try:
-        return await original(*a, **k)
-    finally:
-        timed["wall_end"], timed["cpu_s"] = time.time(), time.process_time() - cpu0
-bench.benchmark = benchmark
-result = bench.main(args)
-keep = {k: v for k, v in (result or {}).items() if not isinstance(v, (list, dict))}
-print("@@LLMSERVE@@" + json.dumps({**timed, "result": keep}), flush=True)
-"""
+# Run by the engine's interpreter: `vllm bench serve` in-process, its timed part measured.
+VLLM_CHILD = Path(__file__).resolve().parent / "vllm_bench_child.py"
 
 
 # --------------------------------------------------------------------------- machine load sampling
@@ -217,22 +197,25 @@ def deltas(before: dict[str, float | None], after: dict[str, float | None]) -> d
     return out
 
 
+# The figures both tools report, by the plugin's names; VLLM_NAMES: where vLLM's saved result differs.
+FIGURES = ("duration_s", "completed", "failed", "total_input_tokens", "total_output_tokens", "output_throughput",
+           "mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms", "mean_tpot_ms", "median_tpot_ms", "p99_tpot_ms",
+           "mean_itl_ms", "mean_e2e_ms")
+VLLM_NAMES = {"duration_s": "duration", "mean_e2e_ms": "mean_e2el_ms"}
+
+
+def figures(source: dict[str, Any], names: dict[str, str] | None = None) -> dict[str, Any]:
+    return {key: source.get((names or {}).get(key, key)) for key in FIGURES}
+
+
 def run_plugin(url: str, model: str, wl: Workload, tokenize: Any) -> dict[str, Any]:
     prompts = load.build_prompts(wl, tokenize=tokenize)
     before = scrape(url)
     res = load.run_workload(url, model, wl, prompts=prompts, progress=False, server_counter=COUNTER)
     after = scrape(url)
-    m = res.metrics or res.diagnostics
     return {
         "tool": "plugin", "valid": res.valid, "errors": res.invalid_reasons,
-        "duration_s": m.get("duration_s"), "completed": m.get("completed"), "failed": m.get("failed"),
-        "total_input_tokens": m.get("total_input_tokens"),
-        "total_output_tokens": m.get("total_output_tokens"),
-        "output_throughput": m.get("output_throughput"),
-        "mean_ttft_ms": m.get("mean_ttft_ms"), "median_ttft_ms": m.get("median_ttft_ms"),
-        "p99_ttft_ms": m.get("p99_ttft_ms"), "mean_tpot_ms": m.get("mean_tpot_ms"),
-        "median_tpot_ms": m.get("median_tpot_ms"), "p99_tpot_ms": m.get("p99_tpot_ms"),
-        "mean_itl_ms": m.get("mean_itl_ms"), "mean_e2e_ms": m.get("mean_e2e_ms"),
+        **figures(res.metrics or res.diagnostics),
         "server_deltas": deltas(before, after),
         "warmup_tokens": wl.warmup * wl.output_len,
         "wall_start": res.started_at, "wall_end": res.ended_at, "client_cpu_s": res.client_cpu_s,
@@ -243,7 +226,7 @@ def run_plugin(url: str, model: str, wl: Workload, tokenize: Any) -> dict[str, A
 def run_vllm(python: str, url: str, model: str, tokenizer: str, wl: Workload, result_dir: Path,
              tag: str) -> dict[str, Any]:
     filename = f"vllm-{tag}.json"
-    cmd = [python, "-c", VLLM_WRAPPER, "--backend", "openai", "--base-url", url,
+    cmd = [python, str(VLLM_CHILD), "--backend", "openai", "--base-url", url,
            "--endpoint", "/v1/completions", "--model", model, "--tokenizer", tokenizer,
            "--dataset-name", "random", "--random-input-len", str(wl.input_len),
            "--random-output-len", str(wl.output_len), "--ignore-eos", "--temperature", "0",
@@ -266,15 +249,7 @@ def run_vllm(python: str, url: str, model: str, tokenizer: str, wl: Workload, re
     return {
         "tool": "vllm", "valid": saved.get("failed", 1) == 0 and saved.get("completed") == wl.num_prompts,
         "errors": [] if saved.get("failed", 1) == 0 else [f"{saved.get('failed')} failed requests"],
-        "duration_s": saved.get("duration"), "completed": saved.get("completed"),
-        "failed": saved.get("failed"),
-        "total_input_tokens": saved.get("total_input_tokens"),
-        "total_output_tokens": saved.get("total_output_tokens"),
-        "output_throughput": saved.get("output_throughput"),
-        "mean_ttft_ms": saved.get("mean_ttft_ms"), "median_ttft_ms": saved.get("median_ttft_ms"),
-        "p99_ttft_ms": saved.get("p99_ttft_ms"), "mean_tpot_ms": saved.get("mean_tpot_ms"),
-        "median_tpot_ms": saved.get("median_tpot_ms"), "p99_tpot_ms": saved.get("p99_tpot_ms"),
-        "mean_itl_ms": saved.get("mean_itl_ms"), "mean_e2e_ms": saved.get("mean_e2el_ms"),
+        **figures(saved, VLLM_NAMES),
         "server_deltas": deltas(before, after),
         "warmup_tokens": wl.warmup * wl.output_len,
         "wall_start": timed["wall_start"], "wall_end": timed["wall_end"], "client_cpu_s": timed["cpu_s"],
