@@ -6,7 +6,6 @@ tearing down is what these tests prove. Inner runs use tiny workloads so a round
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -15,6 +14,7 @@ import pytest
 
 from pytest_llmserve import embedded
 from pytest_llmserve.config import CACHE_ENV, cache_dir
+from tests.standins.helpers import server_toml
 
 pytestmark = pytest.mark.slow
 
@@ -35,12 +35,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
                 item.add_marker(skip)
 
 
-def toml_value(value: Any) -> str:
-    return json.dumps(value)
-
-
 def default_server_toml(name: str = "default", **overrides: Any) -> str:
-    """The embedded default server as a [servers.NAME] table, with overrides."""
+    """The embedded default server as a [servers.NAME] table, with overrides (None leaves a field out)."""
     spec = embedded.default_spec()
     fields: dict[str, Any] = {
         "engine": "vllm", "model": spec.model, "python": spec.python,
@@ -48,18 +44,7 @@ def default_server_toml(name: str = "default", **overrides: Any) -> str:
         "eager": True, "startup_timeout_s": 600,
     }
     fields.update(overrides)
-    lines = [f"[servers.{name}]"]
-    for key, value in fields.items():
-        if value is None:
-            continue
-        if isinstance(value, dict):
-            inner = ", ".join(f"{k} = {toml_value(v)}" for k, v in value.items())
-            lines.append(f"{key} = {{ {inner} }}")
-        elif isinstance(value, bool):
-            lines.append(f"{key} = {'true' if value else 'false'}")
-        else:
-            lines.append(f"{key} = {toml_value(value)}")
-    return "\n".join(lines) + "\n"
+    return server_toml(name, **{key: value for key, value in fields.items() if value is not None})
 
 
 TINY_WORKLOAD = """

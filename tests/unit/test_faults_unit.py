@@ -419,22 +419,28 @@ def test_request_timeout_raises_naming_it(tmp_path: Path, token: str) -> None:
         print(f"MEASURE request-timeout: RequestError after {elapsed:.2f} s (request_timeout_s 1 s)")
 
 
-def test_the_gate_bounds_each_measured_request_by_the_servers_request_timeout(
-        pytester: pytest.Pytester, token: str) -> None:
-    """Stand-in: silent.py (passes readiness, then never answers: a wedged engine cannot be made on demand).
-    The gate hands the server's ``request_timeout_s`` to the load generator instead of its 300 s default."""
-    pytester.makefile(".toml", llmserve=standin_toml("wedged", "silent.py", token=token, request_timeout_s=1.0)
-                      + "[workloads.two]\nnum_prompts = 2\ninput_len = 4\noutput_len = 4\nwarmup = 0\n")
+def _failing_gate_run(pytester: pytest.Pytester, table: str) -> str:
+    """Run one benchmark gate (workload ``tiny``, one round) on the server of ``table``, which must fail it;
+    return the run's output."""
+    pytester.makefile(".toml", llmserve=table)
     pytester.makepyfile(test_gate="""
         import pytest
 
-        @pytest.mark.llmserve_benchmark(workload="two", rounds=1)
+        @pytest.mark.llmserve_benchmark(workload="tiny", rounds=1)
         def test_gate(llm_bench):
             llm_bench.run()
     """)
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", timeout=120)
     result.assert_outcomes(failed=1)
-    out = result.stdout.str()
+    return result.stdout.str()
+
+
+def test_the_gate_bounds_each_measured_request_by_the_servers_request_timeout(
+        pytester: pytest.Pytester, token: str) -> None:
+    """Stand-in: silent.py (passes readiness, then never answers: a wedged engine cannot be made on demand).
+    The gate hands the server's ``request_timeout_s`` to the load generator instead of its 300 s default."""
+    out = _failing_gate_run(pytester, standin_toml("wedged", "silent.py", token=token, request_timeout_s=1.0)
+                            + "[workloads.tiny]\nnum_prompts = 2\ninput_len = 4\noutput_len = 4\nwarmup = 0\n")
     assert "benchmark round 1 on wedged is INVALID (not a number)" in out
     assert "timed out after 1 s" in out  # the server's 1 s, not the generator's default
     # The auxiliary requests before the round (/metrics, /version, /tokenize) are bounded by it too: with their
@@ -473,19 +479,9 @@ def test_stream_cut_mid_way_fails_the_gate_with_what_was_received(pytester: pyte
     """Stand-in: tools/zero_cost_server.py --drop-after (a connection cut mid-stream at a chosen chunk)."""
     argv = [sys.executable, str(ZERO_COST), "--port", "{port}", "--drop-after", "5", "--fault-every", "2",
             "--token-delay-ms", "0.5"]
-    pytester.makefile(".toml", llmserve=server_toml("cut", engine="command", argv=argv, served_model_name="zero-cost",
-                                                    env={MARK_ENV: token}, startup_timeout_s=30)
-                      + "[workloads.four]\nnum_prompts = 4\ninput_len = 4\noutput_len = 16\nwarmup = 0\n")
-    pytester.makepyfile(test_gate="""
-        import pytest
-
-        @pytest.mark.llmserve_benchmark(workload="four", rounds=1)
-        def test_gate(llm_bench):
-            llm_bench.run()
-    """)
-    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", timeout=120)
-    result.assert_outcomes(failed=1)
-    out = result.stdout.str()
+    out = _failing_gate_run(pytester, server_toml("cut", engine="command", argv=argv, served_model_name="zero-cost",
+                                                  env={MARK_ENV: token}, startup_timeout_s=30)
+                            + "[workloads.tiny]\nnum_prompts = 4\ninput_len = 4\noutput_len = 16\nwarmup = 0\n")
     assert "is INVALID (not a number)" in out
     assert "2 of 4 requests failed" in out
     assert "stream ended after 5 chunks without [DONE]: last bytes" in out  # what was received
