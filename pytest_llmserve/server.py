@@ -357,10 +357,14 @@ class ServerHandle:
         return LLMClient(self.base_url, self.model_name, api_key=self.spec.api_key,
                          timeout_s=self.spec.request_timeout_s, accounting=self.accounting)
 
+    def _aux_get(self, path: str) -> httpx.Response:
+        """An auxiliary GET (metrics, server info): 10 s at most, never longer than a request may take."""
+        return httpx.get(self.base_url + path, timeout=min(10.0, self.spec.request_timeout_s),
+                         headers=self._auth_headers())
+
     def metrics_text(self) -> str | None:
         try:
-            resp = httpx.get(self.base_url + "/metrics", timeout=min(10.0, self.spec.request_timeout_s),
-                             headers=self._auth_headers())
+            resp = self._aux_get("/metrics")
         except httpx.HTTPError:
             return None
         return resp.text if resp.status_code == 200 else None
@@ -375,8 +379,7 @@ class ServerHandle:
         if not path:
             return None
         try:
-            resp = httpx.get(self.base_url + path, timeout=min(10.0, self.spec.request_timeout_s),
-                             headers=self._auth_headers())
+            resp = self._aux_get(path)
             data = resp.json() if resp.status_code == 200 else None
         except (httpx.HTTPError, ValueError):
             return None
