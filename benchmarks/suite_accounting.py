@@ -3,7 +3,7 @@
 
 Runs ``pytest --llmserve-suite`` in this process (in an empty temporary directory, so the embedded
 default server and the ``smoke`` workload are used unless ``--config`` gives an ``llmserve.toml``), with
-:class:`pytest_llmserve.accounting.Accounting` attached from outside by wrapping:
+:class:`pytest_llmserve.gates.accounting.Accounting` attached from outside by wrapping:
 
 * ``ServerHandle.start`` -> ``boot(spec id)``, ``ServerHandle.stop`` -> ``teardown()``;
 * every HTTP exchange -> ``requests()``: ``httpx.Client.send`` / ``httpx.AsyncClient.send`` (the
@@ -49,8 +49,8 @@ def main(argv: list[str] | None = None) -> int:
     import pytest
 
     from pytest_llmserve import load
-    from pytest_llmserve.accounting import Accounting, format_report
-    from pytest_llmserve.server import ServerHandle
+    from pytest_llmserve.gates.accounting import Accounting, format_report
+    from pytest_llmserve.server.handle import ServerHandle
 
     acc = Accounting(start=False)
     saved: list[tuple[Any, str, Any]] = []

@@ -47,7 +47,9 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from pytest_llmserve import embedded, load  # noqa: E402
+from pytest_llmserve import load  # noqa: E402
+
+from pytest_llmserve.engines import embedded
 from pytest_llmserve.config import Workload  # noqa: E402
 
 COUNTER = "vllm:generation_tokens_total"
@@ -403,7 +405,7 @@ def main(argv: list[str] | None = None) -> int:
         if not model:
             ap.error("--model is required with --url")
     else:
-        from pytest_llmserve.server import ServerHandle
+        from pytest_llmserve.server.handle import ServerHandle
 
         server = ServerHandle(embedded.default_spec(), log_dir=result_dir,
                               say=lambda m: print(f"[server] {m}", flush=True))
@@ -412,7 +414,7 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[dict[str, Any]] = []
     sampler = Sampler(server_pid)
     try:
-        from pytest_llmserve.client import LLMClient
+        from pytest_llmserve.evidence.client import LLMClient
 
         tokenize = LLMClient(url, model).tokenize
         base = Workload("vs-vllm-bench", num_prompts=args.num_prompts, input_len=args.input_len,

@@ -96,7 +96,7 @@ class RunState:
     owns_run_dir: bool
     pool: Any = None
     outcomes: list[dict[str, Any]] = field(default_factory=list)
-    accounting: Any = None  # pytest_llmserve.accounting.Accounting, from pytest_configure
+    accounting: Any = None  # pytest_llmserve.gates.accounting.Accounting, from pytest_configure
     request_s: float = 0.0
     session_start: float = field(default_factory=time.monotonic)
 
@@ -154,7 +154,7 @@ def _setting(config: pytest.Config, name: str) -> tuple[Any, str] | None:
 
 def resolve_settings(config: pytest.Config) -> Settings:
     rootdir = Path(config.rootpath)
-    from pytest_llmserve import embedded
+    from pytest_llmserve.engines import embedded
 
     cfg_opt = _setting(config, "config")
     if cfg_opt:
@@ -258,7 +258,7 @@ def pytest_configure(config: pytest.Config) -> None:
     else:
         run_dir = Path(tempfile.mkdtemp(prefix="llmserve-run-"))
         owns = True
-    from pytest_llmserve.accounting import Accounting
+    from pytest_llmserve.gates.accounting import Accounting
 
     config.stash[STATE_KEY] = RunState(run_dir=run_dir, owns_run_dir=owns, accounting=Accounting())
     if not _is_xdist_worker(config):
@@ -326,11 +326,11 @@ class XdistHooks:
 def _pool(config: pytest.Config) -> Any:
     state = config.stash[STATE_KEY]
     if state.pool is None:
-        from pytest_llmserve.pool import ServerPool
+        from pytest_llmserve.server.pool import ServerPool
 
         settings = config.stash[SETTINGS_KEY]
         if settings.kill_stale:
-            from pytest_llmserve.server import kill_stale
+            from pytest_llmserve.server.handle import kill_stale
 
             kill_stale(say=lambda msg: _say(config, msg))
         state.pool = ServerPool(state.run_dir, settings.results_dir / "logs", shared=_is_xdist_worker(config),
@@ -404,7 +404,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     # Parametrization comes from configuration only (never a live server), so every xdist worker
     # collects the same items in the same order.
     if "llmserve_batch_case" in metafunc.fixturenames:
-        from pytest_llmserve.oracles import coverage_plan
+        from pytest_llmserve.verdicts.oracles import coverage_plan
 
         pairs = []
         for spec in specs:
@@ -487,7 +487,7 @@ def llmserve_config(pytestconfig: pytest.Config) -> LLMServeConfig:
 
 @pytest.fixture
 def llm_server(request: pytest.FixtureRequest) -> Iterator[Any]:
-    """The running server (a :class:`pytest_llmserve.server.ServerHandle`) for this test's configuration.
+    """The running server (a :class:`pytest_llmserve.server.handle.ServerHandle`) for this test's configuration.
 
     Booted once per configuration per run and shared by every test (and xdist worker) that uses it.
     """
@@ -515,7 +515,7 @@ def llm_server(request: pytest.FixtureRequest) -> Iterator[Any]:
 def decode_check(llm_server: Any, request: pytest.FixtureRequest) -> Any:
     """Decode oracles bound to this test's server: ``decode_check.no_nan().coherent()...``;
     ``decode_check.matches("other-server-id")`` boots that configuration beside this one as the reference."""
-    from pytest_llmserve.checks import DecodeCheck, resolve_reference_spec
+    from pytest_llmserve.gates.decode import DecodeCheck, resolve_reference_spec
 
     config = request.config
     current = (request.node.stash.get(SPEC_KEY, None) or getattr(llm_server, "spec_for_checks", None)
@@ -536,7 +536,7 @@ def decode_check(llm_server: Any, request: pytest.FixtureRequest) -> Any:
 
 @pytest.fixture
 def llm_client(llm_server: Any) -> Iterator[Any]:
-    """A :class:`pytest_llmserve.client.LLMClient` for this test's server."""
+    """A :class:`pytest_llmserve.evidence.client.LLMClient` for this test's server."""
     client = llm_server.client()
     yield client
     client.close()
@@ -545,7 +545,7 @@ def llm_client(llm_server: Any) -> Iterator[Any]:
 @pytest.fixture
 def llm_bench(llm_server: Any, request: pytest.FixtureRequest) -> Any:
     """Benchmark gate bound to this test's server and its ``llmserve_benchmark`` marker: ``llm_bench.run()``."""
-    from pytest_llmserve.bench import BenchGate
+    from pytest_llmserve.gates.bench import BenchGate
 
     config = request.config
     settings = config.stash[SETTINGS_KEY]
@@ -571,7 +571,7 @@ def llm_ab(request: pytest.FixtureRequest) -> Any:
 
     Both servers stay up; rounds are interleaved A B A B; fails when B regressed against A.
     """
-    from pytest_llmserve.bench import ABRunner
+    from pytest_llmserve.gates.bench import ABRunner
 
     config = request.config
     settings = config.stash[SETTINGS_KEY]
@@ -634,7 +634,7 @@ def parse_benchmark_marker(marker: Any, settings: Settings, nodeid: str) -> dict
                 raise ConfigError(f"{where} higher_is_better = {value!r}: must be True or False")
             out[key] = value
         elif key == "metric":
-            from pytest_llmserve.bench import known_metric
+            from pytest_llmserve.gates.bench import known_metric
 
             if not known_metric(str(value)):
                 raise ConfigError(f"{where} metric = {value!r}: unknown metric")
@@ -669,7 +669,7 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
     settings = config.stash.get(SETTINGS_KEY, None)
     if state is None or settings is None or _is_xdist_worker(config):
         return
-    from pytest_llmserve.pool import read_boots
+    from pytest_llmserve.server.pool import read_boots
 
     boots = read_boots(state.run_dir)
     outcomes = list(state.outcomes)
@@ -696,11 +696,11 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
     for b in attached:
         terminalreporter.write_line(f"attached (not booted, not stopped): {b['server']} at {b.get('url')}")
     if state.pool is not None and state.accounting is not None:
-        from pytest_llmserve.accounting import format_report
+        from pytest_llmserve.gates.accounting import format_report
 
         terminalreporter.write_line("time: " + format_report(state.accounting.report()))
     if outcomes:
-        from pytest_llmserve.bench import render_outcomes
+        from pytest_llmserve.gates.bench import render_outcomes
 
         for line in render_outcomes(outcomes, settings, state.run_dir, wall, boot_s).splitlines():
             terminalreporter.write_line(line)
@@ -723,7 +723,7 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     if state.pool is not None and not _is_xdist_worker(config):
         state.pool.stop_all()
     if state.owns_run_dir:
-        from pytest_llmserve.pool import stop_shared_servers
+        from pytest_llmserve.server.pool import stop_shared_servers
 
         leftovers = stop_shared_servers(state.run_dir, say=lambda msg: _say(config, msg))
         if leftovers:

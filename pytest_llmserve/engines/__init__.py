@@ -14,15 +14,15 @@ if TYPE_CHECKING:
 def adapter_for(spec: ServerSpec) -> EngineAdapter:
     """The adapter of ``spec.engine``; modules are imported lazily so unused engines cost nothing."""
     if spec.engine == "vllm":
-        from pytest_llmserve.engines.vllm import VLLMAdapter
+        from pytest_llmserve.engines.vllm.launch import VLLMAdapter
 
         return VLLMAdapter()
     if spec.engine == "sglang":
-        from pytest_llmserve.engines.sglang import SGLangAdapter
+        from pytest_llmserve.engines.sglang.launch import SGLangAdapter
 
         return SGLangAdapter()
     if spec.engine == "llamacpp":
-        from pytest_llmserve.engines.llamacpp import LlamaCppAdapter
+        from pytest_llmserve.engines.llamacpp.launch import LlamaCppAdapter
 
         return LlamaCppAdapter()
     if spec.engine == "external":

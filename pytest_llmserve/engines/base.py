@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from pytest_llmserve.config import ServerSpec
-    from pytest_llmserve.facts import CheckResult, ServerFacts
+    from pytest_llmserve.evidence.facts import CheckResult, ServerFacts
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,13 +42,13 @@ class EngineAdapter(ABC):
     def parse_facts(self, log_text: str, metrics_text: str | None = None,
                     server_info: dict[str, Any] | None = None) -> ServerFacts:
         """What the server's own log and metrics say it did."""
-        from pytest_llmserve.facts import ServerFacts
+        from pytest_llmserve.evidence.facts import ServerFacts
 
         return ServerFacts(engine=self.name)
 
     def check_execution(self, spec: ServerSpec, facts: ServerFacts) -> list[CheckResult]:
         """Config-is-execution checks: each requested option against what the server reports."""
-        from pytest_llmserve.facts import check_config_is_execution
+        from pytest_llmserve.evidence.facts import check_config_is_execution
 
         return check_config_is_execution(spec, facts)
 

@@ -23,7 +23,7 @@ class ExternalAdapter(EngineAdapter):
 
     def parse_facts(self, log_text: str, metrics_text: str | None = None,
                     server_info: dict[str, Any] | None = None) -> Any:
-        from pytest_llmserve import facts
+        from pytest_llmserve.evidence import facts
 
         out = facts.ServerFacts(engine="external")
         if metrics_text:

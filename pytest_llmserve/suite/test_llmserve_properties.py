@@ -1,7 +1,7 @@
 """Built-in property tests over the API, run by ``pytest --llmserve-suite`` once per configured server.
 
 Hypothesis draws requests (prompt text, ``max_tokens`` 1..32, stop sequences, temperature / top_p /
-seed) and :mod:`pytest_llmserve.properties` checks each one's invariants: no error, no NaN,
+seed) and :mod:`pytest_llmserve.testing.properties` checks each one's invariants: no error, no NaN,
 ``max_tokens`` and stop sequences respected, usage consistent with the stream, streamed equal to
 non-streamed when reproducible, seeded sampling repeatable. Examples are derandomized (the same ones in
 every run, so CI is stable) and bounded (about 30 s on the CPU default); a failure is not shrunk, since
@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 
-from pytest_llmserve.properties import (
+from pytest_llmserve.testing.properties import (
     ApiExample,
     api_examples,
     check_api_example,

@@ -105,7 +105,7 @@ python_env() {
       --target /tmp/llmserve-site "$store"/wheels/*.whl || return 1
   fi
   export PYTHONPATH="/tmp/llmserve-site:$repo${PYTHONPATH:+:$PYTHONPATH}"
-  "$py" -c "import pytest_llmserve.plugin, pytest_llmserve.gpu, tenacity, httpx, psutil" || return 1
+  "$py" -c "import pytest_llmserve.plugin, pytest_llmserve.server.gpu, tenacity, httpx, psutil" || return 1
   export LLAMA_SERVER="$bin" LLMSERVE_GGUF="$model"
   # Load the plugin by module unless it is installed (then its pytest11 entry point loads it).
   plugin_opt=(-p pytest_llmserve.plugin)
@@ -114,7 +114,7 @@ python_env() {
   fi
   "$py" - "$OUT/gpu.json" <<'EOF'
 import json, sys
-from pytest_llmserve import gpu
+from pytest_llmserve.server.handle import gpu
 summary = gpu.gpu_summary()
 summary["processes"] = [p.describe() for p in gpu.gpu_processes()]
 json.dump(summary, open(sys.argv[1], "w"), indent=2)

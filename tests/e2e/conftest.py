@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from pytest_llmserve import embedded
 from pytest_llmserve.config import CACHE_ENV, cache_dir
+from pytest_llmserve.engines import embedded
 from tests.standins.helpers import server_toml
 
 pytestmark = pytest.mark.slow

@@ -34,9 +34,9 @@ from unittest import mock
 
 import pytest
 
-from pytest_llmserve import embedded
-from pytest_llmserve.baselines import BaselineStore, BenchKey, read_baseline_file
 from pytest_llmserve.config import CACHE_ENV
+from pytest_llmserve.engines import embedded
+from pytest_llmserve.store.baselines import BaselineStore, BenchKey, read_baseline_file
 from tests.e2e.conftest import REAL_CACHE, default_server_toml
 from tests.standins.helpers import MARK_ENV, describe, kill_marked, marked_processes, standin_toml, wait_for
 

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from pytest_llmserve import embedded
-from pytest_llmserve.checkpoints import derive_checkpoint
+from pytest_llmserve.engines import embedded
+from pytest_llmserve.testing.checkpoints import derive_checkpoint
 from tests.e2e.conftest import REAL_CACHE, boots_line, default_server_toml
 
 DERIVED = Path(REAL_CACHE) / "models" / "derived"

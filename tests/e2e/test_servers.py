@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from pytest_llmserve import embedded
-from pytest_llmserve.server import ServerHandle
+from pytest_llmserve.engines import embedded
+from pytest_llmserve.server.handle import ServerHandle
 from tests.e2e.conftest import TINY_WORKLOAD, boots_line, default_server_toml
 
 FACTS_TEST = """

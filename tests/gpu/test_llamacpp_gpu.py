@@ -16,11 +16,11 @@ from pathlib import Path
 import httpx
 import pytest
 
-from pytest_llmserve import gpu, procs
 from pytest_llmserve.config import CudaGraphSpec, ServerSpec
+from pytest_llmserve.engines.llamacpp.facts import LlamaCppFacts, check_llamacpp_execution
 from pytest_llmserve.errors import PreflightError
-from pytest_llmserve.facts_llamacpp import LlamaCppFacts, check_llamacpp_execution
-from pytest_llmserve.server import ServerHandle
+from pytest_llmserve.server import gpu, procs
+from pytest_llmserve.server.handle import ServerHandle
 
 BINARY = os.environ.get("LLAMA_SERVER", "")
 MODEL = os.environ.get("LLMSERVE_GGUF", "")

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from pytest_llmserve import procs
 from pytest_llmserve.config import CudaGraphSpec, ServerSpec, cache_dir
-from pytest_llmserve.engines.llamacpp import find_llama_server
-from pytest_llmserve.facts_llamacpp import LlamaCppFacts, check_llamacpp_execution
-from pytest_llmserve.server import ServerHandle
+from pytest_llmserve.engines.llamacpp.facts import LlamaCppFacts, check_llamacpp_execution
+from pytest_llmserve.engines.llamacpp.launch import find_llama_server
+from pytest_llmserve.server import procs
+from pytest_llmserve.server.handle import ServerHandle
 
 pytestmark = pytest.mark.slow
 

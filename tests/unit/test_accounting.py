@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from pytest_llmserve.accounting import Accounting, format_report, report
+from pytest_llmserve.gates.accounting import Accounting, format_report, report
 
 
 class FakeClock:

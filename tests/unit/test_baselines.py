@@ -16,8 +16,10 @@ from typing import Any
 
 import pytest
 
-from pytest_llmserve import baselines as bl
-from pytest_llmserve.baselines import (
+from pytest_llmserve.config import CudaGraphSpec, ServerSpec, Workload
+from pytest_llmserve.errors import BaselineError
+from pytest_llmserve.store import baselines as bl
+from pytest_llmserve.store.baselines import (
     IGNORED_CONTEXT_KEYS,
     BaselineStore,
     BenchKey,
@@ -29,8 +31,6 @@ from pytest_llmserve.baselines import (
     read_baseline_file,
     redact_context,
 )
-from pytest_llmserve.config import CudaGraphSpec, ServerSpec, Workload
-from pytest_llmserve.errors import BaselineError
 
 HW = {"cpu_model": "Test CPU", "cpu_count": 2, "gpu_name": None, "gpu_count": 0, "driver": None, "cuda": None}
 KEY = BenchKey(test="tests/test_perf.py::test_throughput[srv]", server="srv", workload="smoke")

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_llmserve.checkpoints import (
+from pytest_llmserve.testing.checkpoints import (
     MARKER,
     CheckpointError,
     derive_checkpoint,

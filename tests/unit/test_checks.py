@@ -8,10 +8,10 @@ from typing import Any
 import httpx
 import pytest
 
-from pytest_llmserve.checks import DecodeCheck, resolve_reference_spec
-from pytest_llmserve.client import LLMClient
 from pytest_llmserve.config import LLMServeConfig, ServerSpec
 from pytest_llmserve.errors import ConfigError
+from pytest_llmserve.evidence.client import LLMClient
+from pytest_llmserve.gates.decode import DecodeCheck, resolve_reference_spec
 from tests.unit.test_oracles import FakeServer
 
 

@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 
-from pytest_llmserve import cli_baselines
-from pytest_llmserve.baselines import BaselineStore, BenchKey, build_context
+from pytest_llmserve.cli import baselines as cli_baselines
 from pytest_llmserve.config import CudaGraphSpec, ServerSpec, Workload
 from pytest_llmserve.report import BenchOutcome, write_results_json
+from pytest_llmserve.store.baselines import BaselineStore, BenchKey, build_context
 
 HW = {"cpu_model": "Test CPU", "cpu_count": 2, "gpu_name": None, "gpu_count": 0, "driver": None, "cuda": None}
 BASE = [100.0, 101.0, 99.0, 100.5, 99.5]
@@ -267,7 +267,7 @@ def test_compare_as_a_process(tmp_path: Path) -> None:
     base = results(tmp_path / "base.json", BASE)
     drop = results(tmp_path / "drop.json", DROP)
     proc = subprocess.run(
-        [sys.executable, "-m", "pytest_llmserve.cli_baselines", "compare", str(base), str(drop)],
+        [sys.executable, "-m", "pytest_llmserve.cli.baselines", "compare", str(base), str(drop)],
         capture_output=True,
         text=True,
         timeout=60,

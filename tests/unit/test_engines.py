@@ -8,7 +8,7 @@ import pytest
 
 from pytest_llmserve.config import CudaGraphSpec, ServerSpec
 from pytest_llmserve.engines import adapter_for
-from pytest_llmserve.engines.vllm import VLLMAdapter
+from pytest_llmserve.engines.vllm.launch import VLLMAdapter
 from pytest_llmserve.errors import ConfigError
 
 

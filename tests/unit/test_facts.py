@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from pytest_llmserve.config import CudaGraphSpec, ServerSpec
-from pytest_llmserve.facts import (
+from pytest_llmserve.evidence.facts import (
     CheckResult,
     ServerFacts,
     check_config_is_execution,

@@ -25,11 +25,13 @@ from pathlib import Path
 import psutil
 import pytest
 
-from pytest_llmserve import load, procs, server
+from pytest_llmserve import load
 from pytest_llmserve.config import CACHE_ENV, ServerSpec, Workload
 from pytest_llmserve.errors import PreflightError, RequestError, ServerDiedError, ServerStartError
-from pytest_llmserve.pool import ServerPool, stop_shared_servers
-from pytest_llmserve.server import ServerHandle
+from pytest_llmserve.server import handle as server
+from pytest_llmserve.server import procs
+from pytest_llmserve.server.handle import ServerHandle
+from pytest_llmserve.server.pool import ServerPool, stop_shared_servers
 from tests.standins.helpers import (
     MARK_ENV,
     ZERO_COST,
@@ -292,7 +294,7 @@ def test_controller_stops_a_server_whose_worker_died_mid_boot(tmp_path: Path, to
     # The "worker": boots through a shared pool. The token reaches it reversed, so only the server carries it.
     child = subprocess.Popen([sys.executable, "-c", (
         "import json, os, pathlib\n"
-        "from pytest_llmserve.pool import ServerPool\n"
+        "from pytest_llmserve.server.pool import ServerPool\n"
         "from pytest_llmserve.config import ServerSpec\n"
         "env = ((os.environ['MARK_NAME'], os.environ['MARK_REV'][::-1]),)\n"
         "spec = ServerSpec(name='boot', engine='command', argv=tuple(json.loads(os.environ['ARGV'])), env=env,"

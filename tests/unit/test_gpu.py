@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from pytest_llmserve import gpu
 from pytest_llmserve.config import ServerSpec
 from pytest_llmserve.errors import PreflightError
+from pytest_llmserve.server import gpu
 
 MiB = 1024 * 1024
 
@@ -390,7 +390,7 @@ def test_gpu_summary_matches_hardware_context_keys() -> None:
 
 
 def test_module_imports_without_pynvml() -> None:
-    code = "import sys; sys.modules['pynvml'] = None; import pytest_llmserve.gpu as g; print(g.list_gpus(run=None))"
+    code = "import sys; sys.modules['pynvml'] = None; import pytest_llmserve.server.gpu as g; print(g.list_gpus(run=None))"
     out = subprocess.run(
         [sys.executable, "-c", code],
         capture_output=True,

@@ -13,10 +13,7 @@ import pytest
 
 from pytest_llmserve.config import CudaGraphSpec, ServerSpec
 from pytest_llmserve.engines import adapter_for
-from pytest_llmserve.engines.llamacpp import GRAPHS_ENV, LlamaCppAdapter, find_llama_server
-from pytest_llmserve.errors import ConfigError
-from pytest_llmserve.facts import ServerFacts
-from pytest_llmserve.facts_llamacpp import (
+from pytest_llmserve.engines.llamacpp.facts import (
     LlamaCppFacts,
     check_llamacpp_execution,
     merge_llamacpp_metrics,
@@ -24,6 +21,9 @@ from pytest_llmserve.facts_llamacpp import (
     parse_llamacpp_log,
     parse_llamacpp_props,
 )
+from pytest_llmserve.engines.llamacpp.launch import GRAPHS_ENV, LlamaCppAdapter, find_llama_server
+from pytest_llmserve.errors import ConfigError
+from pytest_llmserve.evidence.facts import ServerFacts
 
 LOGS = Path(__file__).resolve().parent.parent / "data" / "logs"
 BIN = "/opt/llama.cpp/bin/llama-server"
@@ -365,7 +365,7 @@ def test_parse_llamacpp_combines_log_metrics_and_props() -> None:
 
 def test_real_responses_parse_with_the_client() -> None:
     """llama-server answers logprobs in the chat "content" form on /v1/completions too."""
-    from pytest_llmserve.client import parse_completion_choice
+    from pytest_llmserve.evidence.client import parse_completion_choice
 
     data = json.loads(read("real_llamacpp_cpu_0.3.36_completion.json"))
     _, tokens, finish, _ = parse_completion_choice(data["choices"][0])
@@ -480,7 +480,7 @@ def test_client_tokenize_speaks_llama_server() -> None:
     """llama-server's /tokenize reads "content"; with only "prompt" it answers 200 {"tokens": []}."""
     import httpx
 
-    from pytest_llmserve.client import LLMClient
+    from pytest_llmserve.evidence.client import LLMClient
 
     seen: list[dict[str, object]] = []
 

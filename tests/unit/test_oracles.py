@@ -11,9 +11,9 @@ from typing import Any
 import httpx
 import pytest
 
-from pytest_llmserve.client import Completion, LLMClient, TokenLogprob
 from pytest_llmserve.errors import RequestError
-from pytest_llmserve.oracles import (
+from pytest_llmserve.evidence.client import Completion, LLMClient, TokenLogprob
+from pytest_llmserve.verdicts.oracles import (
     DEFAULT_BATCH_PROMPTS,
     DEFAULT_DIFFERENTIAL_PROMPTS,
     DEFAULT_KNOWN_ANSWERS,

@@ -12,8 +12,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pytest_llmserve.client import LLMClient
-from pytest_llmserve.properties import (
+from pytest_llmserve.evidence.client import LLMClient
+from pytest_llmserve.testing.properties import (
     ApiExample,
     api_examples,
     check_api_example,

@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 
-from pytest_llmserve.baselines import build_context, comparability
 from pytest_llmserve.config import CudaGraphSpec, ServerSpec, Workload
 from pytest_llmserve.errors import BaselineError
 from pytest_llmserve.report import (
@@ -25,7 +24,8 @@ from pytest_llmserve.report import (
     write_pytest_benchmark_json,
     write_results_json,
 )
-from pytest_llmserve.stats import decide
+from pytest_llmserve.store.baselines import build_context, comparability
+from pytest_llmserve.verdicts.stats import decide
 
 HW = {"cpu_model": "Test CPU", "cpu_count": 2, "gpu_name": None, "gpu_count": 0, "driver": None, "cuda": None}
 COMMIT = {
@@ -257,7 +257,7 @@ def test_no_plots_without_data(tmp_path: Path) -> None:
 
 
 def gate_dict(verdict: str, **kw: object) -> dict[str, object]:
-    """An outcome dict as pytest_llmserve.bench records it."""
+    """An outcome dict as pytest_llmserve.gates.bench records it."""
     d: dict[str, object] = {
         "test": "tests/test_perf.py::test_throughput[srv]",
         "server": "srv",
@@ -280,8 +280,8 @@ def gate_dict(verdict: str, **kw: object) -> dict[str, object]:
 
 
 def test_outcome_from_gate_dicts() -> None:
-    from pytest_llmserve.baselines import BenchKey
     from pytest_llmserve.report import outcome_from_gate
+    from pytest_llmserve.store.baselines import BenchKey
 
     v = decide(BASE, DROP, higher_is_better=True, tolerance=0.05)
     comp = comparability(context(), context(), None, False)

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from pytest_llmserve.config import CudaGraphSpec, ServerSpec
-from pytest_llmserve.engines.sglang import (
+from pytest_llmserve.engines.sglang.launch import (
     KNOWN_VERSIONS,
     FlagSet,
     SGLangAdapter,

@@ -9,7 +9,7 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from pytest_llmserve.stats import (
+from pytest_llmserve.verdicts.stats import (
     Summary,
     Verdict,
     decide,

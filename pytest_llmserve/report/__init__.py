@@ -40,9 +40,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pytest_llmserve.baselines import BenchKey, Comparability, atomic_write_text
 from pytest_llmserve.errors import BaselineError
-from pytest_llmserve.stats import Summary, Verdict, default_higher_is_better, summarize
+from pytest_llmserve.store.baselines import BenchKey, Comparability, atomic_write_text
+from pytest_llmserve.verdicts.stats import Summary, Verdict, default_higher_is_better, summarize
 
 RESULTS_FORMAT = "pytest-llmserve-results"
 RESULTS_SCHEMA = 1
@@ -356,7 +356,7 @@ def format_markdown(outcomes: Sequence[BenchOutcome], *, title: str = "pytest-ll
 
 
 def outcome_from_gate(data: Mapping[str, Any]) -> BenchOutcome:
-    """A :class:`BenchOutcome` from the dict the benchmark gate (``pytest_llmserve.bench``) records.
+    """A :class:`BenchOutcome` from the dict the benchmark gate (``pytest_llmserve.gates.bench``) records.
 
     Keys read: ``test``, ``server``, ``workload``, ``metric``, ``higher_is_better``, ``tolerance``,
     ``verdict`` (an outcome, ``saved``, ``no-baseline`` or ``refused``), ``verdict_detail`` (a
@@ -690,7 +690,7 @@ def to_pytest_benchmark_json(
                 "stats": pb_stats([transform(v) for v in raw]),
             }
         )
-    from pytest_llmserve.baselines import hardware_context
+    from pytest_llmserve.store.baselines import hardware_context
 
     doc: dict[str, Any] = _finite_json(
         {

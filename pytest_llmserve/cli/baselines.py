@@ -19,7 +19,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
-from pytest_llmserve.baselines import (
+from pytest_llmserve.errors import BaselineError
+from pytest_llmserve.report import RESULTS_FORMAT, BenchOutcome, format_table, read_results_json
+from pytest_llmserve.store.baselines import (
     DEFAULT_ROOT,
     BaselineDoc,
     BaselineStore,
@@ -29,9 +31,7 @@ from pytest_llmserve.baselines import (
     parse_baseline,
     read_baseline_file,
 )
-from pytest_llmserve.errors import BaselineError
-from pytest_llmserve.report import RESULTS_FORMAT, BenchOutcome, format_table, read_results_json
-from pytest_llmserve.stats import DEFAULT_ALPHA, DEFAULT_MIN_SAMPLES, decide, summarize
+from pytest_llmserve.verdicts.stats import DEFAULT_ALPHA, DEFAULT_MIN_SAMPLES, decide, summarize
 
 EXIT_OK = 0
 EXIT_REGRESSION = 1
@@ -183,7 +183,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Stand-alone entry (``python -m pytest_llmserve.cli_baselines``) for these subcommands only."""
+    """Stand-alone entry (``python -m pytest_llmserve.cli.baselines``) for these subcommands only."""
     parser = argparse.ArgumentParser(prog="llmserve")
     add_parser(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(argv)
@@ -353,7 +353,7 @@ def _compare_pair(a: _Side, b: _Side, args: argparse.Namespace) -> BenchOutcome:
     metric = args.metric or a.metric
     higher = a.higher_is_better if metric == a.metric else b.higher_is_better if metric == b.metric else None
     if higher is None:
-        from pytest_llmserve.stats import default_higher_is_better
+        from pytest_llmserve.verdicts.stats import default_higher_is_better
 
         higher = default_higher_is_better(metric)
     tolerance = (

@@ -2,7 +2,7 @@
 
 One round = one run of the workload (every request streamed, tokens counted from the server's usage).
 A round that is invalid (failed requests, wrong lengths, negative TPOT, empty ITL) is never a number:
-the gate fails with the reasons. The verdict (:func:`pytest_llmserve.stats.decide`) needs significance
+the gate fails with the reasons. The verdict (:func:`pytest_llmserve.verdicts.stats.decide`) needs significance
 AND a median change beyond the tolerance; with too little evidence it runs more rounds, up to a bound.
 
 Baselines: a file per (test, server, workload) under ``baselines/`` holding every sample and the full
@@ -121,7 +121,8 @@ class BenchGate:
         return samples, last
 
     def run(self, workload: str | None = None) -> dict[str, Any]:
-        from pytest_llmserve import baselines, stats
+        from pytest_llmserve.store import baselines
+        from pytest_llmserve.verdicts import stats
 
         opts = self.options
         wl = self.cfg.workload(workload or opts["workload"], where=self.test_id)
@@ -248,7 +249,7 @@ def render_outcomes(outcomes: list[dict[str, Any]], settings: Any, run_dir: Path
     header = f"{'benchmark':<52} {'metric':<20} {'baseline':>10} {'now':>10} {'change':>8}  verdict"
     lines.append(header)
     lines.append("-" * len(header))
-    from pytest_llmserve.stats import summarize
+    from pytest_llmserve.verdicts.stats import summarize
 
     for o in outcomes:
         metric = o["metric"]
@@ -304,7 +305,9 @@ class ABRunner:
 
     def run(self, a: str, b: str, *, workload: str = "smoke", rounds: int = 5, metric: str = "output_throughput",
             tolerance: float = 0.05, alpha: float = 0.05, warmup_rounds: int = 1) -> dict[str, Any]:
-        from pytest_llmserve import baselines, load, stats
+        from pytest_llmserve import load
+        from pytest_llmserve.store import baselines
+        from pytest_llmserve.verdicts import stats
 
         spec_a, spec_b = self.spec(a), self.spec(b)
         wl = self.cfg.workload(workload, where=self.test_id)

@@ -24,18 +24,15 @@ def main(argv: list[str] | None = None) -> int:
     p_run.set_defaults(func=_run)
     p_kill = sub.add_parser("kill-stale", help="stop servers left running by an interrupted run")
     p_kill.set_defaults(func=_kill_stale)
-    try:
-        from pytest_llmserve import cli_baselines
-    except ImportError:  # pragma: no cover - only while the module is being written
-        cli_baselines = None  # type: ignore[assignment]
-    if cli_baselines is not None:
-        cli_baselines.add_parser(sub)
+    from pytest_llmserve.cli import baselines as cli_baselines
+
+    cli_baselines.add_parser(sub)
     args = parser.parse_args(argv)
     return int(args.func(args))
 
 
 def _setup(args: argparse.Namespace) -> int:
-    from pytest_llmserve.embedded import SetupError, setup
+    from pytest_llmserve.engines.embedded import SetupError, setup
 
     try:
         setup()
@@ -48,7 +45,7 @@ def _setup(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace) -> int:
     import pytest
 
-    from pytest_llmserve import embedded
+    from pytest_llmserve.engines import embedded
 
     extra = [a for a in args.pytest_args if a != "--"]
     if not embedded.is_ready() and not any(a.startswith("--llmserve-url") for a in extra):
@@ -62,7 +59,7 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _kill_stale(args: argparse.Namespace) -> int:
-    from pytest_llmserve.server import kill_stale
+    from pytest_llmserve.server.handle import kill_stale
 
     killed = kill_stale()
     print(f"stopped {killed} stale server(s)")

@@ -92,7 +92,7 @@ class VLLMAdapter(EngineAdapter):
 
     def parse_facts(self, log_text: str, metrics_text: str | None = None,
                     server_info: dict[str, Any] | None = None) -> Any:
-        from pytest_llmserve import facts
+        from pytest_llmserve.evidence import facts
 
         parsed = facts.parse_vllm_log(log_text)
         if metrics_text:

@@ -24,7 +24,7 @@ from pytest_llmserve.errors import ConfigError, ServerStartError
 
 if TYPE_CHECKING:
     from pytest_llmserve.config import ServerSpec
-    from pytest_llmserve.facts import ServerFacts
+    from pytest_llmserve.evidence.facts import ServerFacts
 
 __all__ = [
     "KNOWN_VERSIONS",
@@ -702,7 +702,7 @@ class SGLangAdapter(EngineAdapter):
         self, log_text: str, metrics_text: str | None = None, server_info: dict[str, Any] | None = None
     ) -> ServerFacts:
         """Log facts, plus graph-pass counters from /metrics, plus gaps filled from /server_info."""
-        from pytest_llmserve.facts import (
+        from pytest_llmserve.evidence.facts import (
             fill_missing,
             merge_metrics_into_facts,
             parse_prometheus,

@@ -1,8 +1,8 @@
 """Property checks over the OpenAI-compatible API: the invariants one request must keep, whatever it asks.
 
-Each check takes an :class:`~pytest_llmserve.client.LLMClient` and one :class:`ApiExample` (prompt,
+Each check takes an :class:`~pytest_llmserve.evidence.client.LLMClient` and one :class:`ApiExample` (prompt,
 ``max_tokens``, stop sequences, temperature / top_p / seed), sends it, and returns an
-:class:`~pytest_llmserve.oracles.OracleReport` whose findings say what broke. The invariants:
+:class:`~pytest_llmserve.verdicts.oracles.OracleReport` whose findings say what broke. The invariants:
 
 * no error: HTTP 200, a finish reason of ``stop`` or ``length``, a complete stream ending in ``[DONE]``;
 * no NaN: no HTTP 400/500 about NaN/inf, no non-finite, null or sentinel logprob (logprobs are requested
@@ -32,9 +32,9 @@ from typing import Any
 
 import httpx
 
-from pytest_llmserve.client import Completion, LLMClient, TokenLogprob, parse_completion_choice
 from pytest_llmserve.errors import RequestError
-from pytest_llmserve.oracles import Finding, OracleReport, TokenAt, response_findings
+from pytest_llmserve.evidence.client import Completion, LLMClient, TokenLogprob, parse_completion_choice
+from pytest_llmserve.verdicts.oracles import Finding, OracleReport, TokenAt, response_findings
 
 ORACLE = "property"
 

@@ -839,7 +839,7 @@ class BaselineStore:
         leaks = find_secrets(ctx)
         if leaks:  # pragma: no cover - redact_context is idempotent; this guards future edits
             raise BaselineError(f"refusing to store secrets at {', '.join(leaks)}")
-        from pytest_llmserve.stats import summarize
+        from pytest_llmserve.verdicts.stats import summarize
 
         record = BaselineRecord(
             recorded_at=recorded_at or _now(),

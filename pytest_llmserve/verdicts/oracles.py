@@ -1,9 +1,9 @@
 """Correctness oracles: NaN evidence, coherence, known answers, determinism, differential comparison,
 and the CUDA-graph batch sizes to exercise.
 
-Everything here works on plain :class:`~pytest_llmserve.client.Completion` records, so each check can
+Everything here works on plain :class:`~pytest_llmserve.evidence.client.Completion` records, so each check can
 be tested without a server; the ``run_*`` orchestrators send the requests through an
-:class:`~pytest_llmserve.client.LLMClient` that the caller passes in, and return an
+:class:`~pytest_llmserve.evidence.client.LLMClient` that the caller passes in, and return an
 :class:`OracleReport`. Every oracle request is greedy (temperature 0) and asks for logprobs
 (``logprobs=5`` by default): logprobs are the only channel through which NaN is visible while the text
 still looks normal, and the top-k alternatives are what the differential rule needs.
@@ -23,8 +23,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal, TypeVar
 
-from pytest_llmserve.client import Completion, LLMClient, TokenLogprob
 from pytest_llmserve.errors import RequestError
+from pytest_llmserve.evidence.client import Completion, LLMClient, TokenLogprob
 
 Severity = Literal["error", "warning"]
 _T = TypeVar("_T")

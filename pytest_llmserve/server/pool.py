@@ -25,10 +25,10 @@ from typing import Any
 
 from filelock import FileLock
 
-from pytest_llmserve import procs
 from pytest_llmserve.config import ServerSpec
 from pytest_llmserve.errors import ServerDiedError, ServerError
-from pytest_llmserve.server import ServerHandle
+from pytest_llmserve.server import procs
+from pytest_llmserve.server.handle import ServerHandle
 
 
 def spec_key(spec: ServerSpec) -> str:
@@ -48,7 +48,7 @@ class ServerPool:
         self.max_alive = max_alive
         self.say = say or (lambda msg: None)
         self.handles: dict[str, ServerHandle] = {}
-        self.accounting: Any = None  # pytest_llmserve.accounting.Accounting: where the suite's time goes
+        self.accounting: Any = None  # pytest_llmserve.gates.accounting.Accounting: where the suite's time goes
         self.failed: dict[str, str] = {}  # key -> error message: a boot that failed is not retried per test
         self.died: dict[str, str] = {}  # key -> "server died" message: later tests fail fast with it
         (run_dir / "servers").mkdir(parents=True, exist_ok=True)
@@ -252,7 +252,7 @@ def stop_shared_servers(run_dir: Path, say: Callable[[str], None]) -> list[str]:
             f"{report.seconds:.1f} s")
         leftovers.extend(report.survivors)
         with contextlib.suppress(OSError):
-            from pytest_llmserve.server import registry_dir
+            from pytest_llmserve.server.handle import registry_dir
 
             (registry_dir() / f"{pid}.json").unlink()
     return leftovers

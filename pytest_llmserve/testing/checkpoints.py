@@ -27,7 +27,7 @@ The edits are plain byte operations on the safetensors format (an 8-byte little-
 a JSON header of ``name -> {dtype, shape, data_offsets}``, then the raw data), so this module needs
 only the standard library; it runs in the plugin's interpreter or in the engine's. Run it as::
 
-    python -m pytest_llmserve.checkpoints SRC DST --kind nan
+    python -m pytest_llmserve.testing.checkpoints SRC DST --kind nan
 
 or from code with :func:`derive_checkpoint` (in-process) or :func:`derive_checkpoint_with` (in another
 interpreter, e.g. the engine's venv python, with this package put on its ``PYTHONPATH``).
@@ -330,7 +330,7 @@ def derive_checkpoint_with(python: str, src: str | os.PathLike[str], dst: str | 
     package_parent = str(Path(__file__).resolve().parent.parent)
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (package_parent, env.get("PYTHONPATH", "")) if p)
-    argv = [python, "-m", "pytest_llmserve.checkpoints", str(src), str(dst), "--kind", kind]
+    argv = [python, "-m", "pytest_llmserve.testing.checkpoints", str(src), str(dst), "--kind", kind]
     if layer is not None:
         argv += ["--layer", str(layer)]
     try:
@@ -343,7 +343,7 @@ def derive_checkpoint_with(python: str, src: str | os.PathLike[str], dst: str | 
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m pytest_llmserve.checkpoints",
+    parser = argparse.ArgumentParser(prog="python -m pytest_llmserve.testing.checkpoints",
                                      description="Derive a broken (or control) checkpoint from a healthy "
                                                  "safetensors model directory.")
     parser.add_argument("src", help="healthy model directory (config.json, *.safetensors, tokenizer files)")

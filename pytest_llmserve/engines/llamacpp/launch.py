@@ -33,7 +33,7 @@ CUDA backend, whose device lines (``ggml_cuda_init: found 1 CUDA devices``) are 
 is still the default 3 at that moment. ``args = ["-lv", "5"]`` replaces the default 4 (its value is
 also put first; the copy in args is left as given). At 5 ggml-cuda logs
 ``CUDA graph warmup complete`` when it first captures a graph, which makes the cuda_graph check
-provable both ways (see :mod:`pytest_llmserve.facts_llamacpp`); it also logs a few lines per decoded
+provable both ways (see :mod:`pytest_llmserve.engines.llamacpp.facts`); it also logs a few lines per decoded
 token, which costs throughput, so it is not the default.
 
 Options llama.cpp has no equivalent for (attention backends, CUDA-graph batch sizes, eager,
@@ -53,7 +53,7 @@ from pytest_llmserve.errors import ConfigError
 
 if TYPE_CHECKING:
     from pytest_llmserve.config import ServerSpec
-    from pytest_llmserve.facts import CheckResult, ServerFacts
+    from pytest_llmserve.evidence.facts import CheckResult, ServerFacts
 
 __all__ = [
     "BINARY_ENV",
@@ -354,12 +354,12 @@ class LlamaCppAdapter(EngineAdapter):
         self, log_text: str, metrics_text: str | None = None, server_info: dict[str, Any] | None = None
     ) -> ServerFacts:
         """Log facts, plus /metrics counters, plus gaps filled from /props and /slots."""
-        from pytest_llmserve.facts_llamacpp import parse_llamacpp
+        from pytest_llmserve.engines.llamacpp.facts import parse_llamacpp
 
         return parse_llamacpp(log_text, metrics_text, server_info)
 
     def check_execution(self, spec: ServerSpec, facts: ServerFacts) -> list[CheckResult]:
-        from pytest_llmserve.facts_llamacpp import check_llamacpp_execution
+        from pytest_llmserve.engines.llamacpp.facts import check_llamacpp_execution
 
         return check_llamacpp_execution(spec, facts)
 

@@ -2,7 +2,7 @@
 
     decode_check.no_nan().coherent().cuda_graph_sizes_covered()
 
-Each method runs one oracle (:mod:`pytest_llmserve.oracles`) and calls ``fail`` with a message that says
+Each method runs one oracle (:mod:`pytest_llmserve.verdicts.oracles`) and calls ``fail`` with a message that says
 what was sent, what came back and which server configuration it was. ``skip`` is called when a check
 cannot apply or its evidence does not exist (an *unverifiable* fact is never reported as a pass).
 """
@@ -12,9 +12,9 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from pytest_llmserve import oracles
 from pytest_llmserve.config import LLMServeConfig, ServerSpec
 from pytest_llmserve.errors import ConfigError, LLMServeError
+from pytest_llmserve.verdicts import oracles
 
 
 def resolve_reference_spec(cfg: LLMServeConfig, reference: str | ServerSpec) -> ServerSpec:

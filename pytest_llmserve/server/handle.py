@@ -22,11 +22,11 @@ from typing import IO, Any
 import httpx
 import tenacity
 
-from pytest_llmserve import procs
 from pytest_llmserve.config import SECRET_FLAGS, ServerSpec, cache_dir, is_secret_name, redact_argv
 from pytest_llmserve.engines import adapter_for
 from pytest_llmserve.engines.base import EngineAdapter, LaunchPlan
 from pytest_llmserve.errors import PreflightError, ServerDiedError, ServerError, ServerStartError
+from pytest_llmserve.server import procs
 
 LOG_TAIL_LINES = 40
 
@@ -148,7 +148,7 @@ class ServerHandle:
             preflight(self.spec, host, self.port)
             if self.spec.gpu:
                 # Enough GPUs, enough free memory, no stale GPU process; servers of this run are not stale.
-                from pytest_llmserve import gpu
+                from pytest_llmserve.server import gpu
 
                 self.gpu_pre = gpu.gpu_check(self.spec, ignore_pids=_live_server_pids())
         self.plan = self.adapter.launch_plan(self.spec, host, self.port)
@@ -326,7 +326,7 @@ class ServerHandle:
                                   "survivors": list(report.survivors), "seconds": round(report.seconds, 2)}
             unregister_running(self)
             if getattr(self, "gpu_pre", None) is not None:
-                from pytest_llmserve import gpu
+                from pytest_llmserve.server import gpu
 
                 back = gpu.wait_memory_returned(self.gpu_pre.baseline_used_mib, self.gpu_pre.devices, 30,
                                                 server_pids=report.pids, baseline_pids=self.gpu_pre.baseline_pids)
@@ -352,7 +352,7 @@ class ServerHandle:
             return ""
 
     def client(self) -> Any:
-        from pytest_llmserve.client import LLMClient
+        from pytest_llmserve.evidence.client import LLMClient
 
         return LLMClient(self.base_url, self.model_name, api_key=self.spec.api_key,
                          timeout_s=self.spec.request_timeout_s, accounting=self.accounting)

@@ -1,0 +1,1 @@
+"""llama.cpp (llama-server): launch plan and facts parsing."""

@@ -1,0 +1,1 @@
+"""SGLang: launch plan and facts parsing."""

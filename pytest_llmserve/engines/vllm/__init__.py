@@ -1,0 +1,1 @@
+"""vLLM: launch plan and facts parsing."""

@@ -1,0 +1,1 @@
+"""Gates: the objects a test drives (DecodeCheck, BenchGate, ABRunner) and the time accounting."""

@@ -1,0 +1,1 @@
+"""Store: what a user keeps between runs (baselines), written atomically under a lock."""

@@ -1,0 +1,1 @@
+"""Testing aids: derived checkpoints (NaN, scrambled) and the API property checks."""

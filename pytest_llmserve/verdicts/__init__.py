@@ -1,0 +1,1 @@
+"""Verdicts: pure decisions over evidence (oracle findings, statistics)."""
