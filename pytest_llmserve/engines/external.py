@@ -24,11 +24,12 @@ class ExternalAdapter(EngineAdapter):
     def parse_facts(self, log_text: str, metrics_text: str | None = None,
                     server_info: dict[str, Any] | None = None) -> Any:
         from pytest_llmserve.evidence import facts
+        from pytest_llmserve.evidence.prometheus import parse
 
         out = facts.ServerFacts(engine="external")
         if metrics_text:
             engine = "sglang" if "sglang:" in metrics_text else "vllm" if "vllm:" in metrics_text else "external"
-            facts.merge_metrics_into_facts(out, facts.parse_prometheus(metrics_text), engine)
+            facts.merge_metrics_into_facts(out, parse(metrics_text), engine)
         return out
 
 

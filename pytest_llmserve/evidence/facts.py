@@ -20,6 +20,9 @@ from dataclasses import dataclass, field, fields
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Literal
 
+from pytest_llmserve.evidence.prometheus import MetricSamples
+from pytest_llmserve.evidence.prometheus import metric_line as _metric_line
+
 if TYPE_CHECKING:
     from pytest_llmserve.config import ServerSpec
 
@@ -32,15 +35,12 @@ __all__ = [
     "fill_missing",
     "merge_metrics_into_facts",
     "normalize_backend",
-    "parse_prometheus",
     "parse_sglang_log",
     "parse_sglang_server_info",
     "parse_vllm_log",
     "split_lines",
 ]
 
-#: name -> [(labels, value)], as parsed from the Prometheus text format.
-MetricSamples = dict[str, list[tuple[dict[str, str], float]]]
 
 # At most this many evidence lines are kept per fact (first and last half): a decode line every
 # 40 iterations for an hour would otherwise make reports unreadable.
@@ -925,62 +925,6 @@ def parse_sglang_server_info(info: Mapping[str, Any]) -> ServerFacts:
 
 
 # --------------------------------------------------------------------------- metrics
-
-_PROM_LINE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{.*\})?\s+(\S+)(?:\s+-?\d+)?\s*$")
-
-
-def _parse_labels(text: str) -> dict[str, str]:
-    labels: dict[str, str] = {}
-    i, n = 0, len(text)
-    while i < n:
-        while i < n and text[i] in " ,":
-            i += 1
-        eq = text.find("=", i)
-        if eq < 0:
-            break
-        name = text[i:eq].strip()
-        i = eq + 1
-        if i >= n or text[i] != '"':
-            break
-        i += 1
-        value: list[str] = []
-        while i < n and text[i] != '"':
-            if text[i] == "\\" and i + 1 < n:
-                nxt = text[i + 1]
-                value.append("\n" if nxt == "n" else nxt)
-                i += 2
-                continue
-            value.append(text[i])
-            i += 1
-        labels[name] = "".join(value)
-        i += 1
-    return labels
-
-
-def parse_prometheus(text: str) -> MetricSamples:
-    """Prometheus text exposition -> {name: [(labels, value)]}. Comments and bad lines are skipped."""
-    out: MetricSamples = {}
-    for raw in text.splitlines():
-        line = raw.strip()
-        if not line or line.startswith("#"):
-            continue
-        match = _PROM_LINE.match(line)
-        if not match:
-            continue
-        name, labels_text, value_text = match.groups()
-        try:
-            value = float(value_text)
-        except ValueError:
-            continue
-        labels = _parse_labels(labels_text[1:-1]) if labels_text else {}
-        out.setdefault(name, []).append((labels, value))
-    return out
-
-
-def _metric_line(name: str, labels: Mapping[str, str], value: float) -> str:
-    inner = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
-    return f"{name}{{{inner}}} {value:g}" if inner else f"{name} {value:g}"
-
 
 def merge_metrics_into_facts(facts: ServerFacts, metrics: MetricSamples, engine: str) -> ServerFacts:
     """Add what ``/metrics`` proves to ``facts`` (in place; also returned). Log facts win on conflicts

@@ -392,21 +392,11 @@ def nan_in_log(lines: Iterable[str], *, limit_per_pattern: int = 3) -> list[Find
 
 
 def _metric_totals(text: str, names: Sequence[str]) -> dict[str, float]:
-    totals: dict[str, float] = {}
-    for line in text.splitlines():
-        if not line or line.startswith("#"):
-            continue
-        m = re.match(r"^([A-Za-z_:][\w:]*)(?:\{[^}]*\})?\s+(\S+)", line)
-        if not m:
-            continue
-        name = m.group(1)
-        base = name[:-6] if name.endswith("_total") else name
-        if base in names:
-            try:
-                totals[base] = totals.get(base, 0.0) + float(m.group(2))
-            except ValueError:
-                continue
-    return totals
+    from pytest_llmserve.evidence.prometheus import counter_total, parse
+
+    samples = parse(text)
+    totals = {name: counter_total(samples, name) for name in names}
+    return {name: value for name, value in totals.items() if value is not None}
 
 
 def nan_in_metrics(after: str, before: str | None = None) -> list[Finding]:

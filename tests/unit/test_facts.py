@@ -19,12 +19,12 @@ from pytest_llmserve.evidence.facts import (
     fill_missing,
     merge_metrics_into_facts,
     normalize_backend,
-    parse_prometheus,
     parse_sglang_log,
     parse_sglang_server_info,
     parse_vllm_log,
     split_lines,
 )
+from pytest_llmserve.evidence.prometheus import parse as parse_prometheus
 
 LOGS = Path(__file__).resolve().parent.parent / "data" / "logs"
 REAL_VLLM_LOGS = sorted(LOGS.glob("real_vllm_*.log"))

@@ -47,9 +47,9 @@ from pytest_llmserve.evidence.facts import (
     ServerFacts,
     Status,
     check_config_is_execution,
-    parse_prometheus,
     split_lines,
 )
+from pytest_llmserve.evidence.prometheus import parse as parse_prometheus
 
 if TYPE_CHECKING:
     from pytest_llmserve.config import ServerSpec

@@ -705,14 +705,14 @@ class SGLangAdapter(EngineAdapter):
         from pytest_llmserve.evidence.facts import (
             fill_missing,
             merge_metrics_into_facts,
-            parse_prometheus,
             parse_sglang_log,
             parse_sglang_server_info,
         )
+        from pytest_llmserve.evidence.prometheus import parse
 
         facts = parse_sglang_log(log_text)
         if metrics_text:
-            merge_metrics_into_facts(facts, parse_prometheus(metrics_text), "sglang")
+            merge_metrics_into_facts(facts, parse(metrics_text), "sglang")
         if server_info:
             fill_missing(facts, parse_sglang_server_info(server_info))
         return facts

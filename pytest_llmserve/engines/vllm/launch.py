@@ -93,10 +93,11 @@ class VLLMAdapter(EngineAdapter):
     def parse_facts(self, log_text: str, metrics_text: str | None = None,
                     server_info: dict[str, Any] | None = None) -> Any:
         from pytest_llmserve.evidence import facts
+        from pytest_llmserve.evidence.prometheus import parse
 
         parsed = facts.parse_vllm_log(log_text)
         if metrics_text:
-            facts.merge_metrics_into_facts(parsed, facts.parse_prometheus(metrics_text), "vllm")
+            facts.merge_metrics_into_facts(parsed, parse(metrics_text), "vllm")
         return parsed
 
 
