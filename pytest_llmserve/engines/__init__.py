@@ -1,7 +1,11 @@
-"""Engine adapters, one module each. ``adapter_for(spec)`` picks the adapter for a ServerSpec."""
+"""Engine adapters: one folder (or module) per engine, listed once in :data:`ADAPTERS`.
+
+Adding an engine is one folder plus one entry here. Modules are imported only when their engine is used.
+"""
 
 from __future__ import annotations
 
+import importlib
 from typing import TYPE_CHECKING
 
 from pytest_llmserve.errors import ConfigError
@@ -10,27 +14,35 @@ if TYPE_CHECKING:
     from pytest_llmserve.config import ServerSpec
     from pytest_llmserve.engines.base import EngineAdapter
 
+#: engine name (the ``engine`` key of a server) -> "module:AdapterClass"
+ADAPTERS: dict[str, str] = {
+    "vllm": "pytest_llmserve.engines.vllm.launch:VLLMAdapter",
+    "sglang": "pytest_llmserve.engines.sglang.launch:SGLangAdapter",
+    "llamacpp": "pytest_llmserve.engines.llamacpp.launch:LlamaCppAdapter",
+    "external": "pytest_llmserve.engines.external:ExternalAdapter",
+    "command": "pytest_llmserve.engines.command:CommandAdapter",
+}
+
+
+def adapter_named(engine: str) -> EngineAdapter:
+    """The adapter registered as ``engine``; KeyError for an unknown name."""
+    module, _, cls = ADAPTERS[engine].partition(":")
+    adapter: EngineAdapter = getattr(importlib.import_module(module), cls)()
+    return adapter
+
 
 def adapter_for(spec: ServerSpec) -> EngineAdapter:
-    """The adapter of ``spec.engine``; modules are imported lazily so unused engines cost nothing."""
-    if spec.engine == "vllm":
-        from pytest_llmserve.engines.vllm.launch import VLLMAdapter
+    """The adapter of ``spec.engine``."""
+    if spec.engine not in ADAPTERS:
+        raise ConfigError(f"server {spec.id}: unknown engine {spec.engine!r} (from {spec.source}); "
+                          f"known: {', '.join(sorted(ADAPTERS))}")
+    return adapter_named(spec.engine)
 
-        return VLLMAdapter()
-    if spec.engine == "sglang":
-        from pytest_llmserve.engines.sglang.launch import SGLangAdapter
 
-        return SGLangAdapter()
-    if spec.engine == "llamacpp":
-        from pytest_llmserve.engines.llamacpp.launch import LlamaCppAdapter
-
-        return LlamaCppAdapter()
-    if spec.engine == "external":
-        from pytest_llmserve.engines.external import ExternalAdapter
-
-        return ExternalAdapter()
-    if spec.engine == "command":
-        from pytest_llmserve.engines.command import CommandAdapter
-
-        return CommandAdapter()
-    raise ConfigError(f"server {spec.id}: unknown engine {spec.engine!r} (from {spec.source})")
+def adapter_for_metrics(metrics_text: str) -> EngineAdapter | None:
+    """The engine whose metric names a ``/metrics`` page uses (an attached server of unknown engine)."""
+    for name in ADAPTERS:
+        adapter = adapter_named(name)
+        if adapter.metrics_prefix and adapter.metrics_prefix in metrics_text:
+            return adapter
+    return None

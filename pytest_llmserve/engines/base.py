@@ -8,7 +8,8 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from pytest_llmserve.config import ServerSpec
-    from pytest_llmserve.evidence.facts import CheckResult, ServerFacts
+    from pytest_llmserve.evidence.facts import ServerFacts
+    from pytest_llmserve.verdicts.execution import CheckResult
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,6 +35,8 @@ class EngineAdapter(ABC):
     launches: bool = True
     #: Endpoint with the engine's resolved settings as JSON (SGLang ``/server_info``), if any.
     server_info_path: str | None = None
+    #: Prefix of the engine's Prometheus metric names ("vllm:"), to recognise an attached server's engine.
+    metrics_prefix: str | None = None
 
     @abstractmethod
     def launch_plan(self, spec: ServerSpec, host: str, port: int) -> LaunchPlan:
@@ -46,9 +49,13 @@ class EngineAdapter(ABC):
 
         return ServerFacts(engine=self.name)
 
+    def merge_metrics(self, facts: ServerFacts, metrics_text: str) -> None:
+        """Add what the engine's ``/metrics`` page proves to ``facts`` (engines that have one override this)."""
+        return None
+
     def check_execution(self, spec: ServerSpec, facts: ServerFacts) -> list[CheckResult]:
         """Config-is-execution checks: each requested option against what the server reports."""
-        from pytest_llmserve.evidence.facts import check_config_is_execution
+        from pytest_llmserve.verdicts.execution import check_config_is_execution
 
         return check_config_is_execution(spec, facts)
 

@@ -23,13 +23,13 @@ class ExternalAdapter(EngineAdapter):
 
     def parse_facts(self, log_text: str, metrics_text: str | None = None,
                     server_info: dict[str, Any] | None = None) -> Any:
-        from pytest_llmserve.evidence import facts
-        from pytest_llmserve.evidence.prometheus import parse
+        from pytest_llmserve.engines import adapter_for_metrics
+        from pytest_llmserve.evidence.facts import ServerFacts
 
-        out = facts.ServerFacts(engine="external")
-        if metrics_text:
-            engine = "sglang" if "sglang:" in metrics_text else "vllm" if "vllm:" in metrics_text else "external"
-            facts.merge_metrics_into_facts(out, parse(metrics_text), engine)
+        out = ServerFacts(engine="external")
+        engine = adapter_for_metrics(metrics_text) if metrics_text else None
+        if engine is not None and metrics_text:
+            engine.merge_metrics(out, metrics_text)
         return out
 
 

@@ -12,19 +12,17 @@ from pathlib import Path
 import pytest
 
 from pytest_llmserve.config import CudaGraphSpec, ServerSpec
-from pytest_llmserve.evidence.facts import (
-    CheckResult,
-    ServerFacts,
-    check_config_is_execution,
-    fill_missing,
-    merge_metrics_into_facts,
-    normalize_backend,
-    parse_sglang_log,
-    parse_sglang_server_info,
-    parse_vllm_log,
-    split_lines,
-)
+from pytest_llmserve.engines import adapter_named
+from pytest_llmserve.engines.sglang.facts import parse_sglang_log, parse_sglang_server_info
+from pytest_llmserve.engines.vllm.facts import parse_vllm_log
+from pytest_llmserve.evidence.facts import ServerFacts, fill_missing, normalize_backend, split_lines
 from pytest_llmserve.evidence.prometheus import parse as parse_prometheus
+from pytest_llmserve.verdicts.execution import CheckResult, check_config_is_execution
+
+
+def merge_metrics(facts: ServerFacts, metrics_text: str, engine: str) -> ServerFacts:
+    adapter_named(engine).merge_metrics(facts, metrics_text)
+    return facts
 
 LOGS = Path(__file__).resolve().parent.parent / "data" / "logs"
 REAL_VLLM_LOGS = sorted(LOGS.glob("real_vllm_*.log"))
@@ -51,6 +49,10 @@ _ALWAYS_SET = {
     "decode_batches_off_graph",
     "decode_batches",
     "graph_passes",
+    "graph_passes_on",
+    "graph_passes_off",
+    "graph_use_by_size",
+    "graph_use_hint",
     "nan_events",
     "errors",
 }
@@ -441,10 +443,10 @@ def test_graphs_requested_but_decode_ran_eager_fails_with_proof() -> None:
     used = checks["cuda_graph.used_in_decode"]
     assert used.status == "fail"  # ...but never replayed
     assert used.requested == "cuda graphs on, batch sizes [1, 2, 4, 8]"
-    assert used.observed == "0 decode batch lines on graph, 3 off graph"
+    assert used.observed.startswith("ran WITHOUT a graph within the captured sizes (bs 3: 1 step(s), bs 8: 2 step(s))")
     message = used.message
     assert "requested cuda graphs on, batch sizes [1, 2, 4, 8]" in message
-    assert "observed 0 decode batch lines on graph, 3 off graph" in message
+    assert "observed ran WITHOUT a graph within the captured sizes" in message
     assert "Decode batch, #running-req: 8, #token: 2336, token usage: 0.01, cuda graph: False" in message
     assert all("cuda graph: False" in line for line in used.evidence)
 
@@ -610,7 +612,7 @@ def test_parse_prometheus() -> None:
 
 
 def test_metrics_prove_graph_use_without_decode_lines() -> None:
-    facts = merge_metrics_into_facts(ServerFacts(engine="sglang"), parse_prometheus(SGLANG_METRICS), "sglang")
+    facts = merge_metrics(ServerFacts(engine="sglang"), SGLANG_METRICS, "sglang")
     assert facts.graph_passes == {
         "decode_cuda_graph": 1520.0,
         "decode_none": 12.0,
@@ -627,7 +629,7 @@ def test_metrics_prove_graph_use_without_decode_lines() -> None:
 
 def test_metrics_with_only_eager_passes_fail_graph_use() -> None:
     text = 'sglang:cuda_graph_passes_total{mode="decode_cuda_graph"} 0\nsglang:cuda_graph_passes_total{mode="decode_none"} 90\n'
-    facts = merge_metrics_into_facts(ServerFacts(engine="sglang"), parse_prometheus(text), "sglang")
+    facts = merge_metrics(ServerFacts(engine="sglang"), text, "sglang")
     used = by_name(
         check_config_is_execution(spec(engine="sglang", cuda_graph=CudaGraphSpec(enabled=True)), facts)
     )["cuda_graph.used_in_decode"]
@@ -640,7 +642,7 @@ def test_vllm_metrics_fill_gaps() -> None:
         'vllm:cache_config_info{block_size="16",gpu_memory_utilization="0.9",num_gpu_blocks="5824"} 1.0\n'
         'vllm:spec_decode_num_drafts_total{engine="0",model_name="m"} 42.0\n'
     )
-    facts = merge_metrics_into_facts(ServerFacts(engine="vllm"), parse_prometheus(text), "vllm")
+    facts = merge_metrics(ServerFacts(engine="vllm"), text, "vllm")
     assert facts.mem_fraction == 0.9
     assert facts.kv_cache_tokens == 93184
     assert facts.speculative is True

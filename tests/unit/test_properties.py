@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import random
+import unicodedata
 from typing import Any
 
 import httpx
@@ -134,7 +135,8 @@ def test_seeded_examples_are_sampled_seeded_and_repeatable_on_a_conforming_serve
 def test_strategies_stay_inside_the_documented_bounds(example: ApiExample, stops: tuple[str, ...]) -> None:
     assert 1 <= example.max_tokens <= 32
     assert example.prompt and all(not 0xD800 <= ord(ch) <= 0xDFFF for ch in example.prompt)
-    assert all(ch.isprintable() or ch == " " or ch == "\n" for ch in example.prompt)
+    # "No control characters": separators such as U+00A0 are allowed (str.isprintable() says False for them).
+    assert all(unicodedata.category(ch)[0] != "C" or ch == "\n" for ch in example.prompt)
     assert len(stops) <= 3 and len(set(stops)) == len(stops) and all(stops)
     assert 0 <= example.temperature <= 1.5 and 0.1 <= example.top_p <= 1.0
 

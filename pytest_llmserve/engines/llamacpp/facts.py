@@ -42,14 +42,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-from pytest_llmserve.evidence.facts import (
-    CheckResult,
-    ServerFacts,
-    Status,
-    check_config_is_execution,
-    split_lines,
-)
+from pytest_llmserve.evidence.facts import ServerFacts, split_lines
 from pytest_llmserve.evidence.prometheus import parse as parse_prometheus
+from pytest_llmserve.verdicts.execution import CheckResult, Status, check_config_is_execution
 
 if TYPE_CHECKING:
     from pytest_llmserve.config import ServerSpec
@@ -636,7 +631,7 @@ def check_llamacpp_execution(spec: ServerSpec, facts: ServerFacts) -> list[Check
     """Each requested option against what llama-server reported; unreported means "unverifiable".
 
     The generic checks (speculative, seed, max_batch_size) come from
-    :func:`pytest_llmserve.evidence.facts.check_config_is_execution`; CUDA graphs, flash attention, GPU
+    :func:`pytest_llmserve.verdicts.execution.check_config_is_execution`; CUDA graphs, flash attention, GPU
     layers, context, slots and devices are checked here.
     """
     lfacts = facts if isinstance(facts, LlamaCppFacts) else _promote(facts)

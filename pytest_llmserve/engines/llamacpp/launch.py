@@ -53,7 +53,8 @@ from pytest_llmserve.errors import ConfigError
 
 if TYPE_CHECKING:
     from pytest_llmserve.config import ServerSpec
-    from pytest_llmserve.evidence.facts import CheckResult, ServerFacts
+    from pytest_llmserve.evidence.facts import ServerFacts
+    from pytest_llmserve.verdicts.execution import CheckResult
 
 __all__ = [
     "BINARY_ENV",

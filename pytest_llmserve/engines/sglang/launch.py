@@ -517,6 +517,7 @@ class SGLangAdapter(EngineAdapter):
 
     name = "sglang"
     generation_counter = "sglang:generation_tokens_total"
+    metrics_prefix = "sglang:"
     server_info_path = "/server_info"
 
     def __init__(self, flagset: FlagSet | None = None) -> None:
@@ -702,17 +703,22 @@ class SGLangAdapter(EngineAdapter):
         self, log_text: str, metrics_text: str | None = None, server_info: dict[str, Any] | None = None
     ) -> ServerFacts:
         """Log facts, plus graph-pass counters from /metrics, plus gaps filled from /server_info."""
-        from pytest_llmserve.evidence.facts import (
-            fill_missing,
-            merge_metrics_into_facts,
-            parse_sglang_log,
-            parse_sglang_server_info,
-        )
-        from pytest_llmserve.evidence.prometheus import parse
+        from pytest_llmserve.engines.sglang.facts import parse_sglang_log, parse_sglang_server_info
+        from pytest_llmserve.evidence.facts import fill_missing
 
         facts = parse_sglang_log(log_text)
         if metrics_text:
-            merge_metrics_into_facts(facts, parse(metrics_text), "sglang")
+            self.merge_metrics(facts, metrics_text)
         if server_info:
             fill_missing(facts, parse_sglang_server_info(server_info))
+        if not facts.decode_graph_reported:
+            facts.graph_use_hint = ("no 'Decode batch' lines and no sglang:cuda_graph_passes_total: the adapter sets "
+                                    "--decode-log-interval 1 and --enable-metrics when graph use must be proven")
         return facts
+
+    def merge_metrics(self, facts: ServerFacts, metrics_text: str) -> None:
+        from pytest_llmserve.engines.sglang.facts import merge_sglang_metrics
+        from pytest_llmserve.evidence.prometheus import parse
+
+        merge_sglang_metrics(facts, parse(metrics_text))
+        facts.compact_evidence()

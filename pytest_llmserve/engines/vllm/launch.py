@@ -19,16 +19,20 @@ from __future__ import annotations
 
 import json
 import shutil
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pytest_llmserve.config import ServerSpec
 from pytest_llmserve.engines.base import EngineAdapter, LaunchPlan
 from pytest_llmserve.errors import ConfigError
 
+if TYPE_CHECKING:
+    from pytest_llmserve.evidence.facts import ServerFacts
+
 
 class VLLMAdapter(EngineAdapter):
     name = "vllm"
     generation_counter = "vllm:generation_tokens_total"
+    metrics_prefix = "vllm:"
 
     def launch_plan(self, spec: ServerSpec, host: str, port: int) -> LaunchPlan:
         assert spec.model
@@ -91,14 +95,20 @@ class VLLMAdapter(EngineAdapter):
                           health_path="/health", generation_probe=True, notes=notes)
 
     def parse_facts(self, log_text: str, metrics_text: str | None = None,
-                    server_info: dict[str, Any] | None = None) -> Any:
-        from pytest_llmserve.evidence import facts
+                    server_info: dict[str, Any] | None = None) -> ServerFacts:
+        from pytest_llmserve.engines.vllm.facts import parse_vllm_log
+
+        parsed = parse_vllm_log(log_text)
+        if metrics_text:
+            self.merge_metrics(parsed, metrics_text)
+        return parsed
+
+    def merge_metrics(self, facts: ServerFacts, metrics_text: str) -> None:
+        from pytest_llmserve.engines.vllm.facts import merge_vllm_metrics
         from pytest_llmserve.evidence.prometheus import parse
 
-        parsed = facts.parse_vllm_log(log_text)
-        if metrics_text:
-            facts.merge_metrics_into_facts(parsed, parse(metrics_text), "vllm")
-        return parsed
+        merge_vllm_metrics(facts, parse(metrics_text))
+        facts.compact_evidence()
 
 
 def _url_host(host: str) -> str:

@@ -1,0 +1,434 @@
+"""What an SGLang server says it did: facts from its own log (0.5.9, 0.5.15, 0.5.23), /metrics and /server_info.
+
+Every fact keeps the lines that prove it; a fact the server did not report stays None."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from datetime import datetime
+from typing import Any
+
+from pytest_llmserve.evidence.facts import (
+    DecodeBatch,
+    ServerFacts,
+    as_bool,
+    as_float,
+    as_int,
+    int_list,
+    literal,
+    normalize_backend,
+    parse_kwargs_repr,
+    record_ready,
+    scan_events,
+    split_lines,
+    split_top_level,
+)
+from pytest_llmserve.evidence.prometheus import MetricSamples, metric_line
+
+_SGL_TS = re.compile(r"^\s*\[(\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2})")
+# 0.5.9 / 0.5.15: server_args=ServerArgs(model_path='...', ...); 0.5.23: server_args={'model_path': '...', ...}.
+_SGL_SERVER_ARGS = re.compile(r"server_args=ServerArgs\((.*)\)\s*$")
+_SGL_SERVER_ARGS_DICT = re.compile(r"server_args=\{(.*)\}\s*$")
+_SGL_DEFAULT_BACKEND = re.compile(r"Attention backend not specified\. Use (\w+) backend by default")
+# "Cuda graph is disabled because ..." (0.5.9) / "CUDA graph is disabled because ..." (later).
+_SGL_GRAPH_DISABLED = re.compile(r"cuda graph is disabled because .*", re.IGNORECASE)
+_SGL_SET_DSA = re.compile(r"Set (?:NSA|DSA) backends for .*?: prefill=(\w+), decode=(\w+)")
+# The device word is cuda, cpu or npu (musa in 0.5.23): every graph runner logs the same shape.
+_SGL_CAPTURE_BS_059 = re.compile(r"Capture (?:cuda|cpu|npu|musa) graph bs \[([\d,\s]*)\]", re.IGNORECASE)
+_SGL_CAPTURE_END_059 = re.compile(r"Capture (?:cuda|cpu|npu|musa) graph end\.", re.IGNORECASE)
+_SGL_CAPTURE_BAR_059 = re.compile(r"Capturing batches \(bs=(\d+)")
+_SGL_CAPTURE_NEW = re.compile(r"Capture (target|draft) ([\w ]+?) (?:CUDA|CPU|NPU|MUSA) graph (begin|end)\.(.*)$")
+_SGL_CAPTURE_FAILED = re.compile(r"Capture (?:cuda|cpu|npu|musa) graph failed", re.IGNORECASE)
+_SGL_DECODE = re.compile(r"Decode batch(?: \[\d+\])?,(.*)$")
+_SGL_SCHED = re.compile(r"max_total_num_tokens=(\d+)")
+_SGL_SCHED_RUNNING = re.compile(r"max_running_requests=(\d+)")
+_SGL_KV_ALLOC = re.compile(r"(?:KV Cache is allocated|VA upper bound)\..*?#tokens: ([\d,]+)")
+_SGL_READY = re.compile(r"The server is fired up and ready to roll!")
+
+
+def _sgl_graph_backend_requested(args: Mapping[str, Any]) -> tuple[bool | None, str | None]:
+    """(graphs disabled?, decode graph backend) from the ServerArgs of any of the three versions."""
+    backend = args.get("cuda_graph_backend_decode")
+    config = args.get("cuda_graph_config")
+    if backend is None and isinstance(config, dict):
+        decode = config.get("decode")
+        if isinstance(decode, dict):
+            backend = decode.get("backend")
+    elif backend is None and isinstance(config, str):
+        match = re.search(r"decode\W+.*?backend\W+(\w+)", config)
+        backend = match.group(1) if match else None
+    backend_name = str(backend).lower() if isinstance(backend, str) else None
+    disabled = (
+        args.get("disable_cuda_graph") is True
+        or args.get("disable_decode_cuda_graph") is True
+        or backend_name == "disabled"
+    )
+    known = any(
+        k in args
+        for k in (
+            "disable_cuda_graph",
+            "disable_decode_cuda_graph",
+            "cuda_graph_backend_decode",
+            "cuda_graph_config",
+        )
+    )
+    return (disabled if known else None), backend_name
+
+
+def _dict_repr_items(body: str) -> dict[str, Any]:
+    """``'a': 1, 'b': [1, 2], 'c': <Enum.X: 1>`` (a dict repr's inside) -> {key: value or raw text}."""
+    out: dict[str, Any] = {}
+    for part in split_top_level(body):
+        key, colon, value = part.partition(":")
+        key = key.strip().strip("'\"")
+        if colon and key.isidentifier():
+            out[key] = literal(value.strip())
+    return out
+
+
+def _sgl_server_args(
+    facts: ServerFacts, line: str, body: str, state: dict[str, Any], *, dict_form: bool = False
+) -> None:
+    if dict_form:
+        args = _dict_repr_items(body)
+    else:
+        args = {key: literal(value) for key, value in parse_kwargs_repr(body).items()}
+    state["server_args"] = args
+    attention = args.get("attention_backend")
+    if isinstance(attention, str):
+        facts.record("attention_backend", normalize_backend(attention), line)
+    # prefill/decode default to attention_backend when unset: record the effective one.
+    for phase in ("prefill", "decode"):
+        own = args.get(f"{phase}_attention_backend")
+        value = own if isinstance(own, str) else attention if isinstance(attention, str) else None
+        if value is not None:
+            facts.record(f"{phase}_attention_backend", normalize_backend(value), line)
+        # 0.5.15 renamed nsa_* to dsa_*; 0.5.23 only has dsa_*.
+        dsa = args.get(f"dsa_{phase}_backend", args.get(f"nsa_{phase}_backend"))
+        if isinstance(dsa, str):
+            facts.record(f"nsa_{phase}_backend", normalize_backend(dsa), line)
+    seed = as_int(args.get("random_seed"))
+    if seed is not None:
+        facts.record("seed", seed, line)
+    fraction = as_float(args.get("mem_fraction_static"))
+    if fraction is not None:
+        facts.record("mem_fraction", fraction, line)
+    running = as_int(args.get("max_running_requests"))
+    if running is not None and facts.max_batch_size is None:
+        facts.record("max_batch_size", running, line)
+    deterministic = as_bool(args.get("enable_deterministic_inference"))
+    if deterministic is not None:
+        facts.record("deterministic", deterministic, line)
+    if "speculative_algorithm" in args:
+        algorithm = args.get("speculative_algorithm")
+        if algorithm in (None, "None", ""):
+            facts.record("speculative", False, line)
+        else:
+            facts.record("speculative", True, line)
+            detail = [f"algorithm={algorithm}"]
+            for key in (
+                "speculative_draft_model_path",
+                "speculative_num_steps",
+                "speculative_eagle_topk",
+                "speculative_num_draft_tokens",
+            ):
+                if args.get(key) is not None:
+                    detail.append(f"{key.removeprefix('speculative_')}={args[key]}")
+            facts.record("speculative_detail", ", ".join(detail), line)
+    disabled, _ = _sgl_graph_backend_requested(args)
+    if disabled:
+        state["graph_disabled_line"] = line
+
+
+def _sgl_decode_line(facts: ServerFacts, line: str, tail: str) -> None:
+    def num(pattern: str) -> str | None:
+        match = re.search(pattern, tail)
+        return match.group(1) if match else None
+
+    graph_text = num(r"\b(?:cuda|cpu|npu|musa) graph: (True|False)")
+    graph = None if graph_text is None else graph_text == "True"
+    running = num(r"#running-req: (\d+)")
+    tokens = num(r"#token: (\d+)") or num(r"#full token: (\d+)")  # hybrid SWA/Mamba models
+    throughput = num(r"gen throughput \(token/s\): ([\d.]+)")
+    accept = num(r"accept len: ([\d.]+)")
+    batch = DecodeBatch(
+        running_reqs=int(running) if running else None,
+        tokens=int(tokens) if tokens else None,
+        graph=graph,
+        gen_throughput=float(throughput) if throughput else None,
+        accept_len=float(accept) if accept else None,
+    )
+    facts.decode_batches.append(batch)
+    facts.add_evidence("decode_batches", line)
+    if graph is not None and batch.running_reqs is not None:
+        facts.count_graph_use(batch.running_reqs, graph)
+        facts.add_evidence("graph_use_by_size", line)
+    if graph is True:
+        facts.decode_batches_on_graph += 1
+        facts.add_evidence("decode_batches_on_graph", line)
+    elif graph is False:
+        facts.decode_batches_off_graph += 1
+        facts.add_evidence("decode_batches_off_graph", line)
+    if accept is not None:
+        # Acceptance lengths are only printed when speculative decoding actually runs.
+        facts.record("speculative", True, line)
+
+
+def parse_sglang_log(text: str) -> ServerFacts:
+    """Facts from an SGLang server log (0.5.9, 0.5.15 and 0.5.23 formats)."""
+    facts = ServerFacts(engine="sglang")
+    state: dict[str, Any] = {}
+    capture_sizes: tuple[int, ...] | None = None
+    capture_lines: list[str] = []
+    bar_sizes: set[int] = set()
+    graph_backend: str | None = None
+    capture_failed = False
+    disabled_lines: list[str] = []
+    first_ts: datetime | None = None
+    ready_ts: datetime | None = None
+    ready_line: str | None = None
+    default_backend: tuple[str, str] | None = None
+    dsa_line: tuple[str, str, str] | None = None
+    sched_running: tuple[int, str] | None = None
+
+    for line in split_lines(text):
+        ts = None
+        if ts_match := _SGL_TS.search(line):
+            try:
+                ts = datetime.strptime(ts_match.group(1), "%Y-%m-%d %H:%M:%S")
+            except ValueError:
+                ts = None
+            if ts is not None and first_ts is None:
+                first_ts = ts
+        scan_events(facts, line)
+
+        if m := _SGL_SERVER_ARGS.search(line):
+            _sgl_server_args(facts, line, m.group(1), state)
+            continue
+        if m := _SGL_SERVER_ARGS_DICT.search(line):
+            _sgl_server_args(facts, line, m.group(1), state, dict_form=True)
+            continue
+        if m := _SGL_DECODE.search(line):
+            _sgl_decode_line(facts, line, m.group(1))
+            continue
+        if m := _SGL_DEFAULT_BACKEND.search(line):
+            default_backend = (m.group(1), line)
+            continue
+        if _SGL_GRAPH_DISABLED.search(line):
+            disabled_lines.append(line)
+            continue
+        if m := _SGL_SET_DSA.search(line):
+            dsa_line = (m.group(1), m.group(2), line)
+            continue
+        if m := _SGL_CAPTURE_BS_059.search(line):
+            capture_sizes = int_list(m.group(1))
+            capture_lines.append(line)
+            graph_backend = graph_backend or "full"  # 0.5.9 decode graphs are full graphs
+            continue
+        if _SGL_CAPTURE_END_059.search(line):
+            capture_lines.append(line)
+            graph_backend = graph_backend or "full"
+            continue
+        if m := _SGL_CAPTURE_BAR_059.search(line):
+            bar_sizes.add(int(m.group(1)))
+            continue
+        if m := _SGL_CAPTURE_NEW.search(line):
+            role, phase, tail = m.group(1), m.group(2).strip(), m.group(4)
+            # Target decode (or target verify, with speculative decoding) graphs are the decode
+            # batch-size graphs; prefill graphs are keyed by token count, draft graphs by the drafter.
+            if role == "target" and phase in ("decode", "verify"):
+                capture_lines.append(line)
+                if bs := re.search(r"\bbs=\[([\d,\s]*)\]", tail):
+                    capture_sizes = int_list(bs.group(1))
+                if backend := re.search(r"\bbackend=(\w+)", tail):
+                    graph_backend = backend.group(1).lower()
+            continue
+        if _SGL_CAPTURE_FAILED.search(line):
+            capture_failed = True
+            continue
+        if m := _SGL_SCHED.search(line):
+            facts.record("kv_cache_tokens", int(m.group(1)), line)
+            if running := _SGL_SCHED_RUNNING.search(line):
+                sched_running = (int(running.group(1)), line)
+            continue
+        if m := _SGL_KV_ALLOC.search(line):
+            if facts.kv_cache_tokens is None:
+                facts.record("kv_cache_tokens", int(m.group(1).replace(",", "")), line)
+            continue
+        if _SGL_READY.search(line) and ready_line is None:
+            ready_line = line
+            ready_ts = ts
+
+    if default_backend and facts.attention_backend is None:
+        name = normalize_backend(default_backend[0])
+        facts.record("attention_backend", name, default_backend[1])
+        for phase in ("prefill", "decode"):
+            if getattr(facts, f"{phase}_attention_backend") is None:
+                facts.record(f"{phase}_attention_backend", name, default_backend[1])
+    if dsa_line:
+        for phase, value in (("prefill", dsa_line[0]), ("decode", dsa_line[1])):
+            if getattr(facts, f"nsa_{phase}_backend") is None:
+                facts.record(f"nsa_{phase}_backend", normalize_backend(value), dsa_line[2])
+            elif getattr(facts, f"nsa_{phase}_backend") == normalize_backend(value):
+                facts.add_evidence(f"nsa_{phase}_backend", dsa_line[2])
+    if sched_running:
+        # The scheduler's max_running_requests is the effective one (capped by the KV pool).
+        facts.record("max_batch_size", sched_running[0], sched_running[1])
+    if ready_line is not None:
+        record_ready(facts, ready_line, first_ts, ready_ts)
+
+    # Graph facts: capture lines are execution; ServerArgs/"disabled because" lines are the reason.
+    if capture_sizes is None and bar_sizes:
+        capture_sizes = tuple(sorted(bar_sizes))
+    captured = bool(capture_lines) and not capture_failed
+    if captured:
+        facts.record("cuda_graph_enabled", True, capture_lines[0])
+        facts.record(
+            "captured_batch_sizes", tuple(sorted(set(capture_sizes))) if capture_sizes else None, None
+        )
+        if capture_sizes:
+            for line in capture_lines:
+                facts.add_evidence("captured_batch_sizes", line)
+        for line in capture_lines[1:]:
+            facts.add_evidence("cuda_graph_enabled", line)
+        if graph_backend:
+            facts.record("cudagraph_mode", graph_backend, capture_lines[0])
+    else:
+        why = disabled_lines + ([state["graph_disabled_line"]] if "graph_disabled_line" in state else [])
+        proof = why + ([ready_line] if ready_line else [])
+        if why or ready_line is not None or capture_failed:
+            # Booted (or failed capture) without any target decode capture line: no graphs.
+            facts.record_many(None, cuda_graph_enabled=False, captured_batch_sizes=())
+            for line in proof:
+                facts.add_evidence("cuda_graph_enabled", line)
+                facts.add_evidence("captured_batch_sizes", line)
+            if why:
+                facts.record("cudagraph_mode", "disabled", why[0])
+    facts.compact_evidence()
+    return facts
+
+
+def parse_sglang_server_info(info: Mapping[str, Any]) -> ServerFacts:
+    """Facts from SGLang's ``/server_info`` JSON (resolved server args + scheduler info + version)."""
+    facts = ServerFacts(engine="sglang")
+
+    def src(key: str, value: Any) -> str:
+        return f"/server_info {key}={value!r}"
+
+    version = info.get("version")
+    if isinstance(version, str):
+        facts.record("version", version, src("version", version))
+    attention = info.get("attention_backend")
+    if isinstance(attention, str):
+        facts.record("attention_backend", normalize_backend(attention), src("attention_backend", attention))
+    for phase in ("prefill", "decode"):
+        key = f"{phase}_attention_backend"
+        own = info.get(key)
+        if isinstance(own, str):
+            facts.record(key, normalize_backend(own), src(key, own))
+        elif isinstance(attention, str):
+            facts.record(key, normalize_backend(attention), src("attention_backend", attention))
+        for dsa_key in (f"dsa_{phase}_backend", f"nsa_{phase}_backend"):
+            value = info.get(dsa_key)
+            if isinstance(value, str):
+                facts.record(f"nsa_{phase}_backend", normalize_backend(value), src(dsa_key, value))
+                break
+    seed = as_int(info.get("random_seed"))
+    if seed is not None:
+        facts.record("seed", seed, src("random_seed", seed))
+    fraction = as_float(info.get("mem_fraction_static"))
+    if fraction is not None:
+        facts.record("mem_fraction", fraction, src("mem_fraction_static", fraction))
+    tokens = as_int(info.get("max_total_num_tokens"))
+    if tokens is not None:
+        facts.record("kv_cache_tokens", tokens, src("max_total_num_tokens", tokens))
+    states = info.get("internal_states")
+    state0: Mapping[str, Any] = (
+        states[0] if isinstance(states, list) and states and isinstance(states[0], Mapping) else {}
+    )
+    running = as_int(state0.get("effective_max_running_requests_per_dp"))
+    if running is not None:
+        facts.record(
+            "max_batch_size",
+            running,
+            src("internal_states[0].effective_max_running_requests_per_dp", running),
+        )
+    else:
+        running = as_int(info.get("max_running_requests"))
+        if running is not None:
+            facts.record("max_batch_size", running, src("max_running_requests", running))
+    deterministic = as_bool(info.get("enable_deterministic_inference"))
+    if deterministic is not None:
+        facts.record("deterministic", deterministic, src("enable_deterministic_inference", deterministic))
+    if "speculative_algorithm" in info:
+        algorithm = info.get("speculative_algorithm")
+        facts.record("speculative", algorithm not in (None, ""), src("speculative_algorithm", algorithm))
+        if algorithm:
+            facts.record(
+                "speculative_detail", f"algorithm={algorithm}", src("speculative_algorithm", algorithm)
+            )
+    startup = as_float(info.get("startup_time"))
+    if startup is not None:
+        facts.record("startup_s", startup, src("startup_time", startup))
+    disabled, backend = _sgl_graph_backend_requested(info)
+    memory = state0.get("memory_usage")
+    graph_memory = memory.get("graph") if isinstance(memory, Mapping) else None
+    if isinstance(graph_memory, Mapping):  # 0.5.23: GB per phase, {"decode": ..., "prefill": ...}
+        graph_memory = graph_memory.get("decode", sum(as_float(v) or 0.0 for v in graph_memory.values()))
+    graph_gb = as_float(graph_memory)
+    if graph_gb is not None and graph_gb > 0:
+        # Memory held by captured graphs is a trace of execution, unlike the disable flags.
+        facts.record("cuda_graph_enabled", True, src("internal_states[0].memory_usage.graph", graph_gb))
+    elif disabled is not None:
+        facts.record(
+            "cuda_graph_enabled",
+            not disabled,
+            src("disable_cuda_graph / cuda_graph_backend_decode", "disabled" if disabled else backend),
+        )
+    if disabled:
+        facts.record("cudagraph_mode", "disabled", src("cuda_graph_backend_decode", "disabled"))
+    elif backend:
+        facts.record("cudagraph_mode", backend, src("cuda_graph_backend_decode", backend))
+    return facts
+
+
+def merge_sglang_metrics(facts: ServerFacts, metrics: MetricSamples) -> None:
+    # One series per scheduler: TP ranks run the same batches (take the max), DP ranks run
+    # different ones (add them up).
+    per_mode: dict[str, dict[str, tuple[float, str]]] = {}
+    for labels, value in metrics.get("sglang:cuda_graph_passes_total", []):
+        mode = labels.get("mode", "")
+        dp = labels.get("dp_rank", "")
+        line = metric_line("sglang:cuda_graph_passes_total", labels, value)
+        current = per_mode.setdefault(mode, {}).get(dp)
+        if current is None or value > current[0]:
+            per_mode[mode][dp] = (value, line)
+    for mode, by_dp in per_mode.items():
+        passes = sum(v for v, _ in by_dp.values())
+        facts.graph_passes[mode] = passes
+        for _, line in by_dp.values():
+            facts.add_evidence("graph_passes", line)
+        # Modes: decode_cuda_graph / decode_none (prefill_* are prefill graphs, not decode).
+        if mode.startswith("decode"):
+            if mode.endswith("none"):
+                facts.graph_passes_off += passes
+            else:
+                facts.graph_passes_on += passes
+    if facts.kv_cache_tokens is None:
+        for labels, value in metrics.get("sglang:max_total_num_tokens", [])[:1]:
+            facts.record(
+                "kv_cache_tokens", int(value), metric_line("sglang:max_total_num_tokens", labels, value)
+            )
+    if facts.startup_s is None:
+        for labels, value in metrics.get("sglang:engine_startup_time", [])[:1]:
+            facts.record("startup_s", value, metric_line("sglang:engine_startup_time", labels, value))
+    # 0.5.23: sglang:startup_time_seconds{phase=...}; the whole start is the "total" phase, else the sum.
+    phases = metrics.get("sglang:startup_time_seconds", [])
+    if facts.startup_s is None and phases:
+        total = [(labels, value) for labels, value in phases if labels.get("phase") == "total"]
+        chosen = total or phases
+        facts.record("startup_s", total[0][1] if total else sum(value for _, value in phases),
+                     metric_line("sglang:startup_time_seconds", chosen[0][0], chosen[0][1]))
+        for labels, value in chosen[1:]:
+            facts.add_evidence("startup_s", metric_line("sglang:startup_time_seconds", labels, value))

@@ -1,0 +1,405 @@
+"""Config is execution: each option the configuration requests against what the server reported it did.
+
+A fact the server did not report makes its check "unverifiable", never "pass"."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
+
+from pytest_llmserve.evidence.facts import ServerFacts, normalize_backend
+
+if TYPE_CHECKING:
+    from pytest_llmserve.config import ServerSpec
+
+Status = Literal["pass", "fail", "unverifiable"]
+
+
+@dataclass
+class CheckResult:
+    """One config-is-execution check: what was requested, what the server says, and the proof."""
+
+    name: str
+    status: Status
+    requested: str
+    observed: str
+    evidence: list[str] = field(default_factory=list)
+    note: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "pass"
+
+    @property
+    def message(self) -> str:
+        head = f"{self.name}: {self.status.upper()}: requested {self.requested}; observed {self.observed}"
+        if self.note:
+            head += f" ({self.note})"
+        if not self.evidence:
+            return head + "\n  evidence: none (the server's log/metrics did not report this)"
+        return head + "\n  evidence:\n" + "\n".join(f"    | {line}" for line in self.evidence)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "status": self.status,
+            "requested": self.requested,
+            "observed": self.observed,
+            "evidence": list(self.evidence),
+            "note": self.note,
+        }
+
+
+def _focus(line: str, needles: Iterable[str], width: int = 400) -> str:
+    """A long line (the whole config on one line) cut down to the part that proves the fact."""
+    if len(line) <= width:
+        return line
+    for needle in needles:
+        at = line.find(needle)
+        if at >= 0:
+            start = max(0, at - width // 4)
+            end = min(len(line), at + (3 * width) // 4)
+            return ("…" if start else "") + line[start:end] + ("…" if end < len(line) else "")
+    return line[: width // 2] + " … " + line[-width // 2 :]
+
+
+def _evidence(facts: ServerFacts, *names: str, needles: Iterable[str] = ()) -> list[str]:
+    needles = tuple(needles)
+    out: list[str] = []
+    for name in names:
+        for line in facts.evidence.get(name, []):
+            short = _focus(line, needles)
+            if short not in out:
+                out.append(short)
+    return out
+
+
+def _sizes(sizes: Iterable[int] | None) -> str:
+    if sizes is None:
+        return "not reported"
+    values = list(sizes)
+    return "[" + ", ".join(str(s) for s in values) + "]" if values else "none"
+
+
+def _compare(
+    name: str,
+    requested: str | None,
+    observed: str | None,
+    facts: ServerFacts,
+    fact: str,
+    needles: Iterable[str],
+) -> CheckResult | None:
+    if requested is None:
+        return None
+    want = normalize_backend(requested)
+    evidence = _evidence(facts, fact, needles=needles)
+    if observed is None:
+        return CheckResult(name, "unverifiable", str(want), "not reported", evidence)
+    return CheckResult(name, "pass" if observed == want else "fail", str(want), observed, evidence)
+
+
+def check_config_is_execution(spec: ServerSpec, facts: ServerFacts) -> list[CheckResult]:
+    """Each logical option the spec requests against what the server reported.
+
+    A check is emitted only for options the spec sets (``speculative`` and ``seed`` are always set:
+    ``None`` means "must be off" and the seed is always passed explicitly). A fact the server did not
+    report makes the check "unverifiable", never "pass".
+    """
+    results: list[CheckResult | None] = [
+        _compare(
+            "attention_backend",
+            spec.attention_backend,
+            facts.attention_backend,
+            facts,
+            "attention_backend",
+            ("attention_backend", "backend"),
+        ),
+        _compare(
+            "prefill_attention_backend",
+            spec.prefill_attention_backend,
+            facts.prefill_attention_backend,
+            facts,
+            "prefill_attention_backend",
+            ("prefill_attention_backend", "attention_backend"),
+        ),
+        _compare(
+            "decode_attention_backend",
+            spec.decode_attention_backend,
+            facts.decode_attention_backend,
+            facts,
+            "decode_attention_backend",
+            ("decode_attention_backend", "attention_backend"),
+        ),
+        _compare(
+            "nsa_prefill_backend",
+            spec.nsa_prefill_backend,
+            facts.nsa_prefill_backend,
+            facts,
+            "nsa_prefill_backend",
+            ("dsa_prefill_backend", "nsa_prefill_backend", "prefill="),
+        ),
+        _compare(
+            "nsa_decode_backend",
+            spec.nsa_decode_backend,
+            facts.nsa_decode_backend,
+            facts,
+            "nsa_decode_backend",
+            ("dsa_decode_backend", "nsa_decode_backend", "decode="),
+        ),
+    ]
+    if spec.cuda_graph is not None:
+        results.extend(_check_cuda_graph(spec, facts))
+    results.append(_check_speculative(spec, facts))
+    if spec.eager is not None:
+        results.append(_check_eager(spec.eager, facts))
+    if spec.mem_fraction is not None:
+        results.append(
+            _check_number(
+                "mem_fraction",
+                spec.mem_fraction,
+                facts.mem_fraction,
+                facts,
+                ("mem_fraction_static", "gpu_memory_utilization", "gpu-memory-utilization"),
+            )
+        )
+    if spec.max_batch_size is not None:
+        results.append(
+            _check_number(
+                "max_batch_size",
+                spec.max_batch_size,
+                facts.max_batch_size,
+                facts,
+                ("max_running_requests", "max_num_seqs"),
+            )
+        )
+    results.append(_check_number("seed", spec.seed, facts.seed, facts, ("random_seed", "seed=")))
+    if spec.deterministic:
+        evidence = _evidence(facts, "deterministic", needles=("enable_deterministic_inference",))
+        if facts.deterministic is None:
+            results.append(CheckResult("deterministic", "unverifiable", "on", "not reported", evidence))
+        else:
+            results.append(
+                CheckResult(
+                    "deterministic",
+                    "pass" if facts.deterministic else "fail",
+                    "on",
+                    "on" if facts.deterministic else "off",
+                    evidence,
+                )
+            )
+    return [r for r in results if r is not None]
+
+
+def _check_number(
+    name: str, requested: float, observed: float | None, facts: ServerFacts, needles: Iterable[str]
+) -> CheckResult:
+    evidence = _evidence(facts, name, needles=needles)
+    if observed is None:
+        return CheckResult(name, "unverifiable", f"{requested:g}", "not reported", evidence)
+    same = abs(float(observed) - float(requested)) <= 1e-6 * max(1.0, abs(float(requested)))
+    return CheckResult(name, "pass" if same else "fail", f"{requested:g}", f"{observed:g}", evidence)
+
+
+# Most specific first: the window shown from a one-line config is centred on the first needle found.
+_GRAPH_NEEDLES = (
+    "Capture",
+    "Capturing",
+    "disable_cuda_graph",
+    "cuda_graph_backend_decode",
+    "cudagraph_mode",
+    "cudagraph_capture_sizes",
+    "Cuda graph is disabled",
+    "cuda_graph",
+)
+
+
+def _check_cuda_graph(spec: ServerSpec, facts: ServerFacts) -> list[CheckResult]:
+    assert spec.cuda_graph is not None
+    graph = spec.cuda_graph
+    out: list[CheckResult] = []
+    captured = facts.captured_batch_sizes
+    capture_evidence = _evidence(
+        facts, "captured_batch_sizes", "cuda_graph_enabled", "graph_captures", needles=_GRAPH_NEEDLES
+    )
+    if graph.enabled:
+        requested = (
+            f"cuda graphs on, batch sizes {_sizes(graph.batch_sizes)}"
+            if graph.batch_sizes
+            else (
+                f"cuda graphs on, max batch size {graph.max_batch_size}"
+                if graph.max_batch_size
+                else "cuda graphs on"
+            )
+        )
+        if captured is None:
+            status: Status = "unverifiable"
+            if facts.cuda_graph_enabled is False:
+                status = "fail"
+            elif facts.cuda_graph_enabled and not (graph.batch_sizes or graph.max_batch_size):
+                status = "pass"  # capture proven; no particular sizes were asked for
+            observed = {
+                None: "capture not reported",
+                True: "graphs captured (sizes not reported)",
+                False: "no graphs",
+            }[facts.cuda_graph_enabled]
+            out.append(CheckResult("cuda_graph.captured", status, requested, observed, capture_evidence))
+        elif not captured:
+            out.append(
+                CheckResult(
+                    "cuda_graph.captured",
+                    "fail",
+                    requested,
+                    "no graphs captured",
+                    capture_evidence,
+                    note=f"cudagraph_mode={facts.cudagraph_mode}" if facts.cudagraph_mode else "",
+                )
+            )
+        else:
+            missing = sorted(set(graph.batch_sizes or ()) - set(captured))
+            note = ""
+            status = "pass"
+            if missing:
+                status = "fail"
+                note = f"missing sizes {_sizes(missing)}"
+            elif graph.max_batch_size and max(captured) != graph.max_batch_size:
+                status = "fail"
+                note = (
+                    f"largest captured size {max(captured)} != requested max {graph.max_batch_size}"
+                    " (capture lists are cut to the max running requests)"
+                )
+            out.append(
+                CheckResult(
+                    "cuda_graph.captured",
+                    status,
+                    requested,
+                    f"captured {_sizes(captured)}",
+                    capture_evidence,
+                    note=note,
+                )
+            )
+        out.append(_check_graph_used(facts, requested, captured or graph.batch_sizes))
+    else:
+        requested = "cuda graphs off"
+        if captured is None:
+            status = "fail" if facts.cuda_graph_enabled else "unverifiable"
+            observed = "graphs captured" if facts.cuda_graph_enabled else "capture not reported"
+            out.append(CheckResult("cuda_graph.captured", status, requested, observed, capture_evidence))
+        else:
+            out.append(
+                CheckResult(
+                    "cuda_graph.captured",
+                    "fail" if captured else "pass",
+                    requested,
+                    f"captured {_sizes(captured)}" if captured else "no graphs captured",
+                    capture_evidence,
+                )
+            )
+        if facts.decode_graph_reported:
+            on = facts.graph_passes_on + (sum(use["on"] for use in facts.graph_use_by_size.values())
+                                          or facts.decode_batches_on_graph)
+            out.append(CheckResult("cuda_graph.used_in_decode", "fail" if on else "pass", requested,
+                                   _graph_use(facts), _graph_use_evidence(facts)))
+    return out
+
+
+def _graph_use(facts: ServerFacts) -> str:
+    parts = []
+    if facts.graph_use_by_size:
+        parts.append("steps by batch size: " + ", ".join(
+            f"{size}: {use['on']} on graph/{use['off']} off" for size, use in sorted(facts.graph_use_by_size.items())))
+    elif facts.decode_batches_on_graph or facts.decode_batches_off_graph:
+        parts.append(
+            f"{facts.decode_batches_on_graph} decode batch lines on graph, "
+            f"{facts.decode_batches_off_graph} off graph"
+        )
+    if facts.graph_passes:
+        parts.append("graph passes " + ", ".join(f"{k}={v:g}" for k, v in sorted(facts.graph_passes.items())))
+    return "; ".join(parts) or "not reported"
+
+
+_GRAPH_USE_NEEDLES = ("graph:", "| FULL", "| PIECEWISE", "| NONE", "cuda_graph_passes")
+
+
+def _graph_use_evidence(facts: ServerFacts) -> list[str]:
+    return _evidence(facts, "graph_use_by_size", "decode_batches_on_graph", "graph_passes", "decode_batches_off_graph",
+                     needles=_GRAPH_USE_NEEDLES)
+
+
+def _check_graph_used(facts: ServerFacts, requested: str, captured: tuple[int, ...] | None) -> CheckResult:
+    """Graphs on: every observed step whose batch fits the largest captured graph must have run on a graph.
+
+    Steps above the largest captured size run eager by design and are not counted against the engine. Per-step
+    evidence (SGLang's ``Decode batch ... cuda graph:`` lines, vLLM's --cudagraph-metrics table) is strict; with
+    counters alone (no batch sizes) the check can only say that some decode passes used a graph.
+    """
+    name = "cuda_graph.used_in_decode"
+    evidence = _graph_use_evidence(facts)
+    if not facts.decode_graph_reported:
+        return CheckResult(name, "unverifiable", requested, "not reported", evidence,
+                           note=facts.graph_use_hint or "the engine reported no per-step graph use")
+    largest = max(captured) if captured else None
+    by_size = facts.graph_use_by_size
+    if by_size and largest is not None:
+        eager_in_range = {size: use["off"] for size, use in sorted(by_size.items()) if size <= largest and use["off"]}
+        on_in_range = sum(use["on"] for size, use in by_size.items() if size <= largest)
+        above = sum(use["on"] + use["off"] for size, use in by_size.items() if size > largest)
+        note = f"{above} step(s) above the largest captured size {largest} not counted" if above else ""
+        if eager_in_range:
+            listed = ", ".join(f"bs {size}: {steps} step(s)" for size, steps in eager_in_range.items())
+            return CheckResult(name, "fail", requested, f"ran WITHOUT a graph within the captured sizes ({listed}); "
+                               + _graph_use(facts), evidence, note=note)
+        if on_in_range:
+            return CheckResult(name, "pass", requested, _graph_use(facts), evidence, note=note)
+        return CheckResult(name, "unverifiable", requested, _graph_use(facts), evidence,
+                           note=f"no step within the captured sizes (<= {largest}) was observed")
+    on: float = sum(use["on"] for use in by_size.values()) + facts.decode_batches_on_graph * (not by_size)
+    on += facts.graph_passes_on
+    note = "" if by_size else "per-step batch sizes not reported: counted graph passes only"
+    return CheckResult(name, "pass" if on > 0 else "fail", requested, _graph_use(facts), evidence, note=note)
+
+
+def _check_speculative(spec: ServerSpec, facts: ServerFacts) -> CheckResult:
+    requested = spec.speculative or "off"
+    evidence = _evidence(
+        facts,
+        "speculative",
+        "speculative_detail",
+        needles=("speculative_config", "speculative_algorithm", "accept len", "SpecDecoding"),
+    )
+    if facts.speculative is None:
+        return CheckResult("speculative", "unverifiable", requested, "not reported", evidence)
+    observed = (
+        ("on" + (f" ({facts.speculative_detail})" if facts.speculative_detail else ""))
+        if (facts.speculative)
+        else "off"
+    )
+    wanted = spec.speculative is not None
+    return CheckResult(
+        "speculative", "pass" if facts.speculative == wanted else "fail", requested, observed, evidence
+    )
+
+
+def _check_eager(eager: bool, facts: ServerFacts) -> CheckResult:
+    requested = "eager (no torch.compile, no graphs)" if eager else "compiled (not eager)"
+    evidence = _evidence(
+        facts,
+        "compilation_mode",
+        "enforce_eager",
+        "cudagraph_mode",
+        needles=("'mode'", "enforce_eager", "cudagraph_mode", "Enforce eager"),
+    )
+    mode = facts.compilation_mode
+    if mode is None:
+        if facts.enforce_eager is None:
+            return CheckResult("eager", "unverifiable", requested, "not reported", evidence)
+        ok = facts.enforce_eager == eager
+        return CheckResult(
+            "eager", "pass" if ok else "fail", requested, f"enforce_eager={facts.enforce_eager}", evidence
+        )
+    observed = f"compilation mode {mode}, cudagraph mode {facts.cudagraph_mode or 'not reported'}"
+    if eager:
+        ok = mode == "NONE" and facts.cudagraph_mode in (None, "NONE")
+    else:
+        ok = mode != "NONE"
+    return CheckResult("eager", "pass" if ok else "fail", requested, observed, evidence)
