@@ -351,6 +351,11 @@ def _check_graph_used(facts: ServerFacts, requested: str, captured: tuple[int, .
                                + _graph_use(facts), evidence, note=note)
         if on_in_range:
             return CheckResult(name, "pass", requested, _graph_use(facts), evidence, note=note)
+        if facts.graph_passes_on > 0:  # no in-range step was logged, but the engine's counter saw graph replays
+            return CheckResult(name, "pass", requested, _graph_use(facts), evidence,
+                               note="; ".join(filter(None, [note, f"no logged step within the captured sizes "
+                                                 f"(<= {largest}); {facts.graph_passes_on:g} decode passes on a "
+                                                 "graph by the engine's counter"])))
         return CheckResult(name, "unverifiable", requested, _graph_use(facts), evidence,
                            note=f"no step within the captured sizes (<= {largest}) was observed")
     on: float = sum(use["on"] for use in by_size.values()) + facts.decode_batches_on_graph * (not by_size)

@@ -252,6 +252,7 @@ _DSA_PREFILL_0523 = (
 )
 _DSA_DECODE_0523 = tuple(v for v in _DSA_PREFILL_0523 if v != "triton_sparse_mla")
 _GRAPH_BACKENDS = ("full", "breakable", "disabled")
+# 0.5.9's fixed choices; from 0.5.15 on the algorithm is looked up in a registry (DFLASH, later DSPARK, UNO).
 _SPEC_ALGORITHMS = ("EAGLE", "EAGLE3", "NEXTN", "STANDALONE", "NGRAM")
 
 
@@ -320,9 +321,6 @@ _BUILTIN: dict[str, FlagSet] = {
             "--cuda-graph-max-bs",
             "--cuda-graph-bs",
             "--disable-cuda-graph",
-            "--enable-piecewise-cuda-graph",
-            "--piecewise-cuda-graph-max-tokens",
-            "--piecewise-cuda-graph-tokens",
             "--nsa-prefill-backend",
             "--nsa-decode-backend",
             "--stream-output",
@@ -335,7 +333,6 @@ _BUILTIN: dict[str, FlagSet] = {
             "--nsa-decode-backend": _DSA_059,
             "--cuda-graph-backend-decode": _GRAPH_BACKENDS,
             "--cuda-graph-backend-prefill": _GRAPH_BACKENDS,
-            "--speculative-algorithm": _SPEC_ALGORITHMS,
         },
     ),
     "0.5.23": _table(
@@ -362,7 +359,6 @@ _BUILTIN: dict[str, FlagSet] = {
             "--dsa-decode-backend": _DSA_DECODE_0523,
             "--cuda-graph-backend-decode": _GRAPH_BACKENDS,
             "--cuda-graph-backend-prefill": _GRAPH_BACKENDS,
-            "--speculative-algorithm": _SPEC_ALGORITHMS,
         },
     ),
 }
@@ -588,6 +584,12 @@ class SGLangAdapter(EngineAdapter):
             plan.notes.append(
                 "--enable-metrics added: graph-pass and token counters for the execution checks"
             )
+        # Decode lines come every --decode-log-interval steps (40 by default): with short probes only one appears,
+        # so the per-step graph check would see almost nothing. One line per step proves every batch size.
+        if spec.cuda_graph is not None and plan.flagset.has("--decode-log-interval") \
+                and "--decode-log-interval" not in user_flags:
+            plan.argv.extend(["--decode-log-interval", "1"])
+            plan.notes.append("--decode-log-interval 1 added: a decode line per step proves graph use per batch size")
         plan.argv.extend(spec.args)
         if spec.args:
             plan.notes.append(f"args passed through verbatim: {' '.join(spec.args)}")

@@ -13,6 +13,7 @@ Logical options → flags (vLLM V1, 0.2x-0.3x):
   speculative                 --speculative-config JSON
   context_size                --max-model-len
   seed                        --seed (always passed)
+  (cuda_graph enabled)        --cudagraph-metrics, so graph use per batch size can be proven
 """
 
 from __future__ import annotations
@@ -68,6 +69,13 @@ class VLLMAdapter(EngineAdapter):
                     compilation["max_cudagraph_capture_size"] = spec.cuda_graph.max_batch_size
         if compilation:
             argv += ["--compilation-config", json.dumps(compilation, separators=(",", ":"))]
+        user_flags = {arg.split("=", 1)[0] for arg in spec.args if arg.startswith("--")}
+        if spec.cuda_graph is not None and spec.cuda_graph.enabled and not user_flags & {
+                "--cudagraph-metrics", "--no-cudagraph-metrics"}:
+            # The only per-step record of graph use vLLM offers (>= 0.13): a table of runtime modes by batch
+            # size, logged every 10 s while requests run. Pass --no-cudagraph-metrics in args to leave it out.
+            argv.append("--cudagraph-metrics")
+            notes.append("--cudagraph-metrics added: per-step graph use for the execution checks")
         if spec.attention_backend:
             argv += ["--attention-backend", spec.attention_backend]
         for opt in ("prefill_attention_backend", "decode_attention_backend", "nsa_prefill_backend",
