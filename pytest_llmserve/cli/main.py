@@ -5,6 +5,7 @@
     llmserve kill-stale            # stop servers an interrupted run left behind
     llmserve baselines list|show|diff|accept ...
     llmserve compare A B           # exit 1 on regression
+    llmserve facts LOG [--engine E] [--metrics FILE] [--server-info FILE] [--json]
 """
 
 from __future__ import annotations
@@ -25,8 +26,10 @@ def main(argv: list[str] | None = None) -> int:
     p_kill = sub.add_parser("kill-stale", help="stop servers left running by an interrupted run")
     p_kill.set_defaults(func=_kill_stale)
     from pytest_llmserve.cli import baselines as cli_baselines
+    from pytest_llmserve.cli import facts as cli_facts
 
     cli_baselines.add_parser(sub)
+    cli_facts.add_parser(sub)
     args = parser.parse_args(argv)
     return int(args.func(args))
 

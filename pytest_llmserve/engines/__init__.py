@@ -46,3 +46,12 @@ def adapter_for_metrics(metrics_text: str) -> EngineAdapter | None:
         if adapter.metrics_prefix and adapter.metrics_prefix in metrics_text:
             return adapter
     return None
+
+
+def adapter_for_log(log_text: str) -> EngineAdapter | None:
+    """The engine whose own lines a server log holds (for ``llmserve facts`` without ``--engine``)."""
+    for name in ADAPTERS:
+        adapter = adapter_named(name)
+        if adapter.log_signature is not None and adapter.log_signature.search(log_text):
+            return adapter
+    return None

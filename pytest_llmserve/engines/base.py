@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -37,6 +38,8 @@ class EngineAdapter(ABC):
     server_info_path: str | None = None
     #: Prefix of the engine's Prometheus metric names ("vllm:"), to recognise an attached server's engine.
     metrics_prefix: str | None = None
+    #: A line only this engine writes, to recognise its log (``llmserve facts`` without ``--engine``).
+    log_signature: re.Pattern[str] | None = None
 
     @abstractmethod
     def launch_plan(self, spec: ServerSpec, host: str, port: int) -> LaunchPlan:

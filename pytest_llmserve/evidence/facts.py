@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ast
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field, fields
 from datetime import datetime, timedelta
 from typing import Any
@@ -24,6 +25,7 @@ __all__ = [
     "as_float",
     "as_int",
     "fill_missing",
+    "focus_line",
     "int_list",
     "literal",
     "normalize_backend",
@@ -164,6 +166,19 @@ class ServerFacts:
 # --------------------------------------------------------------------------- shared helpers
 
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+
+
+def focus_line(line: str, needles: Iterable[str], width: int = 400) -> str:
+    """A long line (the whole config on one line) cut down to the part that proves the fact."""
+    if len(line) <= width:
+        return line
+    for needle in needles:
+        at = line.find(needle)
+        if at >= 0:
+            start = max(0, at - width // 4)
+            end = min(len(line), at + (3 * width) // 4)
+            return ("…" if start else "") + line[start:end] + ("…" if end < len(line) else "")
+    return line[: width // 2] + " … " + line[-width // 2 :]
 
 
 def split_lines(text: str) -> list[str]:

@@ -8,7 +8,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
-from pytest_llmserve.evidence.facts import ServerFacts, normalize_backend
+from pytest_llmserve.evidence.facts import ServerFacts, focus_line, normalize_backend
 
 if TYPE_CHECKING:
     from pytest_llmserve.config import ServerSpec
@@ -51,25 +51,12 @@ class CheckResult:
         }
 
 
-def _focus(line: str, needles: Iterable[str], width: int = 400) -> str:
-    """A long line (the whole config on one line) cut down to the part that proves the fact."""
-    if len(line) <= width:
-        return line
-    for needle in needles:
-        at = line.find(needle)
-        if at >= 0:
-            start = max(0, at - width // 4)
-            end = min(len(line), at + (3 * width) // 4)
-            return ("…" if start else "") + line[start:end] + ("…" if end < len(line) else "")
-    return line[: width // 2] + " … " + line[-width // 2 :]
-
-
 def _evidence(facts: ServerFacts, *names: str, needles: Iterable[str] = ()) -> list[str]:
     needles = tuple(needles)
     out: list[str] = []
     for name in names:
         for line in facts.evidence.get(name, []):
-            short = _focus(line, needles)
+            short = focus_line(line, needles)
             if short not in out:
                 out.append(short)
     return out

@@ -43,6 +43,7 @@ mem_fraction, deterministic) are refused with a message that says what to use in
 from __future__ import annotations
 
 import os
+import re
 import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -154,6 +155,8 @@ class LlamaCppAdapter(EngineAdapter):
 
     name = "llamacpp"
     generation_counter = "llamacpp:tokens_predicted_total"
+    metrics_prefix = "llamacpp:"
+    log_signature = re.compile(r"llama_model_load|main: server is listening|build: \d+ \(\w+\)")
 
     def launch_plan(self, spec: ServerSpec, host: str, port: int) -> LaunchPlan:
         where = f"{spec.source}: [tool.llmserve.servers.{spec.name}]"

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -514,6 +515,7 @@ class SGLangAdapter(EngineAdapter):
     name = "sglang"
     generation_counter = "sglang:generation_tokens_total"
     metrics_prefix = "sglang:"
+    log_signature = re.compile(r"server_args=(?:ServerArgs\(|\{)|The server is fired up and ready to roll")
     server_info_path = "/server_info"
 
     def __init__(self, flagset: FlagSet | None = None) -> None:

@@ -19,6 +19,7 @@ Logical options → flags (vLLM V1, 0.2x-0.3x):
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from typing import TYPE_CHECKING, Any
 
@@ -34,6 +35,8 @@ class VLLMAdapter(EngineAdapter):
     name = "vllm"
     generation_counter = "vllm:generation_tokens_total"
     metrics_prefix = "vllm:"
+    log_signature = re.compile(
+        r"vLLM API server version|Initializing an? (?:V1 )?LLM engine|[█▀▄\s]+version \d|Starting vLLM")
 
     def launch_plan(self, spec: ServerSpec, host: str, port: int) -> LaunchPlan:
         assert spec.model
