@@ -61,16 +61,20 @@ class CudaGraphSpec:
     enabled: bool
     batch_sizes: tuple[int, ...] | None = None
     max_batch_size: int | None = None
+    # The engine's own graph mode, verbatim: vLLM's cudagraph_mode (FULL_AND_PIECEWISE, PIECEWISE, FULL,
+    # FULL_DECODE_ONLY), SGLang's decode graph backend (full, breakable). None = the engine's default.
+    mode: str | None = None
 
     @property
     def label(self) -> str:
         if not self.enabled:
             return "off"
+        mode = f"{self.mode}:" if self.mode else ""
         if self.batch_sizes:
-            return "on(" + ",".join(str(b) for b in self.batch_sizes) + ")"
+            return f"on({mode}" + ",".join(str(b) for b in self.batch_sizes) + ")"
         if self.max_batch_size:
-            return f"on(max={self.max_batch_size})"
-        return "on"
+            return f"on({mode}max={self.max_batch_size})"
+        return f"on({self.mode})" if self.mode else "on"
 
 
 @dataclass(frozen=True, slots=True)
@@ -397,10 +401,10 @@ def parse_cuda_graph(value: Any, where: str) -> CudaGraphSpec:
         return CudaGraphSpec(enabled=value)
     if not isinstance(value, dict):
         raise ConfigError(f"{where} = {value!r}: must be true/false or {{ enabled = true, batch_sizes = [1, 2, 4] }}")
-    unknown = set(value) - {"enabled", "batch_sizes", "max_batch_size"}
+    unknown = set(value) - {"enabled", "batch_sizes", "max_batch_size", "mode"}
     if unknown:
         raise ConfigError(f"{where} = {value!r}: unknown key(s) {', '.join(sorted(unknown))} "
-                          "(known: enabled, batch_sizes, max_batch_size)")
+                          "(known: enabled, batch_sizes, max_batch_size, mode)")
     enabled = value.get("enabled", True)
     if not isinstance(enabled, bool):
         raise ConfigError(f"{where}.enabled = {enabled!r}: must be true or false")
@@ -415,7 +419,13 @@ def parse_cuda_graph(value: Any, where: str) -> CudaGraphSpec:
     max_bs = value.get("max_batch_size")
     if max_bs is not None and (not isinstance(max_bs, int) or isinstance(max_bs, bool) or max_bs < 1):
         raise ConfigError(f"{where}.max_batch_size = {max_bs!r}: must be a positive integer")
-    return CudaGraphSpec(enabled=enabled, batch_sizes=sizes, max_batch_size=max_bs)
+    mode = value.get("mode")
+    if mode is not None and (not isinstance(mode, str) or not mode.strip()):
+        raise ConfigError(f"{where}.mode = {mode!r}: must be the engine's graph mode name "
+                          "(vLLM: FULL_AND_PIECEWISE, PIECEWISE, FULL, FULL_DECODE_ONLY; SGLang: full, breakable)")
+    if mode is not None and not enabled:
+        raise ConfigError(f"{where} = {value!r}: mode given but enabled = false")
+    return CudaGraphSpec(enabled=enabled, batch_sizes=sizes, max_batch_size=max_bs, mode=mode)
 
 
 def workload_from_table(name: str, body: Mapping[str, Any], source: str, base: Workload | None = None) -> Workload:

@@ -656,7 +656,10 @@ class SGLangAdapter(EngineAdapter):
                 ("--cuda-graph-max-bs-decode", "--cuda-graph-max-bs"),
                 str(graph.max_batch_size),
             )
-        if not graph.batch_sizes and not graph.max_batch_size:
+        if graph.mode:
+            plan.add("cuda_graph.mode", graph.mode, ("--cuda-graph-backend-decode",), graph.mode.lower(),
+                     choice=graph.mode.lower())
+        if not graph.batch_sizes and not graph.max_batch_size and not graph.mode:
             plan.notes.append("cuda_graph=on -> no flag (SGLang captures decode graphs by default)")
 
     @staticmethod

@@ -6,6 +6,7 @@ Logical options → flags (vLLM V1, 0.2x-0.3x):
   cuda_graph.enabled=False    --compilation-config '{"cudagraph_mode": "NONE"}'
   cuda_graph.batch_sizes      --compilation-config '{"cudagraph_capture_sizes": [...]}'
   cuda_graph.max_batch_size   --compilation-config '{"max_cudagraph_capture_size": N}'
+  cuda_graph.mode             --compilation-config '{"cudagraph_mode": MODE}' (FULL_AND_PIECEWISE, PIECEWISE, ...)
   attention_backend           --attention-backend NAME (the VLLM_ATTENTION_BACKEND env var is ignored since 0.26)
   max_batch_size              --max-num-seqs
   mem_fraction                --gpu-memory-utilization
@@ -65,6 +66,8 @@ class VLLMAdapter(EngineAdapter):
             if not spec.cuda_graph.enabled:
                 compilation["cudagraph_mode"] = "NONE"
             else:
+                if spec.cuda_graph.mode:
+                    compilation["cudagraph_mode"] = spec.cuda_graph.mode.upper()
                 if spec.cuda_graph.batch_sizes:
                     compilation["cudagraph_capture_sizes"] = list(spec.cuda_graph.batch_sizes)
                     compilation["max_cudagraph_capture_size"] = max(spec.cuda_graph.batch_sizes)

@@ -159,3 +159,19 @@ def test_sglang_0523_metrics_and_server_info_shapes() -> None:
     none = parse_sglang_server_info({"internal_states": [{"memory_usage": {"graph": {"decode": 0.0}}}],
                                      "cuda_graph_backend_decode": "disabled"})
     assert none.cuda_graph_enabled is False
+
+
+def test_a_requested_graph_mode_is_launched_and_checked() -> None:
+    from pytest_llmserve.config import parse_cuda_graph
+
+    graph = parse_cuda_graph({"enabled": True, "mode": "PIECEWISE", "batch_sizes": [1, 2, 4, 8]}, "cuda_graph")
+    assert graph.label == "on(PIECEWISE:1,2,4,8)"
+    spec = ServerSpec(name="s", engine="vllm", model="/m", cuda_graph=graph)
+    plan = adapter_named("vllm").launch_plan(spec, "127.0.0.1", 8000)
+    config = json.loads(plan.argv[plan.argv.index("--compilation-config") + 1])
+    assert config["cudagraph_mode"] == "PIECEWISE" and config["cudagraph_capture_sizes"] == [1, 2, 4, 8]
+    assert "--cudagraph-metrics" in plan.argv
+    # The recorded server ran FULL_AND_PIECEWISE: asking for PIECEWISE is a named mismatch.
+    facts = facts_of("vllm", "real_vllm_gpu_0.26.0_h200_full_and_piecewise")
+    mode = checks("vllm", spec, facts)["cuda_graph.mode"]
+    assert (mode.status, mode.requested, mode.observed) == ("fail", "PIECEWISE", "FULL_AND_PIECEWISE")
