@@ -270,7 +270,8 @@ def _check_cuda_graph(spec: ServerSpec, facts: ServerFacts) -> list[CheckResult]
             out.append(CheckResult(
                 "cuda_graph.mode", "unverifiable" if graph_mode is None else
                 "pass" if graph_mode.upper() == graph.mode.upper() else "fail", graph.mode,
-                graph_mode or "not reported", _evidence(facts, "cudagraph_mode", needles=("cudagraph_mode", "backend="))))
+                graph_mode or "not reported",
+                _evidence(facts, "cudagraph_mode", needles=("cudagraph_mode", "backend="))))
         out.append(_check_graph_used(facts, requested, captured or graph.batch_sizes))
     else:
         requested = "cuda graphs off"
