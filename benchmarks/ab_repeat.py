@@ -17,9 +17,9 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+from pytest_llmserve.config import WORKLOAD_PRESETS, LLMServeConfig, Workload
 from pytest_llmserve.engines import embedded
 from pytest_llmserve.gates.bench import ABRunner
-from pytest_llmserve.config import WORKLOAD_PRESETS, LLMServeConfig, Workload
 from pytest_llmserve.server.pool import ServerPool
 
 

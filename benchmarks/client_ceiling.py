@@ -44,7 +44,8 @@ PATHS = ("lean", "lean-asyncio", "httpx", "openai", "vllm", "lean-x2")
 def child_plugin(transport: str, url: str, n: int, output_len: int, concurrency: int) -> dict[str, Any]:
     sys.path.insert(0, str(ROOT))
     from pytest_llmserve.config import Workload
-    from pytest_llmserve.load import build_prompts, run_workload, run_workload_multiprocess
+    from pytest_llmserve.load.prompts import build_prompts
+    from pytest_llmserve.load.runner import run_workload, run_workload_multiprocess
 
     wl = Workload("ceiling", num_prompts=n, input_len=16, output_len=output_len, warmup=0,
                   max_concurrency=concurrency)
@@ -75,7 +76,7 @@ def child_plugin(transport: str, url: str, n: int, output_len: int, concurrency:
                         "children_timed_cpu_s": res.client_cpu_s,
                         "parent_cpu_s": cpu - (res.client_cpu_s or 0.0),
                         "by_process": sorted({r.process for r in res.per_request}),
-                        "itl_samples": res.summaries["itl"].count if res.summaries else None,
+                        "itl_samples": res.summaries["itl"].n if res.summaries else None,
                         "p99_itl_ms": figures.get("p99_itl_ms"), "server_check": res.server_check}
     return out
 

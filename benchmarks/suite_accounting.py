@@ -8,7 +8,7 @@ default server and the ``smoke`` workload are used unless ``--config`` gives an 
 * ``ServerHandle.start`` -> ``boot(spec id)``, ``ServerHandle.stop`` -> ``teardown()``;
 * every HTTP exchange -> ``requests()``: ``httpx.Client.send`` / ``httpx.AsyncClient.send`` (the
   correctness client, the openai SDK, scrapes of ``/metrics``), ``httpx.Client.stream`` /
-  ``httpx.AsyncClient.stream`` (whole streamed bodies) and ``load._execute`` (the load generator's
+  ``httpx.AsyncClient.stream`` (whole streamed bodies) and ``load.runner._execute`` (the load generator's
   lean transport, whole runs).
 
 The same calls are where the plugin itself should mark its time (see docs/performance.md). While
@@ -48,8 +48,8 @@ def main(argv: list[str] | None = None) -> int:
     import httpx
     import pytest
 
-    from pytest_llmserve import load
     from pytest_llmserve.gates.accounting import Accounting, format_report
+    from pytest_llmserve.load import runner
     from pytest_llmserve.server.handle import ServerHandle
 
     acc = Accounting(start=False)
@@ -88,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     patch(ServerHandle, "stop", teardown)
     patch(httpx.Client, "send", sync_request)
     patch(httpx.AsyncClient, "send", async_request)
-    patch(load, "_execute", async_request)
+    patch(runner, "_execute", async_request)
 
     def sync_stream(original: Any) -> Any:
         @contextlib.contextmanager

@@ -8,7 +8,7 @@ workload: ``--num-prompts`` prompts of ``--input-len`` tokens, ``--output-len`` 
 uses seed ``--seed + k`` for both tools (fresh prompts each round: nothing is served from the prefix
 cache of an earlier round).
 
-* plugin: :func:`pytest_llmserve.load.run_workload` (lean transport) in this process, prompts built
+* plugin: :func:`pytest_llmserve.load.runner.run_workload` (lean transport) in this process, prompts built
   to exactly ``input_len`` tokens with the server's ``/tokenize``.
 * vLLM: ``vllm.benchmarks.serve`` (``add_cli_args`` + ``main``, parsed by
   ``vllm.utils.argparse_utils.FlexibleArgumentParser``) in the engine's python as a subprocess, with
@@ -47,10 +47,12 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from pytest_llmserve import load  # noqa: E402
-
-from pytest_llmserve.engines import embedded
 from pytest_llmserve.config import Workload  # noqa: E402
+from pytest_llmserve.engines import embedded  # noqa: E402
+from pytest_llmserve.evidence.prometheus import counter_total  # noqa: E402
+from pytest_llmserve.load.prompts import build_prompts  # noqa: E402
+from pytest_llmserve.load.runner import run_workload  # noqa: E402
+from pytest_llmserve.load.transport import fetch_text  # noqa: E402
 
 COUNTER = "vllm:generation_tokens_total"
 
@@ -187,8 +189,8 @@ SCRAPED = {"counter": COUNTER, "iterations": "vllm:iteration_tokens_total_count"
 
 
 def scrape(url: str) -> dict[str, float | None]:
-    text = load._fetch_text(url, "/metrics", None)
-    return {k: (load.counter_value(text, name) if text is not None else None) for k, name in SCRAPED.items()}
+    text = fetch_text(url, "/metrics", None)
+    return {k: (counter_total(text, name) if text is not None else None) for k, name in SCRAPED.items()}
 
 
 def deltas(before: dict[str, float | None], after: dict[str, float | None]) -> dict[str, float | None]:
@@ -211,9 +213,9 @@ def figures(source: dict[str, Any], names: dict[str, str] | None = None) -> dict
 
 
 def run_plugin(url: str, model: str, wl: Workload, tokenize: Any) -> dict[str, Any]:
-    prompts = load.build_prompts(wl, tokenize=tokenize)
+    prompts = build_prompts(wl, tokenize=tokenize)
     before = scrape(url)
-    res = load.run_workload(url, model, wl, prompts=prompts, progress=False, server_counter=COUNTER)
+    res = run_workload(url, model, wl, prompts=prompts, progress=False, server_counter=COUNTER)
     after = scrape(url)
     return {
         "tool": "plugin", "valid": res.valid, "errors": res.invalid_reasons,
@@ -423,7 +425,7 @@ def main(argv: list[str] | None = None) -> int:
         if not args.no_prime:
             prime = replace(base, name="prime", num_prompts=8, output_len=16, warmup=0,
                             seed=args.seed + 10_000)
-            load.run_workload(url, model, prime, progress=False)
+            run_workload(url, model, prime, progress=False)
         sampler.start()
         order = ["plugin", "vllm"] if args.first == "plugin" else ["vllm", "plugin"]
         sequence: list[str] = []

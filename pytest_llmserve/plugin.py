@@ -634,9 +634,9 @@ def parse_benchmark_marker(marker: Any, settings: Settings, nodeid: str) -> dict
                 raise ConfigError(f"{where} higher_is_better = {value!r}: must be True or False")
             out[key] = value
         elif key == "metric":
-            from pytest_llmserve.gates.bench import known_metric
+            from pytest_llmserve.metrics import is_known
 
-            if not known_metric(str(value)):
+            if not is_known(str(value)):
                 raise ConfigError(f"{where} metric = {value!r}: unknown metric")
             out[key] = str(value)
         else:

@@ -12,7 +12,7 @@ import httpcore  # noqa: F401
 import httpx  # noqa: F401
 
 import pytest_llmserve.evidence.client  # noqa: F401
-import pytest_llmserve.load  # noqa: F401
+import pytest_llmserve.load.runner  # noqa: F401
 import pytest_llmserve.server.handle  # noqa: F401
 
 pytest_plugins = ["pytester"]

@@ -353,9 +353,9 @@ def _compare_pair(a: _Side, b: _Side, args: argparse.Namespace) -> BenchOutcome:
     metric = args.metric or a.metric
     higher = a.higher_is_better if metric == a.metric else b.higher_is_better if metric == b.metric else None
     if higher is None:
-        from pytest_llmserve.verdicts.stats import default_higher_is_better
+        from pytest_llmserve.metrics import higher_is_better
 
-        higher = default_higher_is_better(metric)
+        higher = higher_is_better(metric)
     tolerance = (
         args.tolerance
         if args.tolerance is not None

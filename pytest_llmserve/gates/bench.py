@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from pytest_llmserve.config import LLMServeConfig, ServerSpec, Workload
+from pytest_llmserve.metrics import higher_is_better
 
 ENVIRONMENT_KEYS = ("hardware", "python", "plugin_version")
 SAVE_MIN_ROUNDS = 5  # at 5 vs 3+ samples an exact one-sided Mann-Whitney test can reach p < 0.05
@@ -29,28 +30,6 @@ SAVE_MIN_ROUNDS = 5  # at 5 vs 3+ samples an exact one-sided Mann-Whitney test c
 
 class BenchSkip(Exception):
     """The comparison cannot be made here (no baseline for this environment); the test is skipped."""
-
-
-def known_metric(name: str) -> bool:
-    from pytest_llmserve import load
-
-    return name in load.METRIC_DEFINITIONS or name in _summary_metric_names()
-
-
-def _summary_metric_names() -> set[str]:
-    from pytest_llmserve import load
-
-    out = set()
-    for base in load.LATENCY_METRICS:
-        for stat in ("mean", "median", "p90", "p99"):
-            out.add(f"{stat}_{base}_ms")
-    return out
-
-
-def higher_is_better(metric: str) -> bool:
-    from pytest_llmserve import load
-
-    return metric in load.HIGHER_IS_BETTER
 
 
 def round_samples(result: Any) -> dict[str, float]:
@@ -107,11 +86,11 @@ class BenchGate:
 
     def measure(self, workload: Workload, rounds: int, prompts: Any = None) -> tuple[list[dict[str, float]], Any]:
         """Run ``rounds`` rounds; raise via ``fail`` on an invalid round."""
-        from pytest_llmserve import load
+        from pytest_llmserve.load.prompts import build_prompts
 
         client = self.server.client()
         if prompts is None:
-            prompts = load.build_prompts(workload, tokenize=client.tokenize)
+            prompts = build_prompts(workload, tokenize=client.tokenize)
         samples: list[dict[str, float]] = []
         last = None
         for i in range(rounds):
@@ -205,11 +184,11 @@ class BenchGate:
 def run_round(server: Any, workload: Workload, prompts: Any, what: str, fail: Callable[[str], Any]) -> Any:
     """One measured round on a live ``server`` (its requests counted as request time, bounded by the server's
     ``request_timeout_s``); an invalid round is never a number: ``fail`` gets what made it invalid."""
-    from pytest_llmserve import load
+    from pytest_llmserve.load.runner import run_workload
 
     server.ensure_alive()
     with _requests(server):
-        result = load.run_workload(server.base_url, server.model_name, workload, prompts=prompts,
+        result = run_workload(server.base_url, server.model_name, workload, prompts=prompts,
                                    api_key=server.spec.api_key, progress=False,
                                    timeout_s=server.spec.request_timeout_s,
                                    server_counter=server.adapter.generation_counter)
@@ -305,7 +284,7 @@ class ABRunner:
 
     def run(self, a: str, b: str, *, workload: str = "smoke", rounds: int = 5, metric: str = "output_throughput",
             tolerance: float = 0.05, alpha: float = 0.05, warmup_rounds: int = 1) -> dict[str, Any]:
-        from pytest_llmserve import load
+        from pytest_llmserve.load.prompts import build_prompts
         from pytest_llmserve.store import baselines
         from pytest_llmserve.verdicts import stats
 
@@ -315,7 +294,7 @@ class ABRunner:
         server_b = self.pool.get(spec_b, keep=(spec_a,))
         diffs = baselines.diff_context(baselines.build_context(spec_a, wl, engine_version=None),
                                        baselines.build_context(spec_b, wl, engine_version=None))
-        prompts = load.build_prompts(wl, tokenize=server_a.client().tokenize)
+        prompts = build_prompts(wl, tokenize=server_a.client().tokenize)
         hib = higher_is_better(metric)
         side: dict[str, list[dict[str, float]]] = {"A": [], "B": []}
         servers = {"A": server_a, "B": server_b}

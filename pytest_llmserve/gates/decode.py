@@ -107,7 +107,7 @@ class DecodeCheck:
             report = oracles.run_determinism(client, self.spec.id, exact=self._exact())
         return self._conclude(report)
 
-    def matches(self, reference: Any, *, prompts: Sequence[oracles.Prompt] | None = None,
+    def matches(self, reference: Any, *, prompts: Sequence[oracles.ProbePrompt] | None = None,
                 max_tokens: int | None = None, concurrent: bool = False,
                 exact: bool | None = None) -> DecodeCheck:
         """Differential check against a reference configuration (e.g. graphs off, batch size 1, another

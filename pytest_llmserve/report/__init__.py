@@ -41,8 +41,9 @@ from pathlib import Path
 from typing import Any
 
 from pytest_llmserve.errors import BaselineError
+from pytest_llmserve.metrics import higher_is_better
 from pytest_llmserve.store.baselines import BenchKey, Comparability, atomic_write_text
-from pytest_llmserve.verdicts.stats import Summary, Verdict, default_higher_is_better, summarize
+from pytest_llmserve.verdicts.stats import Summary, Verdict, summarize
 
 RESULTS_FORMAT = "pytest-llmserve-results"
 RESULTS_SCHEMA = 1
@@ -385,7 +386,7 @@ def outcome_from_gate(data: Mapping[str, Any]) -> BenchOutcome:
         server_id=server,
         workload=workload,
         metric=metric,
-        higher_is_better=bool(higher) if higher is not None else default_higher_is_better(metric),
+        higher_is_better=bool(higher) if higher is not None else higher_is_better(metric),
         tolerance=float(data.get("tolerance", 0.05)),
         verdict=Verdict.from_dict(detail) if isinstance(detail, Mapping) else None,
         comparability=Comparability.from_dict(comp) if isinstance(comp, Mapping) else None,

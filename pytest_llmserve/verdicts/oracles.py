@@ -28,7 +28,7 @@ from pytest_llmserve.evidence.client import Completion, LLMClient, TokenLogprob
 
 Severity = Literal["error", "warning"]
 _T = TypeVar("_T")
-_P = TypeVar("_P", bound="Prompt | KnownAnswer")
+_P = TypeVar("_P", bound="ProbePrompt | KnownAnswer")
 
 DEFAULT_LOGPROBS = 5
 
@@ -879,7 +879,7 @@ def _cap_cases(captured: list[BatchCase], padded: list[BatchCase], above: list[B
 # --------------------------------------------------------------------------------------------------
 
 @dataclass(frozen=True, slots=True)
-class Prompt:
+class ProbePrompt:
     """A probe prompt: sent to /v1/chat/completions when ``chat`` (the chat template applies), else as
     raw text to /v1/completions."""
 
@@ -895,38 +895,38 @@ class Prompt:
 # Long greedy decodes. Instruct models at temperature 0 stay most varied on open narrative tasks; list
 # prompts ("twenty animals, one fact each") sent SmolLM2-135M into a one-line loop at once. These two
 # stayed the most varied over 256 greedy tokens (compression 2.1 and 2.9, 119 and 82 distinct tokens).
-DEFAULT_LONG_DECODE_PROMPTS: tuple[Prompt, ...] = (
-    Prompt("Write a short story about a lighthouse keeper who finds a message in a bottle.", chat=True,
-           name="story"),
-    Prompt("Describe the life cycle of a butterfly in detail.", chat=True, name="butterfly"),
+DEFAULT_LONG_DECODE_PROMPTS: tuple[ProbePrompt, ...] = (
+    ProbePrompt("Write a short story about a lighthouse keeper who finds a message in a bottle.", chat=True,
+                name="story"),
+    ProbePrompt("Describe the life cycle of a butterfly in detail.", chat=True, name="butterfly"),
 )
 # Short prompts for the NaN check and for the batch cases: plain text continuations of different
 # lengths (a batch mixes sequence lengths, as real traffic does), sent to /v1/completions.
-DEFAULT_BATCH_PROMPTS: tuple[Prompt, ...] = (
-    Prompt("The capital of France is"),
-    Prompt("Once upon a time, in a small village by the sea, there lived"),
-    Prompt("The three primary colors are"),
-    Prompt("In 1969, the first humans to walk on the Moon were"),
-    Prompt("Water boils at a temperature of"),
-    Prompt("To make a simple tomato soup, you first need to"),
-    Prompt("Photosynthesis is the process by which plants"),
-    Prompt("The most important thing to remember when learning a new language is"),
+DEFAULT_BATCH_PROMPTS: tuple[ProbePrompt, ...] = (
+    ProbePrompt("The capital of France is"),
+    ProbePrompt("Once upon a time, in a small village by the sea, there lived"),
+    ProbePrompt("The three primary colors are"),
+    ProbePrompt("In 1969, the first humans to walk on the Moon were"),
+    ProbePrompt("Water boils at a temperature of"),
+    ProbePrompt("To make a simple tomato soup, you first need to"),
+    ProbePrompt("Photosynthesis is the process by which plants"),
+    ProbePrompt("The most important thing to remember when learning a new language is"),
 )
-DEFAULT_NAN_PROMPTS: tuple[Prompt, ...] = (
-    Prompt("What is the capital of France? Answer in one word.", chat=True, name="chat-capital"),
+DEFAULT_NAN_PROMPTS: tuple[ProbePrompt, ...] = (
+    ProbePrompt("What is the capital of France? Answer in one word.", chat=True, name="chat-capital"),
     *DEFAULT_BATCH_PROMPTS[:3],
 )
-DEFAULT_DETERMINISM_PROMPT = Prompt("Write a letter to a friend describing your last holiday in the "
-                                    "mountains.", chat=True, name="letter")
+DEFAULT_DETERMINISM_PROMPT = ProbePrompt("Write a letter to a friend describing your last holiday in the "
+                                         "mountains.", chat=True, name="letter")
 
 # Coherence limits for short batch outputs: the same metrics; the length-sensitive ones are skipped
 # automatically below CoherenceThresholds.min_chars / min_tokens.
 BATCH_THRESHOLDS = DEFAULT_THRESHOLDS
 
 
-def _send(client: LLMClient, prompt: Prompt | KnownAnswer, max_tokens: int,
+def _send(client: LLMClient, prompt: ProbePrompt | KnownAnswer, max_tokens: int,
           logprobs: int | None) -> Completion:
-    text = prompt.text if isinstance(prompt, Prompt) else prompt.prompt
+    text = prompt.text if isinstance(prompt, ProbePrompt) else prompt.prompt
     if prompt.chat:
         return client.chat(text, max_tokens, temperature=0.0, logprobs=logprobs)
     return client.complete(text, max_tokens, temperature=0.0, logprobs=logprobs)
@@ -937,7 +937,7 @@ def _transport_failure(exc: RequestError, probe: str) -> Finding:
                    "the remaining requests of this check were not sent", probe=probe)
 
 
-def run_nan_check(client: LLMClient, server_id: str, *, prompts: Sequence[Prompt] = DEFAULT_NAN_PROMPTS,
+def run_nan_check(client: LLMClient, server_id: str, *, prompts: Sequence[ProbePrompt] = DEFAULT_NAN_PROMPTS,
                   max_tokens: int = 32, logprobs: int = DEFAULT_LOGPROBS,
                   read_log: Callable[[], Iterable[str]] | None = None) -> OracleReport:
     """Greedy requests with logprobs on each prompt, a one-token request, and the engine's own
@@ -979,7 +979,7 @@ def _is_nan_http_error(c: Completion) -> bool:
     return not c.ok and c.status >= 400 and bool(_NAN_BODY_RE.search(c.error or ""))
 
 
-def _without_logprobs(client: LLMClient, prompt: Prompt, max_tokens: int, label: str,
+def _without_logprobs(client: LLMClient, prompt: ProbePrompt, max_tokens: int, label: str,
                       report: OracleReport) -> list[Finding]:
     """Resend a request whose logprobs could not be serialized, without logprobs, as further evidence."""
     probe = f"{label} resent without logprobs"
@@ -1024,10 +1024,10 @@ def run_known_answers(client: LLMClient, probes: Sequence[KnownAnswer] = DEFAULT
 
 def run_long_decode(client: LLMClient, server_id: str = "", max_tokens: int = 256,
                     thresholds: CoherenceThresholds | None = None, *,
-                    prompts: Sequence[Prompt] = DEFAULT_LONG_DECODE_PROMPTS,
+                    prompts: Sequence[ProbePrompt] = DEFAULT_LONG_DECODE_PROMPTS,
                     logprobs: int = DEFAULT_LOGPROBS) -> OracleReport:
     """Long greedy decodes (bugs often show only after ~100 tokens) checked for NaN and collapse."""
-    def judge(_prompt: Prompt, c: Completion, probe: str) -> list[Finding]:
+    def judge(_prompt: ProbePrompt, c: Completion, probe: str) -> list[Finding]:
         found = coherence_findings(c, thresholds, probe=probe)
         n = c.completion_tokens if c.completion_tokens is not None else len(c.tokens)
         if c.ok and n < max_tokens // 2:
@@ -1040,7 +1040,7 @@ def run_long_decode(client: LLMClient, server_id: str = "", max_tokens: int = 25
                       lambda p: f"long-decode[{p.label}]", lambda _p: max_tokens, logprobs, judge)
 
 
-def batch_prompts(size: int, prompts: Sequence[Prompt] = DEFAULT_BATCH_PROMPTS) -> list[Prompt]:
+def batch_prompts(size: int, prompts: Sequence[ProbePrompt] = DEFAULT_BATCH_PROMPTS) -> list[ProbePrompt]:
     """The prompts of a batch of ``size``: the pool in order, repeated when the batch is larger."""
     if not prompts:
         raise ValueError("no prompts")
@@ -1048,7 +1048,7 @@ def batch_prompts(size: int, prompts: Sequence[Prompt] = DEFAULT_BATCH_PROMPTS) 
 
 
 def run_batch_reference(client: LLMClient, server_id: str = "", *, max_tokens: int = 32,
-                        prompts: Sequence[Prompt] = DEFAULT_BATCH_PROMPTS,
+                        prompts: Sequence[ProbePrompt] = DEFAULT_BATCH_PROMPTS,
                         logprobs: int = DEFAULT_LOGPROBS,
                         thresholds: CoherenceThresholds | None = None) -> OracleReport:
     """One request at a time (batch 1) for every prompt of the pool. ``report.completions`` is the
@@ -1060,7 +1060,7 @@ def run_batch_reference(client: LLMClient, server_id: str = "", *, max_tokens: i
 
 def run_batch_case(client: LLMClient, case: BatchCase, reference: Sequence[Completion] | None,
                    server_id: str = "", max_tokens: int = 32, *,
-                   prompts: Sequence[Prompt] = DEFAULT_BATCH_PROMPTS, logprobs: int = DEFAULT_LOGPROBS,
+                   prompts: Sequence[ProbePrompt] = DEFAULT_BATCH_PROMPTS, logprobs: int = DEFAULT_LOGPROBS,
                    thresholds: CoherenceThresholds | None = None, name_ref: str = "bs=1 reference",
                    exact: bool = False) -> OracleReport:
     """Send ``case.size`` greedy requests at once, so the server decodes them as one batch, and check
@@ -1098,7 +1098,7 @@ def run_batch_case(client: LLMClient, case: BatchCase, reference: Sequence[Compl
 
 
 def run_determinism(client: LLMClient, server_id: str = "", *,
-                    prompt: Prompt = DEFAULT_DETERMINISM_PROMPT, max_tokens: int = 64, exact: bool = False,
+                    prompt: ProbePrompt = DEFAULT_DETERMINISM_PROMPT, max_tokens: int = 64, exact: bool = False,
                     logprobs: int = DEFAULT_LOGPROBS) -> OracleReport:
     """The same greedy request twice, one after the other."""
     report = OracleReport("determinism", server_id=server_id)
@@ -1137,10 +1137,10 @@ def compare_runs(reference: Sequence[Completion], candidate: Sequence[Completion
 
 # The differential's prompts: the chat probe and the raw-text batch prompts (mixed lengths), 32 greedy
 # tokens each. SmolLM2 on vLLM CPU: the two sides agree, at most with near-tie warnings.
-DEFAULT_DIFFERENTIAL_PROMPTS: tuple[Prompt, ...] = (DEFAULT_NAN_PROMPTS[0], *DEFAULT_BATCH_PROMPTS)
+DEFAULT_DIFFERENTIAL_PROMPTS: tuple[ProbePrompt, ...] = (DEFAULT_NAN_PROMPTS[0], *DEFAULT_BATCH_PROMPTS)
 
 
-def send_prompts(client: LLMClient, prompts: Sequence[Prompt], max_tokens: int, *,
+def send_prompts(client: LLMClient, prompts: Sequence[ProbePrompt], max_tokens: int, *,
                  logprobs: int | None = DEFAULT_LOGPROBS, concurrent: bool = False) -> list[Completion]:
     """Greedy requests for ``prompts``, one after the other (batch 1), or all at once when ``concurrent``
     (so the server decodes them as one batch). Raises :class:`RequestError` on a transport failure."""
@@ -1154,7 +1154,7 @@ def send_prompts(client: LLMClient, prompts: Sequence[Prompt], max_tokens: int, 
 
 
 def run_differential(reference: LLMClient, candidate: LLMClient, *, name_ref: str, name_cand: str,
-                     prompts: Sequence[Prompt] = DEFAULT_DIFFERENTIAL_PROMPTS, max_tokens: int = 32,
+                     prompts: Sequence[ProbePrompt] = DEFAULT_DIFFERENTIAL_PROMPTS, max_tokens: int = 32,
                      logprobs: int = DEFAULT_LOGPROBS, exact: bool = False,
                      concurrent: bool = False) -> OracleReport:
     """The same greedy prompts on a reference configuration and on the candidate, compared answer by answer.
@@ -1193,7 +1193,7 @@ __all__ = [
     "BATCH_THRESHOLDS", "DEFAULT_COVERAGE_CAP", "DEFAULT_DIFFERENTIAL_PROMPTS", "DEFAULT_KNOWN_ANSWERS",
     "DEFAULT_LONG_DECODE_PROMPTS",
     "DEFAULT_BATCH_PROMPTS", "DEFAULT_NAN_PROMPTS", "DEFAULT_THRESHOLDS", "NO_GRAPH_SIZES", "BatchCase",
-    "CoherenceThresholds", "Finding", "KnownAnswer", "OracleReport", "Prompt", "TokenAt", "batch_prompts",
+    "CoherenceThresholds", "Finding", "KnownAnswer", "OracleReport", "ProbePrompt", "TokenAt", "batch_prompts",
     "check_logprobs_close", "coherence_findings", "coherence_metrics", "compare_runs", "coverage_plan",
     "determinism_findings", "exact_equal_findings", "known_answer_findings", "logprob_consistency",
     "nan_evidence", "nan_in_log", "nan_in_metrics", "response_findings", "run_batch_case",

@@ -26,7 +26,7 @@ samples). A seeded bootstrap (2000 resamples) gives the 95 % CI of ``change``. T
 
 Sizing (defaults ``alpha = 0.05``, ``min_samples = 3``). For a throughput with ~3 % round-to-round
 noise, 5 rounds per side calls a real 10 % drop "regressed" almost always (measured in
-``tests/unit/test_stats.py``: 195 of 200 seeds "regressed", the other 5 "inconclusive", none "pass";
+``tests/unit/verdicts/test_stats.py``: 195 of 200 seeds "regressed", the other 5 "inconclusive", none "pass";
 with re-runs from 3 current rounds up to 8, 199 of 200), because at 5 vs 5 an exact one-sided test
 reaches p < 0.05 with up to 4 of the 25 pairs out of order (P(U <= 4) = 0.048). With 3 vs 3 no
 verdict other than "inconclusive" is possible at alpha = 0.05, so a gate should record baselines with
@@ -63,7 +63,13 @@ _EXACT_LIMIT = 50
 
 @dataclass(frozen=True, slots=True)
 class Summary:
-    """Descriptive statistics of one metric's samples (``stdev`` is the sample stdev, ``cv`` = stdev/mean)."""
+    """Descriptive statistics of one metric's samples: the rounds of a benchmark, or a run's latencies (ms).
+
+    ``stdev`` is the *sample* standard deviation (n - 1 in the denominator, 0 for one sample) and ``cv`` =
+    stdev / |mean|. The samples are a few draws from a noisy process whose spread is what a reader wants
+    to know, and n - 1 is the unbiased variance estimate for that; it is also what numpy (ddof=1),
+    ``statistics.stdev`` and pytest-benchmark report, so our figures match theirs.
+    """
 
     n: int
     mean: float
@@ -74,6 +80,12 @@ class Summary:
     p90: float
     p99: float
     cv: float
+
+    @classmethod
+    def undefined(cls) -> Summary:
+        """The summary of no samples: n = 0 and every figure NaN (null in JSON)."""
+        nan = math.nan
+        return cls(n=0, mean=nan, median=nan, stdev=nan, min=nan, max=nan, p90=nan, p99=nan, cv=nan)
 
     def to_dict(self) -> dict[str, float | int]:
         return asdict(self)
@@ -132,12 +144,6 @@ def summarize(samples: Sequence[float]) -> Summary:
         p99=percentile(ordered, 99),
         cv=stdev / abs(mean) if mean else 0.0,
     )
-
-
-def default_higher_is_better(metric: str) -> bool:
-    """Direction of a metric from its name: throughputs and rates are higher-is-better, the rest lower."""
-    low = metric.lower()
-    return any(word in low for word in ("throughput", "per_s", "tok_s", "tokens_per", "goodput", "accuracy"))
 
 
 def min_attainable_p(n_baseline: int, n_current: int) -> float:

@@ -164,8 +164,8 @@ DEATH_TESTS = """
 
     import httpx
     import pytest
-    from pytest_llmserve import load
     from pytest_llmserve.config import Workload
+    from pytest_llmserve.load.runner import run_workload
 
     KILL = {"live[max_batch_size=4]": "between", "live[max_batch_size=8]": "during"}
 
@@ -205,7 +205,7 @@ DEATH_TESTS = """
 
         thread = threading.Thread(target=killer, daemon=True)
         thread.start()
-        res = load.run_workload(llm_server.base_url, llm_server.model_name, wl, progress=False, timeout_s=300)
+        res = run_workload(llm_server.base_url, llm_server.model_name, wl, progress=False, timeout_s=300)
         ended = time.monotonic()
         thread.join(10)
         assert killed, "the server was never seen generating"

@@ -25,9 +25,9 @@ from pathlib import Path
 import psutil
 import pytest
 
-from pytest_llmserve import load
 from pytest_llmserve.config import CACHE_ENV, ServerSpec, Workload
 from pytest_llmserve.errors import PreflightError, RequestError, ServerDiedError, ServerStartError
+from pytest_llmserve.load.runner import run_workload
 from pytest_llmserve.server import handle as server
 from pytest_llmserve.server import procs
 from pytest_llmserve.server.handle import ServerHandle
@@ -414,7 +414,7 @@ def test_request_timeout_raises_naming_it(tmp_path: Path, token: str) -> None:
         # The load generator's per-request timeout: a record with the error, never a hang.
         wl = Workload("w", num_prompts=2, input_len=4, output_len=4, warmup=0)
         start = time.monotonic()
-        res = load.run_workload(handle.base_url, handle.model_name, wl, progress=False, timeout_s=1.0)
+        res = run_workload(handle.base_url, handle.model_name, wl, progress=False, timeout_s=1.0)
         assert time.monotonic() - start < 5
         assert not res.valid
         assert all(r.error and r.error.startswith("timed out after 1 s") for r in res.per_request)

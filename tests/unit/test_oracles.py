@@ -23,7 +23,7 @@ from pytest_llmserve.verdicts.oracles import (
     Finding,
     KnownAnswer,
     OracleReport,
-    Prompt,
+    ProbePrompt,
     batch_prompts,
     check_logprobs_close,
     coherence_findings,
@@ -733,7 +733,7 @@ def test_run_batch_case_flags_divergence_and_nan() -> None:
 
 
 def test_run_batch_case_without_reference_compares_duplicates() -> None:
-    prompts = (Prompt("The capital of France is"),)
+    prompts = (ProbePrompt("The capital of France is"),)
     report = run_batch_case(client_for(FakeServer()), BatchCase(2, "captured", 2, 2), None, "x",
                             prompts=prompts)
     assert report.ok

@@ -13,7 +13,6 @@ from pytest_llmserve.verdicts.stats import (
     Summary,
     Verdict,
     decide,
-    default_higher_is_better,
     min_attainable_p,
     needs_more_rounds,
     summarize,
@@ -69,6 +68,8 @@ def test_summarize_single_and_bad_values() -> None:
     assert (s.n, s.median, s.stdev, s.p99, s.cv) == (1, 3.0, 0.0, 3.0, 0.0)
     with pytest.raises(ValueError, match="no samples"):
         summarize([])
+    nothing = Summary.undefined()
+    assert nothing.n == 0 and all(math.isnan(v) for k, v in nothing.to_dict().items() if k != "n")
     with pytest.raises(ValueError, match="non-finite"):
         summarize([1.0, math.nan])
 
@@ -77,13 +78,6 @@ def test_min_attainable_p_documents_the_3v3_trap() -> None:
     assert min_attainable_p(3, 3) == pytest.approx(0.05)  # never < alpha = 0.05
     assert min_attainable_p(4, 4) == pytest.approx(1 / 70)
     assert min_attainable_p(5, 5) == pytest.approx(1 / 252)
-
-
-def test_default_direction() -> None:
-    assert default_higher_is_better("output_throughput")
-    assert default_higher_is_better("request_throughput")
-    assert not default_higher_is_better("median_ttft_ms")
-    assert not default_higher_is_better("p99_tpot_ms")
 
 
 # --------------------------------------------------------------------------- decide: single cases

@@ -1,0 +1,343 @@
+"""Per-request records -> the figures of a run, and whether the run is a measurement at all.
+
+Each figure's definition is written once, in :mod:`pytest_llmserve.metrics`; this module computes them
+from the :class:`RequestRecord` of every timed request. Latency summaries pool every sample of every
+request (and of every client process), never averaging per-request or per-process figures.
+
+A run is **invalid** (``RunResult.valid`` false, ``RunResult.metrics`` empty, the figures kept only in
+``RunResult.diagnostics``) when a request failed, when a request's ``usage.completion_tokens`` differs
+from ``output_len`` or is missing, when the client's content-chunk count differs from the server's
+token count, when a TPOT is negative (or zero for half the requests or more), when a request of n >= 2
+tokens arrived as one chunk (empty ITL: the stream was buffered), or when the server's own token
+counter disagrees.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from pytest_llmserve import metrics as vocabulary
+from pytest_llmserve.config import Workload
+from pytest_llmserve.errors import LLMServeError
+from pytest_llmserve.evidence.prometheus import counter_total
+from pytest_llmserve.load.prompts import WorkloadPrompt
+from pytest_llmserve.verdicts.stats import Summary, summarize
+
+__all__ = ["InvalidRunError", "RequestRecord", "RunResult", "compute_metrics", "cross_check", "evaluate",
+           "invalid_reasons", "latency_samples", "server_counter_throughput", "summarize_ms"]
+
+
+class InvalidRunError(LLMServeError):
+    """A figure was asked of a run whose measurement is invalid; the message lists the reasons."""
+
+
+@dataclass(slots=True)
+class RequestRecord:
+    """One request. ``start``/``end`` are wall-clock seconds (time.time() scale, derived from perf_counter
+    so they are as precise as it), so records from several processes share one clock; ``ttft``, ``e2e``
+    and ``itl`` are perf_counter differences in seconds."""
+
+    index: int
+    start: float
+    end: float
+    ttft: float | None = None
+    e2e: float | None = None
+    itl: list[float] = field(default_factory=list)
+    output_tokens: int | None = None  # usage.completion_tokens
+    prompt_tokens: int | None = None  # usage.prompt_tokens
+    chunks: int = 0  # content chunks (events with a choice) the client saw
+    empty_chunks: int = 0  # of which with empty text
+    error: str | None = None
+    finish_reason: str | None = None
+    process: int = 0
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+    @property
+    def tpot(self) -> float | None:
+        """(e2e − ttft) / (n − 1) with n = usage.completion_tokens; None when undefined."""
+        n = self.output_tokens
+        if self.error is not None or self.ttft is None or self.e2e is None or n is None or n < 2:
+            return None
+        return (self.e2e - self.ttft) / (n - 1)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @staticmethod
+    def from_dict(data: dict[str, Any]) -> RequestRecord:
+        return RequestRecord(**data)
+
+
+def summarize_ms(values_s: Sequence[float]) -> Summary:
+    """Summary in ms of latencies given in seconds; :meth:`Summary.undefined` when there are none."""
+    if not values_s:
+        return Summary.undefined()
+    return summarize([v * 1000.0 for v in values_s])
+
+
+def latency_samples(records: Sequence[RequestRecord]) -> dict[str, list[float]]:
+    """Samples in seconds per latency metric, from successful requests, pooled over all of them."""
+    ok = [r for r in records if r.ok]
+    tpots = [t for t in (r.tpot for r in ok) if t is not None]
+    return {
+        "ttft": [r.ttft for r in ok if r.ttft is not None],
+        "tpot": tpots,
+        "itl": [gap for r in ok for gap in r.itl],
+        "e2e": [r.e2e for r in ok if r.e2e is not None],
+    }
+
+
+def compute_metrics(records: Sequence[RequestRecord]) -> tuple[dict[str, float], dict[str, Summary]]:
+    """The figures of a set of timed records (whatever their validity): flat metrics and summaries."""
+    ok = [r for r in records if r.ok]
+    metrics: dict[str, float] = {"completed": float(len(ok)), "failed": float(len(records) - len(ok))}
+    if records:
+        first = min(r.start for r in records)
+        last = max(r.end for r in records)
+        duration = last - first
+    else:
+        duration = 0.0
+    out_tokens = sum(r.output_tokens or 0 for r in ok)
+    in_tokens = sum(r.prompt_tokens or 0 for r in ok)
+    metrics["duration_s"] = duration
+    metrics["total_output_tokens"] = float(out_tokens)
+    metrics["total_input_tokens"] = float(in_tokens)
+    metrics["client_chunks"] = float(sum(r.chunks for r in ok))
+    metrics["empty_chunks"] = float(sum(r.empty_chunks for r in ok))
+    if duration > 0:
+        metrics["output_throughput"] = out_tokens / duration
+        metrics["input_throughput"] = in_tokens / duration
+        metrics["total_token_throughput"] = (in_tokens + out_tokens) / duration
+        metrics["request_throughput"] = len(ok) / duration
+        metrics["mean_concurrency"] = math.fsum(r.end - r.start for r in records) / duration
+    summaries = {name: summarize_ms(vals) for name, vals in latency_samples(records).items()}
+    for name, s in summaries.items():
+        for stat, value in (("mean", s.mean), ("median", s.median), ("p90", s.p90), ("p99", s.p99),
+                            ("std", s.stdev)):
+            metrics[vocabulary.latency_metric(stat, name)] = value
+    return metrics, summaries
+
+
+def _examples(items: Sequence[str], limit: int = 3) -> str:
+    shown = "; ".join(items[:limit])
+    return shown + (f"; ... ({len(items) - limit} more)" if len(items) > limit else "")
+
+
+def invalid_reasons(records: Sequence[RequestRecord], workload: Workload, *,
+                    warmup: Sequence[RequestRecord] = (),
+                    allow_multi_token_chunks: bool = False) -> list[str]:
+    """Why these records cannot give a valid measurement (empty list = valid)."""
+    reasons: list[str] = []
+    if not records:
+        return ["no timed requests were sent"]
+    failed = [r for r in records if not r.ok]
+    if failed:
+        reasons.append(f"{len(failed)} of {len(records)} requests failed (requests are never retried): "
+                       + _examples([f"request {r.index}: {r.error}" for r in failed], 2))
+    warm_failed = [r for r in warmup if not r.ok]
+    if warm_failed:
+        reasons.append(f"{len(warm_failed)} of {len(warmup)} warm-up requests failed: {warm_failed[0].error}")
+    ok = [r for r in records if r.ok]
+    no_usage = [r for r in ok if r.output_tokens is None]
+    if no_usage:
+        reasons.append(f"{len(no_usage)} requests got no usage.completion_tokens from the server "
+                       "(stream_options.include_usage not honoured?): output tokens cannot be counted")
+    wrong_len = [r for r in ok if r.output_tokens is not None and r.output_tokens != workload.output_len]
+    if wrong_len:
+        reasons.append(f"{len(wrong_len)} requests produced a number of tokens other than output_len="
+                       f"{workload.output_len} (ignore_eos not honoured, or the server stopped early): "
+                       + _examples([f"request {r.index}: {r.output_tokens} tokens, finish_reason="
+                                    f"{r.finish_reason}" for r in wrong_len]))
+    mismatch = [r for r in ok if r.output_tokens is not None and r.chunks != r.output_tokens
+                and not (allow_multi_token_chunks and 0 < r.chunks < r.output_tokens)]
+    if mismatch:
+        reasons.append(f"{len(mismatch)} requests: the client counted a different number of content chunks "
+                       "than the server's usage.completion_tokens (multi-token chunks from speculative "
+                       "decoding need allow_multi_token_chunks=True): "
+                       + _examples([f"request {r.index}: {r.chunks} chunks vs {r.output_tokens} tokens"
+                                    for r in mismatch]))
+    single = [r for r in ok if (r.output_tokens or 0) >= 2 and not r.itl]
+    if single:
+        reasons.append(f"{len(single)} requests of >= 2 tokens arrived as a single chunk (empty ITL): the "
+                       "stream was buffered (by a proxy, or the server did not stream)")
+    negative = [r for r in ok if (t := r.tpot) is not None and t < 0]
+    if negative:
+        reasons.append(f"{len(negative)} requests have a negative TPOT (last chunk before the first): "
+                       + _examples([f"request {r.index}: {r.tpot!r} s" for r in negative]))
+    # A zero TPOT means every chunk of that request came in one read. On a starved 2-core machine a
+    # few requests can be delivered that way; when half or more are, the stream was not streamed.
+    zero = [r for r in ok if r.tpot == 0]
+    if zero and 2 * len(zero) >= len(ok):
+        reasons.append(f"{len(zero)} of {len(ok)} requests have TPOT = 0 (all chunks in one read): the "
+                       "stream was buffered (by a proxy, or the server did not stream): "
+                       + _examples([f"request {r.index}" for r in zero]))
+    starts = min(r.start for r in records)
+    ends = max(r.end for r in records)
+    if ends - starts <= 0:
+        reasons.append(f"duration {ends - starts!r} s is not positive")
+    return reasons
+
+
+@dataclass(slots=True)
+class RunResult:
+    """One run of a workload. ``metrics``/``summaries`` are empty when the run is invalid; the figures it
+    did produce are in ``diagnostics`` (for the report, never for a gate)."""
+
+    workload: Workload
+    transport: str
+    per_request: list[RequestRecord]
+    metrics: dict[str, float]
+    summaries: dict[str, Summary]
+    valid: bool
+    invalid_reasons: list[str]
+    started_at: float  # wall clock of the first timed request's start
+    ended_at: float  # wall clock of the last timed request's end
+    warmup: list[RequestRecord] = field(default_factory=list)
+    diagnostics: dict[str, float] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    prompts_exact: bool = True
+    processes: int = 1
+    server_counter: str | None = None
+    server_output_throughput: float | None = None
+    server_check: str | None = None
+    client_cpu_fraction: float | None = None  # client CPU seconds / duration, per client process
+    client_cpu_s: float | None = None  # the load generator's CPU seconds in the timed phase, all processes
+    event_loop: str = "asyncio"  # the client's event loop: "asyncio" or "uvloop" (see event_loop_name)
+
+    @property
+    def client_cpu_ms_per_request(self) -> float | None:
+        """The load generator's own CPU cost per timed request (ms; all client processes together)."""
+        if self.client_cpu_s is None or not self.per_request:
+            return None
+        return self.client_cpu_s * 1000.0 / len(self.per_request)
+
+    def metric(self, name: str) -> float:
+        """A figure of a valid run; raises :class:`InvalidRunError` (with the reasons) otherwise."""
+        if not self.valid:
+            raise InvalidRunError(f"workload {self.workload.name!r}: the run is invalid, {name} is not a "
+                                  "measurement: " + " | ".join(self.invalid_reasons))
+        try:
+            return self.metrics[name]
+        except KeyError:
+            raise KeyError(f"unknown metric {name!r} (known: {', '.join(sorted(self.metrics))})") from None
+
+    def to_dict(self, per_request: bool = True) -> dict[str, Any]:
+        wl = asdict(self.workload)
+        if math.isinf(wl["request_rate"]):
+            wl["request_rate"] = "inf"
+        out: dict[str, Any] = {
+            "workload": wl, "transport": self.transport, "valid": self.valid,
+            "invalid_reasons": list(self.invalid_reasons), "metrics": _finite(self.metrics),
+            "summaries": {k: _finite(asdict(v)) for k, v in self.summaries.items()},
+            "diagnostics": _finite(self.diagnostics), "started_at": self.started_at,
+            "ended_at": self.ended_at,
+            "notes": list(self.notes), "prompts_exact": self.prompts_exact, "processes": self.processes,
+            "server_counter": self.server_counter, "server_output_throughput": self.server_output_throughput,
+            "server_check": self.server_check, "client_cpu_fraction": self.client_cpu_fraction,
+            "event_loop": self.event_loop,
+            "client_cpu_s": self.client_cpu_s, "client_cpu_ms_per_request": self.client_cpu_ms_per_request,
+            "metric_definitions": vocabulary.definitions(),
+        }
+        if per_request:
+            out["per_request"] = [r.to_dict() for r in self.per_request]
+            out["warmup"] = [r.to_dict() for r in self.warmup]
+        return out
+
+
+def _finite(d: dict[str, Any]) -> dict[str, Any]:
+    """JSON has no NaN: undefined figures become null."""
+    return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in d.items()}
+
+
+def evaluate(records: Sequence[RequestRecord], workload: Workload, *, transport: str,
+             warmup: Sequence[RequestRecord] = (), prompts: Sequence[WorkloadPrompt] = (),
+             allow_multi_token_chunks: bool = False, processes: int = 1,
+             server_counter: str | None = None, server_tokens: float | None = None,
+             cross_check_bound: float = 0.03, client_cpu_s: float | None = None) -> RunResult:
+    """Build the :class:`RunResult` of timed records: figures, validity, notes."""
+    recs = sorted(records, key=lambda r: (r.start, r.index))
+    metrics, summaries = compute_metrics(recs)
+    reasons = invalid_reasons(recs, workload, warmup=warmup,
+                              allow_multi_token_chunks=allow_multi_token_chunks)
+    notes: list[str] = []
+    zero_tpot = [r for r in records if r.ok and r.tpot == 0]
+    if zero_tpot:
+        notes.append(f"{len(zero_tpot)} request(s) had TPOT = 0 (all chunks of the request in one read: "
+                     "the server or the client was starved); counted, since fewer than half were")
+    exact = all(p.exact for p in prompts) if prompts else False
+    if prompts and not exact:
+        notes.append(f"prompts are approximate ({workload.input_len} words, no tokenizer given): input "
+                     "lengths in tokens are not controlled")
+    if any(p.is_token_ids for p in prompts):
+        notes.append("some prompts were sent as token ids (text could not be made exactly input_len tokens)")
+    prompt_counts = sorted({r.prompt_tokens for r in recs if r.ok and r.prompt_tokens is not None})
+    if exact and prompt_counts and prompt_counts != [workload.input_len]:
+        notes.append(f"server counted prompt lengths {prompt_counts[:5]} for input_len={workload.input_len} "
+                     "(special tokens such as BOS added by the server?)")
+    duration = metrics.get("duration_s", 0.0)
+    cpu_fraction = client_cpu_s / duration / processes if client_cpu_s is not None and duration > 0 else None
+    if cpu_fraction is not None and cpu_fraction > 0.9:
+        notes.append(f"the load generator used {cpu_fraction:.0%} of a core per client process: the figures "
+                     "may be limited by the client (use more client processes)")
+    gaps = [g for r in recs if r.ok for g in r.itl]
+    zero = sum(1 for g in gaps if g == 0.0)
+    if gaps and zero / len(gaps) > 0.2:
+        notes.append(f"{zero / len(gaps):.0%} of ITL gaps are 0 (chunks read together): the client fell "
+                     "behind the stream, or the server sends several chunks per step")
+    empty = sum(r.empty_chunks for r in recs if r.ok)
+    chunks = sum(r.chunks for r in recs if r.ok)
+    if chunks and empty / chunks > 0.1:
+        notes.append(f"{empty / chunks:.0%} of content chunks had empty text (special tokens after EOS under "
+                     "ignore_eos, or NaN logits: see the correctness checks)")
+    server_tps: float | None = None
+    check: str | None = None
+    if server_counter is not None:
+        if server_tokens is None or duration <= 0:
+            check = f"server counter {server_counter!r} unavailable: not cross-checked"
+            notes.append(check)
+        else:
+            server_tps = server_tokens / duration
+            ok, check = cross_check(metrics.get("output_throughput", 0.0), server_tps, cross_check_bound)
+            if not ok:
+                reasons.append(check + " (other traffic on the server, or a token-counting bug)")
+    valid = not reasons
+    started = recs[0].start if recs else math.nan
+    ended = max((r.end for r in recs), default=math.nan)
+    return RunResult(
+        workload=workload, transport=transport, per_request=recs, metrics=metrics if valid else {},
+        summaries=summaries if valid else {}, valid=valid, invalid_reasons=reasons, started_at=started,
+        ended_at=ended, warmup=list(warmup), diagnostics={} if valid else metrics, notes=notes,
+        prompts_exact=exact, processes=processes, server_counter=server_counter,
+        server_output_throughput=server_tps, server_check=check, client_cpu_fraction=cpu_fraction,
+        client_cpu_s=client_cpu_s)
+
+
+def server_counter_throughput(metrics_before: str, metrics_after: str, counter: str,
+                              duration_s: float) -> float | None:
+    """(counter after − counter before) / duration_s from two /metrics scrapes; None when the counter is
+    absent from either scrape, went down (the server restarted) or the duration is not positive."""
+    before = counter_total(metrics_before, counter)
+    after = counter_total(metrics_after, counter)
+    if before is None or after is None or duration_s <= 0 or after < before:
+        return None
+    return (after - before) / duration_s
+
+
+def cross_check(client_tps: float, server_tps: float | None, bound: float = 0.03) -> tuple[bool, str]:
+    """Does the client's throughput agree with the server's own counter within ``bound`` (relative)?"""
+    if server_tps is None:
+        return True, "server counter unavailable: not cross-checked"
+    if server_tps <= 0:
+        ok = client_tps <= 0
+        return ok, f"client {client_tps:.1f} tok/s vs server counter {server_tps:.1f} tok/s"
+    diff = (client_tps - server_tps) / server_tps
+    ok = abs(diff) <= bound
+    verdict = "agree" if ok else "DISAGREE"
+    return ok, (f"client {client_tps:.1f} tok/s vs server counter {server_tps:.1f} tok/s: {diff:+.1%} "
+                f"({verdict}, bound ±{bound:.0%})")

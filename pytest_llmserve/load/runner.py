@@ -1,0 +1,458 @@
+"""Running a workload: the schedule, the executor, the event loop, client processes and progress.
+
+Warm-up requests first (not timed), then the timed requests on the workload's schedule (all at once for
+an infinite rate, else gamma/Poisson arrivals) under its concurrency limit, over connections opened
+before the clock starts. When one core cannot keep up, :func:`run_workload_multiprocess` spreads the
+requests over spawned client processes whose records are merged on one wall clock. The figures and the
+validity of the records are :mod:`pytest_llmserve.load.metrics`'.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import multiprocessing
+import os
+import queue as queue_mod
+import random
+import sys
+import threading
+import time
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from dataclasses import asdict, dataclass, replace
+from typing import Any, TypeVar
+
+from pytest_llmserve.config import Workload
+from pytest_llmserve.errors import LLMServeError
+from pytest_llmserve.load.metrics import RequestRecord, RunResult, evaluate, server_counter_throughput
+from pytest_llmserve.load.prompts import Detokenize, Tokenize, WorkloadPrompt, build_prompts
+from pytest_llmserve.load.transport import (
+    DEFAULT_TIMEOUT_S,
+    StreamParser,
+    Transport,
+    fetch_text,
+    make_transport,
+    request_body,
+)
+
+__all__ = ["LOOP_ENV", "Progress", "arrival_offsets", "event_loop_name", "merge_records", "run_loop",
+           "run_workload", "run_workload_async", "run_workload_multiprocess", "split_evenly"]
+
+_R = TypeVar("_R")
+
+# --------------------------------------------------------------------------- arrivals
+
+def arrival_offsets(n: int, rate: float, burstiness: float = 1.0, seed: int = 0) -> list[float]:
+    """Send times (s from the start) of ``n`` requests: all 0 for an infinite rate; otherwise the first
+    at 0 and gamma-distributed gaps with shape ``burstiness`` and mean ``1/rate`` (1.0 = Poisson)."""
+    if n <= 0:
+        return []
+    if math.isinf(rate):
+        return [0.0] * n
+    if rate <= 0 or burstiness <= 0:
+        raise ValueError(f"request rate ({rate}) and burstiness ({burstiness}) must be > 0")
+    rng = random.Random(seed)
+    scale = 1.0 / (rate * burstiness)
+    out = [0.0]
+    for _ in range(n - 1):
+        out.append(out[-1] + rng.gammavariate(burstiness, scale))
+    return out
+
+
+
+# --------------------------------------------------------------------------- progress
+
+class Progress:
+    """A one-line progress display on stderr (\\r-updated), silent when stderr is not a terminal."""
+
+    def __init__(self, total: int, label: str, enabled: bool = True, stream: Any = None) -> None:
+        self.stream = stream if stream is not None else sys.stderr
+        self.enabled = bool(enabled and hasattr(self.stream, "isatty") and self.stream.isatty())
+        self.total = total
+        self.label = label
+        self.started = time.monotonic()
+        self._last = 0.0
+        self._shown = False
+
+    def update(self, done: int, failed: int, tokens: int, force: bool = False) -> None:
+        if not self.enabled:
+            return
+        now = time.monotonic()
+        if not force and now - self._last < 0.1:
+            return
+        self._last = now
+        elapsed = now - self.started
+        width = 24
+        filled = int(width * done / self.total) if self.total else width
+        rate = tokens / elapsed if elapsed > 0 else 0.0
+        line = (f"\r[llmserve] {self.label} [{'#' * filled}{'.' * (width - filled)}] {done}/{self.total}"
+                f" failed={failed} {tokens} tok {rate:,.0f} tok/s {elapsed:.1f}s")
+        self.stream.write(line)
+        self.stream.flush()
+        self._shown = True
+
+    def close(self) -> None:
+        if self.enabled and self._shown:
+            self.stream.write("\n")
+            self.stream.flush()
+
+
+
+# --------------------------------------------------------------------------- execution
+
+@dataclass(slots=True)
+class _Execution:
+    records: list[RequestRecord]
+    warmup: list[RequestRecord]
+    cpu_s: float  # this process's CPU time during the timed phase
+
+
+async def _execute(base_url: str, model: str, prompts: Sequence[WorkloadPrompt], workload: Workload, *,
+                   api_key: str | None, transport: Transport, timeout_s: float,
+                   on_done: Callable[[RequestRecord], None] | None = None,
+                   between: Callable[[], Awaitable[None]] | None = None,
+                   on_progress: Callable[[int, int, int], None] | None = None,
+                   index_of: Sequence[int] | None = None, process: int = 0) -> _Execution:
+    """Warm-up, then ``between()``, then the timed requests on the workload's schedule.
+
+    ``on_done(record)`` is called as each timed request ends; ``on_progress(done, failed, tokens)``
+    every 0.2 s with the chunks streamed so far (in-flight requests included)."""
+    client = make_transport(transport, base_url, api_key, timeout_s)
+    warm = [p for p in prompts if p.warmup]
+    timed = [p for p in prompts if not p.warmup]
+    indices = list(index_of) if index_of is not None else list(range(len(timed)))
+    wall_offset = time.time() - time.perf_counter()
+    perf = time.perf_counter
+    limit = workload.max_concurrency
+    sem = asyncio.Semaphore(limit) if limit else None
+    active: set[StreamParser] = set()
+    tally = [0, 0, 0]  # done, failed, tokens of finished timed requests
+
+    async def one(index: int, body: bytes) -> RequestRecord:
+        parser = StreamParser()
+        active.add(parser)
+        start = perf()
+        try:
+            async with asyncio.timeout(timeout_s):
+                await client.stream(body, parser)
+        except TimeoutError:
+            parser.error = parser.error or (f"timed out after {timeout_s:g} s (received {parser.events} "
+                                            f"events, {parser.chunks} content chunks)")
+        except (OSError, ValueError, asyncio.IncompleteReadError, asyncio.LimitOverrunError) as exc:
+            parser.interrupted(exc)
+        finally:
+            active.discard(parser)
+        rec = parser.record(index, start, perf(), wall_offset)
+        rec.process = process
+        return rec
+
+    async def limited(index: int, body: bytes, at: float, t0: float, report: bool) -> RequestRecord:
+        delay = t0 + at - perf()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        if sem is None:
+            rec = await one(index, body)
+        else:
+            async with sem:
+                rec = await one(index, body)
+        if report:
+            tally[0] += 1
+            tally[1] += 0 if rec.ok else 1
+            tally[2] += rec.chunks
+            if on_done is not None:
+                on_done(rec)
+        return rec
+
+    async def ticker() -> None:
+        assert on_progress is not None
+        while True:
+            await asyncio.sleep(0.2)
+            on_progress(tally[0], tally[1], tally[2] + sum(p.chunks for p in active))
+
+    try:
+        t0 = perf()
+        warm_records = list(await asyncio.gather(*(
+            limited(-1 - k, request_body(model, p, workload), 0.0, t0, False) for k, p in enumerate(warm))))
+        bodies = [request_body(model, p, workload) for p in timed]
+        offsets = arrival_offsets(len(timed), workload.request_rate, workload.burstiness, workload.seed)
+        if between is not None:
+            await between()
+        # Connections for the timed requests are opened now, outside the clock (servers drop idle ones).
+        await client.prewarm(min(limit or len(timed), len(timed), 1024))
+        cpu0 = time.process_time()
+        tick = asyncio.create_task(ticker()) if on_progress is not None else None
+        t0 = perf()
+        try:
+            records = list(await asyncio.gather(*(limited(indices[k], bodies[k], offsets[k], t0, True)
+                                                  for k in range(len(timed)))))
+        finally:
+            if tick is not None:
+                tick.cancel()
+        cpu_s = time.process_time() - cpu0
+        if on_progress is not None:
+            on_progress(tally[0], tally[1], tally[2])
+    finally:
+        await client.close()
+    return _Execution(records, warm_records, cpu_s)
+
+
+
+# --------------------------------------------------------------------------- entry points
+
+async def run_workload_async(base_url: str, model: str, workload: Workload, *,
+                             prompts: Sequence[WorkloadPrompt] | None = None, tokenize: Tokenize | None = None,
+                             detokenize: Detokenize | None = None, api_key: str | None = None,
+                             transport: Transport = "lean", progress: bool = True,
+                             timeout_s: float = DEFAULT_TIMEOUT_S, server_counter: str | None = None,
+                             allow_multi_token_chunks: bool = False,
+                             cross_check_bound: float = 0.03) -> RunResult:
+    """Run ``workload`` against ``base_url`` (the server root, e.g. ``http://127.0.0.1:8000``).
+
+    ``prompts`` (from :func:`build_prompts`) are built here when not given. ``server_counter`` (e.g.
+    ``vllm:generation_tokens``) is scraped from ``/metrics`` after the warm-up and after the run, and
+    the client's output throughput must agree with it within ``cross_check_bound``.
+    """
+    plist = list(prompts) if prompts is not None else build_prompts(workload, tokenize, detokenize)
+    n_timed = sum(1 for p in plist if not p.warmup)
+    bar = Progress(n_timed, workload.name, progress)
+    scrapes: list[str | None] = []
+
+    async def between() -> None:
+        if server_counter is not None:
+            scrapes.append(await asyncio.to_thread(fetch_text, base_url, "/metrics", api_key))
+        bar.started = time.monotonic()
+
+    def on_progress(done: int, failed: int, tokens: int) -> None:
+        bar.update(done, failed, tokens, force=done == n_timed)
+
+    try:
+        execution = await _execute(base_url, model, plist, workload, api_key=api_key, transport=transport,
+                                   timeout_s=timeout_s, between=between,
+                                   on_progress=on_progress if bar.enabled else None)
+    finally:
+        bar.close()
+    server_tokens: float | None = None
+    if server_counter is not None:
+        after = await asyncio.to_thread(fetch_text, base_url, "/metrics", api_key)
+        server_tokens = _counter_delta(scrapes[0] if scrapes else None, after, server_counter)
+    result = evaluate(execution.records, workload, transport=transport, warmup=execution.warmup, prompts=plist,
+                      allow_multi_token_chunks=allow_multi_token_chunks, server_counter=server_counter,
+                      server_tokens=server_tokens, cross_check_bound=cross_check_bound,
+                      client_cpu_s=execution.cpu_s)
+    result.event_loop = "uvloop" if type(asyncio.get_running_loop()).__module__.startswith("uvloop") else "asyncio"
+    return result
+
+
+def _counter_delta(before: str | None, after: str | None, counter: str) -> float | None:
+    if before is None or after is None:
+        return None
+    tps = server_counter_throughput(before, after, counter, 1.0)
+    return tps
+
+
+def run_workload(base_url: str, model: str, workload: Workload, *, prompts: Sequence[WorkloadPrompt] | None = None,
+                 tokenize: Tokenize | None = None, detokenize: Detokenize | None = None,
+                 api_key: str | None = None, transport: Transport = "lean", progress: bool = True,
+                 timeout_s: float = DEFAULT_TIMEOUT_S, server_counter: str | None = None,
+                 allow_multi_token_chunks: bool = False, cross_check_bound: float = 0.03) -> RunResult:
+    """Synchronous :func:`run_workload_async` (in a helper thread when an event loop is already running)."""
+    def coro() -> Awaitable[RunResult]:
+        return run_workload_async(base_url, model, workload, prompts=prompts, tokenize=tokenize,
+                                  detokenize=detokenize, api_key=api_key, transport=transport,
+                                  progress=progress,
+                                  timeout_s=timeout_s, server_counter=server_counter,
+                                  allow_multi_token_chunks=allow_multi_token_chunks,
+                                  cross_check_bound=cross_check_bound)
+    return _run_sync(coro)
+
+
+LOOP_ENV = "PYTEST_LLMSERVE_EVENT_LOOP"
+
+
+def event_loop_name() -> str:
+    """``uvloop`` when it is installed (``pip install pytest-llmserve[fast]``) and not turned off with
+    ``$PYTEST_LLMSERVE_EVENT_LOOP=asyncio``; else ``asyncio``. uvloop halves the client's cost per read."""
+    choice = os.environ.get(LOOP_ENV, "auto").strip().lower()
+    if choice not in ("auto", "uvloop", "asyncio"):
+        raise ValueError(f"${LOOP_ENV} = {choice!r}: must be auto, uvloop or asyncio")
+    if choice == "asyncio":
+        return "asyncio"
+    try:
+        import uvloop  # noqa: F401
+    except ImportError:
+        if choice == "uvloop":
+            raise ValueError(f"${LOOP_ENV} = 'uvloop' but uvloop is not installed "
+                             "(pip install 'pytest-llmserve[fast]')") from None
+        return "asyncio"
+    return "uvloop"
+
+
+def run_loop(main: Coroutine[Any, Any, _R]) -> _R:
+    """``asyncio.run`` on the load generator's event loop (see :func:`event_loop_name`)."""
+    if event_loop_name() == "uvloop":
+        import uvloop
+
+        return uvloop.run(main)
+    return asyncio.run(main)
+
+
+def _run_sync(coro: Callable[[], Awaitable[RunResult]]) -> RunResult:
+    async def main() -> RunResult:
+        return await coro()
+
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return run_loop(main())
+    box: list[RunResult] = []
+    errors: list[BaseException] = []
+
+    def target() -> None:
+        try:
+            box.append(run_loop(main()))
+        except BaseException as exc:  # re-raised in the caller's thread
+            errors.append(exc)
+
+    thread = threading.Thread(target=target, name="llmserve-load")
+    thread.start()
+    thread.join()
+    if errors:
+        raise errors[0]
+    return box[0]
+
+
+
+# --------------------------------------------------------------------------- several client processes
+
+def split_evenly(total: int, parts: int) -> list[int]:
+    """``total`` split into ``parts`` integers differing by at most one (larger first)."""
+    return [total // parts + (1 if k < total % parts else 0) for k in range(parts)]
+
+
+def merge_records(per_process: Sequence[Sequence[RequestRecord]]) -> list[RequestRecord]:
+    """All processes' records in one list ordered by start (wall-clock aligned); every sample is kept, so
+    percentiles and the duration are computed over the union, never averaged across processes."""
+    merged = [r for recs in per_process for r in recs]
+    merged.sort(key=lambda r: (r.start, r.index))
+    return merged
+
+
+def _child_main(args: dict[str, Any], ready: Any, go: Any, results: Any, counter: Any) -> None:
+    """Entry point of one client process (spawned): run its share, report records as dicts."""
+    process = int(args["process"])
+    try:
+        prompts = [WorkloadPrompt(tuple(p[0]) if isinstance(p[0], list) else p[0], p[1], p[2], p[3])
+                   for p in args["prompts"]]
+        workload = Workload(**args["workload"])
+
+        def on_done(rec: RequestRecord) -> None:
+            with counter.get_lock():
+                counter.value += 1
+
+        async def between() -> None:
+            await asyncio.to_thread(ready.wait, args["timeout_s"])
+            await asyncio.to_thread(go.wait, args["timeout_s"])
+
+        execution = run_loop(_execute(
+            args["base_url"], args["model"], prompts, workload, api_key=args["api_key"],
+            transport=args["transport"], timeout_s=args["timeout_s"], on_done=on_done, between=between,
+            index_of=args["indices"], process=process))
+        results.put((process, [r.to_dict() for r in execution.records],
+                     [r.to_dict() for r in execution.warmup], execution.cpu_s, None))
+    except BaseException as exc:  # reported to the parent, which fails the run with it
+        with contextlib.suppress(Exception):
+            ready.abort()
+            go.abort()
+        results.put((process, [], [], 0.0, f"{type(exc).__name__}: {exc}"))
+
+
+def run_workload_multiprocess(base_url: str, model: str, workload: Workload, *, processes: int,
+                              prompts: Sequence[WorkloadPrompt] | None = None, tokenize: Tokenize | None = None,
+                              detokenize: Detokenize | None = None, api_key: str | None = None,
+                              transport: Transport = "lean", progress: bool = True,
+                              timeout_s: float = DEFAULT_TIMEOUT_S, server_counter: str | None = None,
+                              allow_multi_token_chunks: bool = False,
+                              cross_check_bound: float = 0.03) -> RunResult:
+    """Run ``workload`` from ``processes`` client processes (spawned) when one core cannot keep up.
+
+    Prompts are built here and dealt round-robin; each process gets its share of the concurrency limit
+    and of the request rate (a sum of independent Poisson streams is Poisson), warms up, then all start
+    together (barrier). Records are merged by :func:`merge_records` on a common wall clock.
+    """
+    plist = list(prompts) if prompts is not None else build_prompts(workload, tokenize, detokenize)
+    warm = [p for p in plist if p.warmup]
+    timed = [p for p in plist if not p.warmup]
+    n = max(1, min(processes, len(timed), workload.max_concurrency or processes))
+    if n == 1:
+        return run_workload(base_url, model, workload, prompts=plist, api_key=api_key, transport=transport,
+                            progress=progress, timeout_s=timeout_s, server_counter=server_counter,
+                            allow_multi_token_chunks=allow_multi_token_chunks,
+                            cross_check_bound=cross_check_bound)
+    conc = split_evenly(workload.max_concurrency, n) if workload.max_concurrency else [0] * n
+    ctx = multiprocessing.get_context("spawn")
+    ready = ctx.Barrier(n + 1)
+    go = ctx.Barrier(n + 1)
+    results = ctx.Queue()
+    counter = ctx.Value("i", 0)
+    procs = []
+    for k in range(n):
+        share = timed[k::n]
+        warm_share = warm[k::n]
+        sub = replace(workload, name=f"{workload.name}#{k}", num_prompts=len(share), warmup=len(warm_share),
+                      max_concurrency=conc[k] or None, request_rate=workload.request_rate / n,
+                      seed=workload.seed + k)
+        args = {
+            "process": k, "base_url": base_url, "model": model, "api_key": api_key, "transport": transport,
+            "timeout_s": timeout_s, "workload": asdict(sub), "indices": list(range(len(timed)))[k::n],
+            "prompts": [(list(p.prompt) if isinstance(p.prompt, tuple) else p.prompt, p.num_tokens, p.exact,
+                         p.warmup) for p in warm_share + share],
+        }
+        proc = ctx.Process(target=_child_main, args=(args, ready, go, results, counter),
+                           name=f"llmserve-load-{k}", daemon=True)
+        proc.start()
+        procs.append(proc)
+    bar = Progress(len(timed), f"{workload.name} x{n} processes", progress)
+    got: dict[int, tuple[list[dict[str, Any]], list[dict[str, Any]], float, str | None]] = {}
+    before: str | None = None
+    try:
+        try:
+            ready.wait(timeout_s + 120)
+            if server_counter is not None:
+                before = fetch_text(base_url, "/metrics", api_key)
+            go.wait(60)
+        except threading.BrokenBarrierError:
+            pass  # a child failed; its message arrives through the queue
+        deadline = time.monotonic() + timeout_s + 120
+        while len(got) < n and time.monotonic() < deadline:
+            try:
+                k, recs, warm_recs, cpu_s, err = results.get(timeout=0.1)
+                got[k] = (recs, warm_recs, cpu_s, err)
+            except queue_mod.Empty:
+                if not any(p.is_alive() for p in procs) and results.empty():
+                    break
+            bar.update(counter.value, 0, 0)
+    finally:
+        bar.close()
+        for proc in procs:
+            proc.join(timeout=10)
+            if proc.is_alive():
+                proc.terminate()
+                proc.join(timeout=5)
+    errors = [f"client process {k}: {v[3]}" for k, v in sorted(got.items()) if v[3]]
+    missing = [k for k in range(n) if k not in got]
+    errors += [f"client process {k} exited without results (exit code {procs[k].exitcode})" for k in missing]
+    if errors:
+        raise LLMServeError("multi-process load generation failed: " + "; ".join(errors))
+    per_process = [[RequestRecord.from_dict(d) for d in got[k][0]] for k in range(n)]
+    warm_records = [RequestRecord.from_dict(d) for k in range(n) for d in got[k][1]]
+    merged = merge_records(per_process)
+    server_tokens: float | None = None
+    if server_counter is not None:
+        server_tokens = _counter_delta(before, fetch_text(base_url, "/metrics", api_key), server_counter)
+    result = evaluate(merged, workload, transport=transport, warmup=warm_records, prompts=plist,
+                      allow_multi_token_chunks=allow_multi_token_chunks, processes=n,
+                      server_counter=server_counter, server_tokens=server_tokens,
+                      cross_check_bound=cross_check_bound, client_cpu_s=sum(v[2] for v in got.values()))
+    result.event_loop = event_loop_name()  # what the client processes ran
+    return result

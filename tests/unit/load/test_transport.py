@@ -1,0 +1,129 @@
+"""The SSE parser and the chunked decoder of the lean client: arbitrary read boundaries, the one-event fast
+paths, empty-text chunks, errors and the trailing finish marker (on synthetic bytes)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from pytest_llmserve.load.metrics import RequestRecord
+from pytest_llmserve.load.transport import StreamParser, _Dechunker
+
+
+def sse_body(n: int, *, spaced: bool = False) -> bytes:
+    sep = b": " if spaced else b":"
+    events = []
+    for i in range(n):
+        finish = b'"length"' if i == n - 1 else b"null"
+        events.append(b'data: {"choices":[{"index":0,"text"' + sep + b'" t\\"ok\\n"' + b',"finish_reason"'
+                      + sep + finish + b"}],\"usage\":null}\n\n")
+    events.append(b'data: {"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":%d}}\n\n' % n)
+    events.append(b"data: [DONE]\n\n")
+    return b"".join(events)
+
+
+def chunked(body: bytes, rng: random.Random) -> bytes:
+    out = b""
+    pos = 0
+    while pos < len(body):
+        size = rng.randint(1, 300)
+        piece = body[pos:pos + size]
+        out += b"%x\r\n" % len(piece) + piece + b"\r\n"
+        pos += size
+    return out + b"0\r\n\r\n"
+
+
+@pytest.mark.parametrize("spaced", [False, True])
+def test_parser_and_dechunker_survive_arbitrary_splits(spaced: bool) -> None:
+    rng = random.Random(0)
+    body = sse_body(50, spaced=spaced)
+    for _ in range(30):
+        wire = chunked(body, rng)
+        dechunk, parser = _Dechunker(), StreamParser()
+        pos, ts = 0, 0.0
+        while pos < len(wire):
+            step = rng.randint(1, 97)
+            ts += 0.001
+            parser.feed(dechunk.feed(wire[pos:pos + step]), ts)
+            pos += step
+        parser.close(ts)
+        assert dechunk.ended
+        assert parser.done
+        assert parser.error is None
+        assert parser.chunks == 50
+        assert parser.completion_tokens == 50
+        assert parser.prompt_tokens == 3
+        assert len(parser.itl) == 49
+        assert parser.finish_reason == "length"
+        record = parser.record(0, 0.0, ts, 0.0)
+        assert record.ok
+        assert record.ttft is not None
+        assert record.ttft > 0
+
+
+@pytest.mark.parametrize("spaced", [False, True])
+def test_one_event_per_read_takes_the_fast_paths_and_agrees_with_split_reads(spaced: bool) -> None:
+    events = [e + b"\n\n" for e in sse_body(40, spaced=spaced).split(b"\n\n") if e]
+    events.insert(3, b'data: {"choices":[{"index":0,"text":"","finish_reason":null}],"usage":null}\n\n')  # empty
+    wire = [b"%x\r\n" % len(e) + e + b"\r\n" for e in events]  # one event per chunk, one chunk per read
+    whole = b"".join(wire) + b"0\r\n\r\n"
+
+    def run(reads: list[bytes]) -> tuple[RequestRecord, bool]:
+        dechunk, parser = _Dechunker(), StreamParser()
+        for i, read in enumerate(reads):
+            parser.feed(dechunk.feed(read), float(i + 1))
+        parser.close(float(len(reads)))
+        return parser.record(0, 0.0, float(len(reads)), 0.0), dechunk.ended
+
+    fast, ended = run([*wire, b"0\r\n\r\n"])
+    rng = random.Random(1)
+    cuts = sorted(rng.sample(range(1, len(whole)), 200))
+    split, split_ended = run([whole[a:b] for a, b in zip([0, *cuts], [*cuts, len(whole)], strict=True)])
+    assert ended and split_ended
+    assert fast.ok and split.ok, (fast.error, split.error)
+    assert (fast.chunks, fast.empty_chunks, fast.output_tokens, fast.finish_reason) == (41, 1, 40, "length")
+    assert (split.chunks, split.empty_chunks, split.output_tokens) == (41, 1, 40)
+    assert len(fast.itl) == 40 and all(x == 1.0 for x in fast.itl)  # one read per event: one step apart
+
+
+def test_parser_counts_empty_text_chunks_and_reports_errors() -> None:
+    parser = StreamParser()
+    parser.feed(b'data: {"choices":[{"text":"","finish_reason":null}],"usage":null}\n\n', 1.0)
+    parser.feed(b'data: {"choices":[{"text":"a","finish_reason":null}],"usage":null}\n\n', 2.0)
+    parser.feed(b'data: {"error":{"message":"NaN happened"}}\n\n', 3.0)
+    assert parser.chunks == 2  # a special token's chunk has empty text but is a decode step
+    assert parser.empty_chunks == 1
+    rec_ = parser.record(0, 0.0, 3.0, 0.0)
+    assert rec_.error is not None
+    assert "NaN happened" in rec_.error
+    cut = StreamParser()
+    cut.feed(b'data: {"choices":[{"text":"a","finish_reason":null}],"usage":null}\n\ndata: {"cho', 1.0)
+    cut.close(1.0)
+    error = cut.record(0, 0.0, 1.0, 0.0).error
+    assert error is not None
+    assert error.startswith("stream ended after 1 chunks without [DONE]")
+    assert "cho" in error
+
+
+def finish_marker_stream(last_text: str) -> bytes:
+    token = b'data: {"choices":[{"text":"x","finish_reason":null}],"usage":null}\n\n'
+    last = b'data: {"choices":[{"text":"%s","finish_reason":"length"}],"usage":null}\n\n' % last_text.encode()
+    usage = b'data: {"choices":[],"usage":{"prompt_tokens":1,"completion_tokens":3}}\n\ndata: [DONE]\n\n'
+    return token * 3 + last + usage
+
+
+def test_trailing_finish_marker_is_not_a_token() -> None:
+    parser = StreamParser()
+    for i, line in enumerate(finish_marker_stream("").split(b"\n\n")):
+        parser.feed(line + b"\n\n", float(i + 1))
+    record = parser.record(0, 0.0, 9.0, 0.0)
+    assert record.ok
+    assert record.chunks == 3  # 3 tokens + a pure finish marker
+    assert record.itl == [1.0, 1.0]
+    assert record.e2e == 3.0
+    assert record.finish_reason == "length"
+    # the same shape where the last chunk carries text is one chunk too many: a real mismatch
+    parser = StreamParser()
+    parser.feed(finish_marker_stream("y"), 1.0)
+    assert parser.record(0, 0.0, 2.0, 0.0).chunks == 4
