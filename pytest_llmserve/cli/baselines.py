@@ -20,17 +20,19 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from pytest_llmserve.errors import BaselineError
-from pytest_llmserve.report import RESULTS_FORMAT, BenchOutcome, format_table, read_results_json
+from pytest_llmserve.report.json import RESULTS_FORMAT, read_results_json
+from pytest_llmserve.report.outcome import BenchOutcome
+from pytest_llmserve.report.text import aligned_columns, format_markdown, format_table
 from pytest_llmserve.store.baselines import (
     DEFAULT_ROOT,
     BaselineDoc,
     BaselineStore,
     BenchKey,
     Mode,
-    comparability,
     parse_baseline,
     read_baseline_file,
 )
+from pytest_llmserve.verdicts.comparability import comparability
 from pytest_llmserve.verdicts.stats import DEFAULT_ALPHA, DEFAULT_MIN_SAMPLES, decide, summarize
 
 EXIT_OK = 0
@@ -233,9 +235,8 @@ def cmd_list(args: argparse.Namespace) -> int:
                 latest,
             ]
         )
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    for row in rows:
-        print("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip(), file=out)
+    for line in aligned_columns(rows):
+        print(line, file=out)
     return EXIT_BAD if bad else EXIT_OK
 
 
@@ -446,8 +447,6 @@ def cmd_compare(args: argparse.Namespace) -> int:
     for side in lone_b:
         print(f"only in B: {side.key}", file=out)
     if args.markdown:
-        from pytest_llmserve.report import format_markdown
-
         Path(args.markdown).write_text(format_markdown(outcomes, title="llmserve compare"), encoding="utf-8")
     statuses = {o.status for o in outcomes}
     if "refused" in statuses:

@@ -100,18 +100,20 @@ class BenchGate:
         return samples, last
 
     def run(self, workload: str | None = None) -> dict[str, Any]:
-        from pytest_llmserve.store import baselines
+        from pytest_llmserve.evidence.environment import build_context
+        from pytest_llmserve.store.baselines import BaselineStore, BenchKey
         from pytest_llmserve.verdicts import stats
+        from pytest_llmserve.verdicts.comparability import comparability
 
         opts = self.options
         wl = self.cfg.workload(workload or opts["workload"], where=self.test_id)
         metric = opts["metric"]
         hib = opts["higher_is_better"] if opts["higher_is_better"] is not None else higher_is_better(metric)
         spec = self.spec
-        context = baselines.build_context(spec, wl, engine_version=self.engine_version())
-        key = baselines.BenchKey(test=str(opts.get("baseline_test") or self.key_test),
-                                 server=str(opts.get("baseline_server") or spec.id), workload=wl.name)
-        store = baselines.BaselineStore(self.store_dir)
+        context = build_context(spec, wl, engine_version=self.engine_version())
+        key = BenchKey(test=str(opts.get("baseline_test") or self.key_test),
+                       server=str(opts.get("baseline_server") or spec.id), workload=wl.name)
+        store = BaselineStore(self.store_dir)
         outcome: dict[str, Any] = {"test": self.test_id, "server": spec.id, "workload": wl.name, "metric": metric,
                                    "higher_is_better": hib, "tolerance": opts["tolerance"],
                                    "baseline_file": str(store.path_for(key)), "context": context,
@@ -137,7 +139,7 @@ class BenchGate:
                            seconds=time.monotonic() - started, cross_check=_cross(last))
             self._finish(outcome)
             return outcome
-        comp = baselines.comparability(doc.context, context, opts.get("variable"), self.allow_confounded)
+        comp = comparability(doc.context, context, opts.get("variable"), self.allow_confounded)
         outcome["comparability"] = comp.to_dict()
         if not comp.ok:
             env_only = all(any(d.key == k or d.key.startswith(k + ".") for k in ENVIRONMENT_KEYS)
@@ -224,32 +226,18 @@ def _fmt(values: list[float]) -> str:
 def render_outcomes(outcomes: list[dict[str, Any]], settings: Any, run_dir: Path, wall_s: float,
                     boot_s: float) -> str:
     """Terminal table plus the paths of the written reports."""
-    lines = []
-    header = f"{'benchmark':<52} {'metric':<20} {'baseline':>10} {'now':>10} {'change':>8}  verdict"
-    lines.append(header)
-    lines.append("-" * len(header))
-    from pytest_llmserve.verdicts.stats import summarize
+    from pytest_llmserve.report.outcome import as_outcomes
+    from pytest_llmserve.report.plots import matplotlib_missing
+    from pytest_llmserve.report.session import write_all
+    from pytest_llmserve.report.text import format_table
 
-    for o in outcomes:
-        metric = o["metric"]
-        base = o.get("baseline") or {}
-        cur = o.get("current") or {}
-        b = summarize(base[metric]).median if base.get(metric) else None
-        c = summarize(cur[metric]).median if cur.get(metric) else None
-        change = f"{(c - b) / b:+.1%}" if b and c is not None else "-"
-        name = f"{o['test'].split('::')[-1]}"[:52]
-        lines.append(f"{name:<52} {metric:<20} {b if b is None else round(b, 2)!s:>10} "
-                     f"{c if c is None else round(c, 2)!s:>10} {change:>8}  {o['verdict']}")
-        if o["verdict"] in ("refused", "no-baseline", "inconclusive", "improved", "saved"):
-            lines.append(f"    {o.get('message', '').splitlines()[0] if o.get('message') else ''}")
-    try:
-        from pytest_llmserve import report
-
-        paths = report.write_all(outcomes, settings.results_dir, bench_json=settings.bench_json)
-        for p in paths:
-            lines.append(f"report: {p}")
-    except ImportError:
-        pass
+    items = as_outcomes(outcomes)
+    lines = [format_table(items)]
+    no_plots = matplotlib_missing()
+    paths = write_all(items, settings.results_dir, bench_json=settings.bench_json, plots=no_plots is None)
+    lines += [f"report: {p}" for p in paths]
+    if no_plots:
+        lines.append(f"report: {no_plots}")
     lines.append(f"suite wall time {wall_s:.1f} s, of which server boots {boot_s:.1f} s")
     return "\n".join(lines)
 
@@ -284,16 +272,17 @@ class ABRunner:
 
     def run(self, a: str, b: str, *, workload: str = "smoke", rounds: int = 5, metric: str = "output_throughput",
             tolerance: float = 0.05, alpha: float = 0.05, warmup_rounds: int = 1) -> dict[str, Any]:
+        from pytest_llmserve.evidence.environment import build_context
         from pytest_llmserve.load.prompts import build_prompts
-        from pytest_llmserve.store import baselines
         from pytest_llmserve.verdicts import stats
+        from pytest_llmserve.verdicts.comparability import diff_context
 
         spec_a, spec_b = self.spec(a), self.spec(b)
         wl = self.cfg.workload(workload, where=self.test_id)
         server_a = self.pool.get(spec_a)
         server_b = self.pool.get(spec_b, keep=(spec_a,))
-        diffs = baselines.diff_context(baselines.build_context(spec_a, wl, engine_version=None),
-                                       baselines.build_context(spec_b, wl, engine_version=None))
+        diffs = diff_context(build_context(spec_a, wl, engine_version=None),
+                             build_context(spec_b, wl, engine_version=None))
         prompts = build_prompts(wl, tokenize=server_a.client().tokenize)
         hib = higher_is_better(metric)
         side: dict[str, list[dict[str, float]]] = {"A": [], "B": []}

@@ -455,7 +455,7 @@ def gpu_summary(snap: GpuSnapshot | None = None) -> dict[str, Any]:
     """GPU name, count, driver, CUDA version and per-GPU memory, for baseline keys and reports.
 
     Keys ``gpu_name``/``gpu_count``/``driver``/``cuda`` match
-    :func:`pytest_llmserve.store.baselines.hardware_context`.
+    :func:`pytest_llmserve.evidence.environment.hardware_context`, which reads them here.
     """
     snap = snap if snap is not None else snapshot()
     if not snap.gpus:

@@ -13,8 +13,10 @@ import pytest
 
 from pytest_llmserve.cli import baselines as cli_baselines
 from pytest_llmserve.config import CudaGraphSpec, ServerSpec, Workload
-from pytest_llmserve.report import BenchOutcome, write_results_json
-from pytest_llmserve.store.baselines import BaselineStore, BenchKey, build_context
+from pytest_llmserve.evidence.environment import build_context
+from pytest_llmserve.report.json import write_results_json
+from pytest_llmserve.report.outcome import BenchOutcome
+from pytest_llmserve.store.baselines import BaselineStore, BenchKey
 
 HW = {"cpu_model": "Test CPU", "cpu_count": 2, "gpu_name": None, "gpu_count": 0, "driver": None, "cuda": None}
 BASE = [100.0, 101.0, 99.0, 100.5, 99.5]

@@ -12,19 +12,20 @@ import pytest
 
 from pytest_llmserve.config import CudaGraphSpec, ServerSpec, Workload
 from pytest_llmserve.errors import BaselineError
-from pytest_llmserve.report import (
-    BenchOutcome,
-    format_markdown,
-    format_table,
-    pb_stats,
-    pb_transform,
-    read_results_json,
+from pytest_llmserve.evidence.environment import build_context
+from pytest_llmserve.report.benchmark_json import (
+    benchmark_stats,
+    stats_transform,
     to_pytest_benchmark_json,
-    write_plots,
     write_pytest_benchmark_json,
-    write_results_json,
 )
-from pytest_llmserve.store.baselines import build_context, comparability
+from pytest_llmserve.report.json import read_results_json, write_results_json
+from pytest_llmserve.report.outcome import BenchOutcome, outcome_from_gate
+from pytest_llmserve.report.plots import write_plots
+from pytest_llmserve.report.session import write_all
+from pytest_llmserve.report.text import format_markdown, format_table
+from pytest_llmserve.store.baselines import BenchKey
+from pytest_llmserve.verdicts.comparability import comparability
 from pytest_llmserve.verdicts.stats import decide
 
 HW = {"cpu_model": "Test CPU", "cpu_count": 2, "gpu_name": None, "gpu_count": 0, "driver": None, "cuda": None}
@@ -170,27 +171,32 @@ def test_results_json_bad_input(tmp_path: Path, content: str, message: str) -> N
         read_results_json(path)
 
 
-@pytest.mark.parametrize("n", [1, 2, 3, 4, 5, 6, 7, 9, 12])
-def test_pb_stats_match_pytest_benchmark(n: int) -> None:
-    from pytest_benchmark.stats import Stats
+def test_benchmark_stats_field_by_field() -> None:
+    """pytest-benchmark's Stats give what the hand-written copy they replaced gave, field by field and in order
+    (figures from that copy); the outlier checks hd15iqr, which pytest-benchmark got right in 5.3.1."""
+    data = [0.02, 0.021, 0.019, 0.0205, 0.0195, 0.05, 0.02]
+    stats = benchmark_stats(data)
+    expected = {
+        "min": 0.019, "max": 0.05, "mean": 0.024285714285714285, "stddev": 0.011357292601588428, "rounds": 7,
+        "median": 0.02, "iqr": 0.00125, "q1": 0.019625, "q3": 0.020875, "iqr_outliers": 1,
+        "stddev_outliers": 1, "outliers": "1;1", "ld15iqr": 0.019, "hd15iqr": 0.021, "ops": 41.17647058823529,
+        "total": 0.17, "iterations": 1, "data": data,
+    }
+    assert list(stats) == list(expected)
+    for name, value in expected.items():
+        assert stats[name] == pytest.approx(value), name
+    one = benchmark_stats([0.5])
+    assert (one["stddev"], one["q1"], one["q3"], one["ld15iqr"], one["hd15iqr"], one["ops"]) == (0, 0.5, 0.5, 0.5, 0.5, 2.0)
+    with pytest.raises(ValueError, match="no data"):
+        benchmark_stats([])
 
-    data = [0.01 * (1 + ((i * 7) % 5) / 10) for i in range(n)]
-    theirs = Stats()  # type: ignore[no-untyped-call]
-    for v in data:
-        theirs.update(v)  # type: ignore[no-untyped-call]
-    ours = pb_stats(data)
-    for name, value in theirs.as_dict().items():  # type: ignore[no-untyped-call]
-        assert ours[name] == pytest.approx(value), name
-    assert ours["data"] == data
-    assert ours["iterations"] == 1
 
-
-def test_pb_transform() -> None:
-    to_time, how = pb_transform("output_throughput", True)
+def test_stats_transform() -> None:
+    to_time, how = stats_transform("output_throughput", True)
     assert to_time(40.0) == pytest.approx(0.025)
     assert "1/value" in how
-    assert pb_transform("median_ttft_ms", False)[0](250.0) == pytest.approx(0.25)
-    assert pb_transform("duration_s", False)[0](3.0) == 3.0
+    assert stats_transform("median_ttft_ms", False)[0](250.0) == pytest.approx(0.25)
+    assert stats_transform("duration_s", False)[0](3.0) == 3.0
     doc = to_pytest_benchmark_json([outcome(current=[40.0, 40.0, 40.0])], hardware=HW, commit=COMMIT)
     assert doc["benchmarks"][0]["stats"]["ops"] == pytest.approx(40.0)  # ops is the throughput again
 
@@ -280,9 +286,6 @@ def gate_dict(verdict: str, **kw: object) -> dict[str, object]:
 
 
 def test_outcome_from_gate_dicts() -> None:
-    from pytest_llmserve.report import outcome_from_gate
-    from pytest_llmserve.store.baselines import BenchKey
-
     v = decide(BASE, DROP, higher_is_better=True, tolerance=0.05)
     comp = comparability(context(), context(), None, False)
     judged = outcome_from_gate(
@@ -311,8 +314,6 @@ def test_outcome_from_gate_dicts() -> None:
 
 
 def test_write_all_from_gate_dicts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from pytest_llmserve.report import write_all
-
     summary = tmp_path / "step-summary.md"
     monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
     v = decide(BASE, DROP, higher_is_better=True, tolerance=0.05)
@@ -335,3 +336,23 @@ def test_write_all_from_gate_dicts(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     assert header["format"] == "gate-outcomes"
     assert saved[0].status == "saved"
     assert saved[0].samples["output_throughput"] == DROP
+
+
+def test_without_matplotlib_the_other_reports_are_written_and_the_extra_is_named(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from types import SimpleNamespace
+
+    from pytest_llmserve.gates.bench import render_outcomes
+
+    for name in ["matplotlib", *(m for m in sys.modules if m.startswith("matplotlib."))]:
+        monkeypatch.setitem(sys.modules, name, None)  # imports fail, as when the extra is not installed
+    v = decide(BASE, DROP, higher_is_better=True, tolerance=0.05)
+    items = [gate_dict("regressed", verdict_detail=v.to_dict(), baseline={"output_throughput": BASE})]
+    settings = SimpleNamespace(results_dir=tmp_path / "results", bench_json=None)
+    text = render_outcomes(items, settings, tmp_path, wall_s=3.0, boot_s=1.0)
+    assert "install the plots extra: pip install 'pytest-llmserve[plots]'" in text
+    assert (tmp_path / "results" / "results.json").exists() and not (tmp_path / "results" / "plots").exists()
+    assert text.splitlines()[2].startswith("test_throughput[srv]  smoke") and "REGRESSED" in text
+    with pytest.raises(ImportError, match=r"pytest-llmserve\[plots\]"):
+        write_plots([outcome()], tmp_path / "plots")

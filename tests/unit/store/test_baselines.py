@@ -1,4 +1,4 @@
-"""The baseline store: round trips, atomicity, locking, corrupt files, context comparison, secrets."""
+"""The baseline store: round trips, atomicity, locking, corrupt files, secrets never stored."""
 
 from __future__ import annotations
 
@@ -7,7 +7,6 @@ import math
 import multiprocessing
 import os
 import signal
-import stat
 import sys
 import time
 from dataclasses import replace
@@ -18,19 +17,8 @@ import pytest
 
 from pytest_llmserve.config import CudaGraphSpec, ServerSpec, Workload
 from pytest_llmserve.errors import BaselineError
-from pytest_llmserve.store import baselines as bl
-from pytest_llmserve.store.baselines import (
-    IGNORED_CONTEXT_KEYS,
-    BaselineStore,
-    BenchKey,
-    build_context,
-    comparability,
-    diff_context,
-    find_secrets,
-    hardware_context,
-    read_baseline_file,
-    redact_context,
-)
+from pytest_llmserve.evidence.environment import build_context, find_secrets, redact_context
+from pytest_llmserve.store.baselines import BaselineStore, BenchKey, read_baseline_file
 
 HW = {"cpu_model": "Test CPU", "cpu_count": 2, "gpu_name": None, "gpu_count": 0, "driver": None, "cuda": None}
 KEY = BenchKey(test="tests/test_perf.py::test_throughput[srv]", server="srv", workload="smoke")
@@ -67,7 +55,7 @@ def samples(base: float = 100.0, n: int = 5) -> dict[str, list[float]]:
     return {METRIC: [base + i for i in range(n)], "median_ttft_ms": [20.0 + i for i in range(n)]}
 
 
-# --------------------------------------------------------------------------- keys and context
+# --------------------------------------------------------------------------- keys and secrets
 
 
 def test_key_file_name_is_readable_and_unique() -> None:
@@ -82,33 +70,6 @@ def test_key_file_name_is_readable_and_unique() -> None:
     long = BenchKey(test="t" * 500, server="s", workload="w")
     assert len(long.filename) < 100
     assert BenchKey.from_dict(KEY.as_dict()) == KEY
-
-
-def test_build_context_shape() -> None:
-    c = ctx()
-    assert set(c) == {
-        "engine",
-        "engine_version",
-        "model",
-        "server_args",
-        "hardware",
-        "workload",
-        "plugin_version",
-        "python",
-    }
-    assert c["engine"] == "vllm"
-    assert c["model"] == "/models/smol"
-    assert c["engine_version"] == "0.32.0"
-    for dropped in ("name", "source", "port", "variant", "engine", "model"):
-        assert dropped not in c["server_args"]
-    assert c["server_args"]["cuda_graph"] == {
-        "enabled": True,
-        "batch_sizes": [1, 2, 4],
-        "max_batch_size": None,
-    }
-    assert c["workload"]["request_rate"] == "inf"  # JSON has no infinity
-    assert c["hardware"] == HW
-    json.dumps(c, allow_nan=False)
 
 
 def test_secrets_are_never_stored(tmp_path: Path) -> None:
@@ -132,31 +93,6 @@ def test_secrets_are_never_stored(tmp_path: Path) -> None:
     assert stored["server_args"]["args"] == ["--api-key", "***", "--hf-token=***", "--max-num-seqs", "8"]
     assert find_secrets(stored) == []
     assert redact_context(stored) == stored
-
-
-def test_hardware_context_with_and_without_nvidia_smi(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    cpuinfo = tmp_path / "cpuinfo"
-    cpuinfo.write_text("processor\t: 0\nmodel name\t: Fake Xeon 9000\n")
-    fake = tmp_path / "bin" / "nvidia-smi"
-    fake.parent.mkdir()
-    fake.write_text(
-        "#!/bin/sh\n"
-        'if [ "$1" = "--query-gpu=name,driver_version" ]; then\n'
-        '  echo "NVIDIA H200, 570.86"; echo "NVIDIA H200, 570.86"\n'
-        "else\n"
-        '  echo "| NVIDIA-SMI 570.86   Driver Version: 570.86   CUDA Version: 12.8 |"\n'
-        "fi\n"
-    )
-    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
-    hw = hardware_context(nvidia_smi=str(fake), cpuinfo=cpuinfo, use_cache=False)
-    assert hw["cpu_model"] == "Fake Xeon 9000"
-    assert hw["cpu_count"] >= 1
-    assert (hw["gpu_name"], hw["gpu_count"], hw["driver"], hw["cuda"]) == ("NVIDIA H200", 2, "570.86", "12.8")
-    monkeypatch.setattr(bl, "_gpu_from_pynvml", lambda: None)
-    none = hardware_context(nvidia_smi=str(tmp_path / "missing-smi"), cpuinfo=cpuinfo, use_cache=False)
-    assert (none["gpu_name"], none["gpu_count"], none["driver"], none["cuda"]) == (None, 0, None, None)
 
 
 # --------------------------------------------------------------------------- store round trip
@@ -386,82 +322,3 @@ def test_lock_timeout_is_a_baseline_error(tmp_path: Path) -> None:
         with pytest.raises(BaselineError, match="could not take the lock"):
             store.save(KEY, ctx(), samples(), metric=METRIC, higher_is_better=True)
     assert not path.exists()
-
-
-# --------------------------------------------------------------------------- comparability
-
-
-def test_same_context_and_ignored_keys() -> None:
-    a = ctx()
-    b = ctx(
-        port=1234, startup_timeout_s=5.0, source="other.toml", name="renamed", variant=(("cuda_graph", "on"),)
-    )
-    b["recorded_at"] = "now"
-    assert diff_context(a, b) == []
-    comp = comparability(a, b, None, False)
-    assert comp.status == "same"
-    assert comp.ok
-    assert {d.key for d in comp.ignored} >= {"server_args.startup_timeout_s", "recorded_at"}
-    assert "server_args.port" in IGNORED_CONTEXT_KEYS
-
-
-def test_refused_when_memory_and_cuda_graph_both_change() -> None:
-    base = ctx()
-    cur = ctx(cuda_graph=CudaGraphSpec(enabled=False), mem_fraction=0.8)
-    comp = comparability(base, cur, "server_args.cuda_graph", allow_confounded=False)
-    assert comp.status == "refused"
-    assert not comp.ok
-    keys = {d.key for d in comp.diffs}
-    assert keys == {
-        "server_args.cuda_graph.enabled",
-        "server_args.cuda_graph.batch_sizes",
-        "server_args.mem_fraction",
-    }
-    assert [d.key for d in comp.confounders] == ["server_args.mem_fraction"]
-    assert "server_args.mem_fraction: 0.9 -> 0.8" in comp.message
-    assert "server_args.cuda_graph.enabled: true -> false" in comp.message
-    assert "refused" in comp.message
-    forced = comparability(base, cur, "cuda_graph", allow_confounded=True)
-    assert forced.status == "forced"
-    assert forced.ok
-    assert "FORCED" in forced.message
-    assert "server_args.mem_fraction" in forced.message
-
-
-def test_allowed_when_only_the_variable_differs() -> None:
-    base = ctx()
-    cur = ctx(cuda_graph=CudaGraphSpec(enabled=False))
-    for variable in ("server_args.cuda_graph", "cuda_graph"):
-        comp = comparability(base, cur, variable, allow_confounded=False)
-        assert comp.status == "allowed-variable"
-        assert comp.ok
-        assert comp.variable_keys == ("server_args.cuda_graph",)
-        assert comp.label == f"A/B of {variable}"
-    assert comparability(base, cur, None, False).status == "refused"
-
-
-def test_engine_build_comparison_is_labelled() -> None:
-    base = ctx()
-    cur = ctx(engine_version="0.33.0.dev1", python="/opt/vllm-nightly/bin/python")
-    comp = comparability(base, cur, "engine_version", allow_confounded=False)
-    assert comp.status == "allowed-variable"
-    assert comp.label == "engine build comparison"
-    assert {d.key for d in comp.diffs} == {"engine_version", "server_args.python"}
-    both = ctx(engine_version="0.33.0", mem_fraction=0.5)
-    refused = comparability(base, both, "engine_version", allow_confounded=False)
-    assert refused.status == "refused"
-    assert "server_args.mem_fraction" in refused.message
-
-
-def test_comparability_round_trips_and_diff_describes_absent_keys() -> None:
-    a = ctx()
-    b = ctx()
-    b["hardware"] = dict(HW, gpu_name="NVIDIA H200")
-    b["new_key"] = 1
-    del b["python"]
-    comp = comparability(a, b, None, False)
-    text = comp.message
-    assert 'hardware.gpu_name: null -> "NVIDIA H200"' in text
-    assert "new_key: (absent) -> 1" in text
-    assert 'python: "CPython 3.11" -> (absent)' in text
-    assert bl.Comparability.from_dict(comp.to_dict()) == comp

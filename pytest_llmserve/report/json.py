@@ -1,0 +1,103 @@
+"""The results of a session as JSON (``results.json``), written and read back.
+
+``llmserve baselines accept`` reads this file to record a run as the baseline. Layout::
+
+    {"format": "pytest-llmserve-results", "schema": 1, "created_at": ISO-8601, "run_id": "...",
+     "plugin_version": "...",
+     "benchmarks": [{"test_id", "server_id", "workload", "metric", "higher_is_better", "tolerance",
+                     "samples": {metric: [...]}, "metrics": {metric: summary}, "current": summary | null,
+                     "baseline": summary | null, "baseline_samples": [...], "verdict": {...} | null,
+                     "comparability": {...} | null, "error": str | null, "context": {...},
+                     "concurrency": int | null, "request_latencies_s": {name: [...]}, "note": ...,
+                     "baseline_path": ..., "run_id": ..., "saved": bool,
+                     "key": {"test", "server", "workload"}}, ...]}
+
+A bare JSON list of the gate's outcome dicts is read as well (``"format": "gate-outcomes"``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import uuid
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from pytest_llmserve.errors import BaselineError
+from pytest_llmserve.report.outcome import BenchOutcome, outcome_from_gate
+from pytest_llmserve.store.baselines import atomic_write_text, utc_timestamp
+
+RESULTS_FORMAT = "pytest-llmserve-results"
+RESULTS_SCHEMA = 1
+
+
+def results_document(outcomes: Sequence[BenchOutcome], *, run_id: str | None = None) -> dict[str, Any]:
+    from pytest_llmserve import __version__
+
+    return {
+        "format": RESULTS_FORMAT,
+        "schema": RESULTS_SCHEMA,
+        "created_at": utc_timestamp(),
+        "run_id": run_id or uuid.uuid4().hex[:12],
+        "plugin_version": __version__,
+        "benchmarks": [o.to_dict() for o in outcomes],
+    }
+
+
+def write_results_json(
+    path: str | os.PathLike[str], outcomes: Sequence[BenchOutcome], *, run_id: str | None = None
+) -> Path:
+    """Write the results of a session (atomically); ``llmserve baselines accept`` reads this file."""
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    doc = finite_json(results_document(outcomes, run_id=run_id))
+    atomic_write_text(p, json.dumps(doc, indent=2, allow_nan=False) + "\n")
+    return p
+
+
+def read_results_json(path: str | os.PathLike[str]) -> tuple[dict[str, Any], list[BenchOutcome]]:
+    """The header (everything but ``benchmarks``) and the outcomes of a results file."""
+    p = Path(path)
+    try:
+        data = json.loads(p.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise BaselineError(f"{p}: no such results file") from None
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise BaselineError(f"{p}: not a readable JSON results file ({exc})") from None
+    if isinstance(data, list):  # the gate's own list of outcome dicts
+        try:
+            return {"format": "gate-outcomes"}, [outcome_from_gate(item) for item in data]
+        except (KeyError, TypeError, ValueError, AttributeError, BaselineError) as exc:
+            raise BaselineError(f"{p}: a list, but not of benchmark outcomes ({exc!r})") from None
+    if not isinstance(data, dict) or data.get("format") != RESULTS_FORMAT:
+        raise BaselineError(
+            f'{p}: not a pytest-llmserve results file (expected "format": "{RESULTS_FORMAT}")'
+        )
+    if data.get("schema") != RESULTS_SCHEMA:
+        raise BaselineError(
+            f"{p}: results schema {data.get('schema')!r} is not supported (reads {RESULTS_SCHEMA})"
+        )
+    benchmarks = data.get("benchmarks")
+    if not isinstance(benchmarks, list):
+        raise BaselineError(f"{p}: 'benchmarks' must be a list")
+    outcomes = []
+    for i, item in enumerate(benchmarks):
+        try:
+            outcomes.append(BenchOutcome.from_dict(item))
+        except (KeyError, TypeError, ValueError, BaselineError) as exc:
+            raise BaselineError(f"{p}: benchmarks[{i}] is malformed ({exc!r})") from None
+    header = {k: v for k, v in data.items() if k != "benchmarks"}
+    return header, outcomes
+
+
+def finite_json(value: Any) -> Any:
+    """``value`` with every non-finite float as None (JSON has no NaN or infinity)."""
+    if isinstance(value, dict):
+        return {k: finite_json(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [finite_json(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value

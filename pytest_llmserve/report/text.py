@@ -1,0 +1,184 @@
+"""Benchmark outcomes as text: the terminal table and the Markdown summary for CI job pages."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from pytest_llmserve.report.outcome import BenchOutcome
+from pytest_llmserve.verdicts.stats import Summary
+
+STATUS_LABELS: dict[str, str] = {
+    "pass": "pass",
+    "regressed": "REGRESSED",
+    "improved": "improved",
+    "inconclusive": "inconclusive",
+    "refused": "REFUSED",
+    "error": "ERROR",
+    "no-baseline": "no baseline",
+    "saved": "saved as baseline",
+}
+STATUS_ICONS: dict[str, str] = {
+    "pass": "✅",
+    "regressed": "❌",
+    "improved": "🚀",
+    "inconclusive": "❔",
+    "refused": "⛔",
+    "error": "⚠️",
+    "no-baseline": "🆕",
+    "saved": "💾",
+}
+
+
+def format_number(value: float | None) -> str:
+    if value is None or not math.isfinite(value):
+        return "-"
+    magnitude = abs(value)
+    if magnitude >= 1000:
+        return f"{value:,.0f}"
+    if magnitude >= 100:
+        return f"{value:.1f}"
+    if magnitude >= 1:
+        return f"{value:.2f}"
+    return f"{value:.4g}"
+
+
+def _summary_cell(s: Summary | None) -> str:
+    if s is None:
+        return "-"
+    return f"{format_number(s.median)} ±{s.cv * 100:.1f}% (n={s.n})"
+
+
+def _change_cell(o: BenchOutcome) -> str:
+    if o.verdict is not None:
+        return f"{o.verdict.raw_change * 100:+.1f}%"
+    if o.baseline is not None and o.current is not None and o.baseline.median:
+        return f"{(o.current.median - o.baseline.median) / abs(o.baseline.median) * 100:+.1f}%"
+    return "-"
+
+
+def _verdict_cell(o: BenchOutcome) -> str:
+    label = STATUS_LABELS.get(o.status, o.status)
+    comp = o.comparability
+    if comp is not None and comp.status == "forced":
+        label += " (FORCED)"
+    elif comp is not None and comp.status == "allowed-variable":
+        label += f" ({comp.label})"
+    return label
+
+
+def _p_cell(o: BenchOutcome) -> str:
+    return f"{o.verdict.p_value:.3g}" if o.verdict is not None else "-"
+
+
+def _rows(outcomes: Sequence[BenchOutcome]) -> list[list[str]]:
+    return [
+        [
+            o.name,
+            o.workload,
+            o.metric + (" ↑" if o.higher_is_better else " ↓"),
+            _summary_cell(o.baseline),
+            _summary_cell(o.current),
+            _change_cell(o),
+            _p_cell(o),
+            _verdict_cell(o),
+        ]
+        for o in outcomes
+    ]
+
+
+_HEADER = [
+    "benchmark",
+    "workload",
+    "metric",
+    "baseline (median ±cv)",
+    "now (median ±cv)",
+    "change",
+    "p",
+    "verdict",
+]
+
+
+def aligned_columns(rows: Sequence[Sequence[str]], *, rule: bool = False) -> list[str]:
+    """Rows of cells as lines of left-aligned columns two spaces apart; ``rule`` puts dashes under the first."""
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows]
+    if rule:
+        lines.insert(1, "  ".join("-" * w for w in widths))
+    return lines
+
+
+def format_table(outcomes: Sequence[BenchOutcome]) -> str:
+    """Plain-text table, one line per benchmark, then the reasons behind non-passing verdicts."""
+    if not outcomes:
+        return "no benchmarks ran"
+    lines = aligned_columns([_HEADER, *_rows(outcomes)], rule=True)
+    notes = []
+    for o in outcomes:
+        for line in _explain(o):
+            notes.append(f"{o.name} ({o.workload}): {line}")
+    return "\n".join(lines + ([""] + notes if notes else []))
+
+
+def _explain(o: BenchOutcome) -> list[str]:
+    out: list[str] = []
+    if o.error:
+        out.append(f"invalid run: {o.error}")
+    comp = o.comparability
+    if comp is not None and comp.status in ("refused", "forced"):
+        out.append(comp.message)
+    if o.verdict is not None and (o.status != "pass" or (comp is not None and comp.status == "forced")):
+        out.append(o.verdict.reason)
+    if o.note and o.note not in out:  # the gate's note often repeats the refusal or the verdict's reason
+        out.append(o.note)
+    return out
+
+
+def _md(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", "<br>")
+
+
+def format_markdown(outcomes: Sequence[BenchOutcome], *, title: str = "pytest-llmserve benchmarks") -> str:
+    """Markdown for a CI job summary (e.g. appended to ``$GITHUB_STEP_SUMMARY``)."""
+    lines = [f"### {title}", ""]
+    if not outcomes:
+        return "\n".join(lines + ["No benchmarks ran.", ""])
+    counts: dict[str, int] = {}
+    for o in outcomes:
+        counts[o.status] = counts.get(o.status, 0) + 1
+    lines.append(
+        ", ".join(
+            f"{STATUS_ICONS.get(s, '')} {n} {STATUS_LABELS.get(s, s)}" for s, n in sorted(counts.items())
+        )
+    )
+    lines += [
+        "",
+        "| | benchmark | server | workload | metric | baseline | now | change | 95% CI | p | verdict |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for o in outcomes:
+        ci = f"{o.verdict.ci_low * 100:+.1f}%..{o.verdict.ci_high * 100:+.1f}%" if o.verdict else "-"
+        cells = [
+            STATUS_ICONS.get(o.status, ""),
+            f"`{o.test_id.rsplit('::', 1)[-1]}`",
+            o.server_id,
+            o.workload,
+            o.metric + (" ↑" if o.higher_is_better else " ↓"),
+            _summary_cell(o.baseline),
+            _summary_cell(o.current),
+            _change_cell(o),
+            ci,
+            _p_cell(o),
+            _verdict_cell(o),
+        ]
+        lines.append("| " + " | ".join(_md(c) for c in cells) + " |")
+    details = [(o, _explain(o)) for o in outcomes]
+    details = [(o, d) for o, d in details if d]
+    if details:
+        lines += ["", "<details><summary>Details</summary>", ""]
+        for o, explanation in details:
+            lines.append(f"**{_md(o.name)}** ({_md(o.workload)}, {_md(o.metric)})")
+            lines.append("")
+            lines += ["```", *explanation, "```", ""]
+        lines.append("</details>")
+    return "\n".join(lines) + "\n"

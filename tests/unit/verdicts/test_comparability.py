@@ -1,0 +1,114 @@
+"""Comparability of a run with a baseline: ignored keys, the variable under test, confounders, forcing."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from pytest_llmserve.config import CudaGraphSpec, ServerSpec, Workload
+from pytest_llmserve.evidence.environment import build_context
+from pytest_llmserve.verdicts.comparability import (
+    IGNORED_CONTEXT_KEYS,
+    Comparability,
+    comparability,
+    diff_context,
+)
+
+HW = {"cpu_model": "Test CPU", "cpu_count": 2, "gpu_name": None, "gpu_count": 0, "driver": None, "cuda": None}
+
+
+def ctx(**kw: Any) -> dict[str, Any]:
+    """A context of a vLLM server with CUDA graphs and a memory fraction; ``kw`` changes the server spec."""
+    engine_version = kw.pop("engine_version", "0.32.0")
+    spec = ServerSpec(
+        name="srv",
+        engine="vllm",
+        model="/models/smol",
+        port=8123,
+        cuda_graph=CudaGraphSpec(enabled=True, batch_sizes=(1, 2, 4)),
+        mem_fraction=0.9,
+    )
+    return build_context(
+        replace(spec, **kw),
+        Workload("smoke", num_prompts=16),
+        engine_version=engine_version,
+        hardware=HW,
+        plugin_version="0.1.0",
+        python="CPython 3.11",
+    )
+
+
+def test_same_context_and_ignored_keys() -> None:
+    a = ctx()
+    b = ctx(
+        port=1234, startup_timeout_s=5.0, source="other.toml", name="renamed", variant=(("cuda_graph", "on"),)
+    )
+    b["recorded_at"] = "now"
+    assert diff_context(a, b) == []
+    comp = comparability(a, b, None, False)
+    assert comp.status == "same"
+    assert comp.ok
+    assert {d.key for d in comp.ignored} >= {"server_args.startup_timeout_s", "recorded_at"}
+    assert "server_args.port" in IGNORED_CONTEXT_KEYS
+
+
+def test_refused_when_memory_and_cuda_graph_both_change() -> None:
+    base = ctx()
+    cur = ctx(cuda_graph=CudaGraphSpec(enabled=False), mem_fraction=0.8)
+    comp = comparability(base, cur, "server_args.cuda_graph", allow_confounded=False)
+    assert comp.status == "refused"
+    assert not comp.ok
+    keys = {d.key for d in comp.diffs}
+    assert keys == {
+        "server_args.cuda_graph.enabled",
+        "server_args.cuda_graph.batch_sizes",
+        "server_args.mem_fraction",
+    }
+    assert [d.key for d in comp.confounders] == ["server_args.mem_fraction"]
+    assert "server_args.mem_fraction: 0.9 -> 0.8" in comp.message
+    assert "server_args.cuda_graph.enabled: true -> false" in comp.message
+    assert "refused" in comp.message
+    forced = comparability(base, cur, "cuda_graph", allow_confounded=True)
+    assert forced.status == "forced"
+    assert forced.ok
+    assert "FORCED" in forced.message
+    assert "server_args.mem_fraction" in forced.message
+
+
+def test_allowed_when_only_the_variable_differs() -> None:
+    base = ctx()
+    cur = ctx(cuda_graph=CudaGraphSpec(enabled=False))
+    for variable in ("server_args.cuda_graph", "cuda_graph"):
+        comp = comparability(base, cur, variable, allow_confounded=False)
+        assert comp.status == "allowed-variable"
+        assert comp.ok
+        assert comp.variable_keys == ("server_args.cuda_graph",)
+        assert comp.label == f"A/B of {variable}"
+    assert comparability(base, cur, None, False).status == "refused"
+
+
+def test_engine_build_comparison_is_labelled() -> None:
+    base = ctx()
+    cur = ctx(engine_version="0.33.0.dev1", python="/opt/vllm-nightly/bin/python")
+    comp = comparability(base, cur, "engine_version", allow_confounded=False)
+    assert comp.status == "allowed-variable"
+    assert comp.label == "engine build comparison"
+    assert {d.key for d in comp.diffs} == {"engine_version", "server_args.python"}
+    both = ctx(engine_version="0.33.0", mem_fraction=0.5)
+    refused = comparability(base, both, "engine_version", allow_confounded=False)
+    assert refused.status == "refused"
+    assert "server_args.mem_fraction" in refused.message
+
+
+def test_comparability_round_trips_and_diff_describes_absent_keys() -> None:
+    a = ctx()
+    b = ctx()
+    b["hardware"] = dict(HW, gpu_name="NVIDIA H200")
+    b["new_key"] = 1
+    del b["python"]
+    comp = comparability(a, b, None, False)
+    text = comp.message
+    assert 'hardware.gpu_name: null -> "NVIDIA H200"' in text
+    assert "new_key: (absent) -> 1" in text
+    assert 'python: "CPython 3.11" -> (absent)' in text
+    assert Comparability.from_dict(comp.to_dict()) == comp
