@@ -33,7 +33,7 @@ import itertools
 import math
 import os
 import tomllib
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
@@ -41,7 +41,6 @@ from typing import Any
 from pytest_llmserve.errors import ConfigError
 
 ENGINES = ("vllm", "sglang", "llamacpp", "external", "command")
-DEFAULT_SERVER_NAME = "default"
 CACHE_ENV = "PYTEST_LLMSERVE_CACHE"
 
 
@@ -532,17 +531,3 @@ def parse_positive_int(value: Any, where: str) -> int:
     if number < 1 or (isinstance(value, float) and value != number):
         raise ConfigError(f"{where} = {value!r}: must be a positive integer")
     return number
-
-
-def spec_from_overrides(base: ServerSpec, overrides: Mapping[str, Any], where: str) -> ServerSpec:
-    """Apply ``key=value`` overrides (from the command line) to a spec, validated like the file."""
-    kwargs = {}
-    for key, value in overrides.items():
-        if key not in _SERVER_KEYS:
-            raise ConfigError(f"{where}: unknown server key {key!r}")
-        kwargs[key] = _server_value(key, value, f"{where} {key}")
-    return replace(base, **kwargs)
-
-
-def as_sequence(value: Any) -> Sequence[Any]:
-    return value if isinstance(value, list | tuple) else [value]

@@ -1,8 +1,20 @@
-"""The pytest plugin: options, ini keys, markers, fixtures, hooks and the terminal summary.
+"""The pytest face of the package: options, ini keys, markers, fixtures, hooks and the terminal summary.
 
-This is the only module that imports pytest. It resolves settings once (precedence, lowest first:
-ini < ``PYTEST_LLMSERVE_*`` environment < command line < marker), keeps its state in
-``config.stash`` and hands plain dataclasses to the core.
+Settings are resolved by :mod:`pytest_llmserve.settings` (ini < ``PYTEST_LLMSERVE_*`` < ``--llmserve-*`` <
+marker); state lives in ``config.stash``; the core gets plain dataclasses.
+
+Inert unless used. A run *configures* the plugin when there is a configuration file (``[tool.llmserve]``
+in pyproject.toml, or llmserve.toml) or any llmserve setting (an ``--llmserve-*`` option, an
+``llmserve_*`` ini key, a ``PYTEST_LLMSERVE_*`` variable named in :data:`pytest_llmserve.settings.OPTIONS`);
+it *uses* it when, in addition or instead, a collected item asks for an llmserve fixture or carries an
+``llmserve_*`` marker. Until then the plugin adds no header line, installs no signal handler, creates
+no directory and starts no process. Because the header, and pytest-xdist's choice of scheduler, come
+before collection (and an xdist controller collects nothing), those two follow the configuration only:
+
+* header lines and the ``-n`` ``--dist load`` -> ``loadgroup`` switch: only when configured;
+* the SIGTERM handler: at configuration when configured, else once an llmserve item is collected;
+* the run directory: when the first server is booted (an xdist controller hands its path to the workers);
+* the GPU probe: only when a ``gpu``-marked item is collected and the run is not ``--collect-only``.
 """
 
 from __future__ import annotations
@@ -13,48 +25,33 @@ import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass, field, replace
+import uuid
+from collections.abc import Callable, Generator, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from types import FrameType
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from pytest_llmserve.config import (
-    BenchDefaults,
-    LLMServeConfig,
-    ServerSpec,
-    load_config,
-    parse_bool,
-    parse_positive_float,
-    parse_positive_int,
-)
+from pytest_llmserve import xdist_hooks
+from pytest_llmserve.config import LLMServeConfig, ServerSpec
 from pytest_llmserve.errors import ConfigError, LLMServeError, ServerError
+from pytest_llmserve.gates.accounting import Accounting
+from pytest_llmserve.settings import OPTIONS, BenchSpec, Settings, Sources, bench_spec, resolve_settings
+
+if TYPE_CHECKING:
+    import openai
+
+    from pytest_llmserve.evidence.client import LLMClient
+    from pytest_llmserve.gates.bench import ABRunner, BenchGate
+    from pytest_llmserve.gates.decode import DecodeCheck
+    from pytest_llmserve.server.handle import RunningServer
+    from pytest_llmserve.server.pool import ServerPool
 
 # The built-in suite: every test_llmserve_*.py file here (named one by one, so the user's python_files
 # and norecursedirs settings cannot drop any of them).
 SUITE_DIR = Path(__file__).parent / "suite"
-
-# Help texts shared between options and ini keys (pytest-timeout's *_DESC style).
-SUITE_HELP = ("run the built-in suite (boot, config-is-execution, decode oracles, throughput gate) "
-              "on every configured server")
-SERVER_HELP = "server name(s) from [tool.llmserve.servers] to use (comma separated); default: all for the suite"
-URL_HELP = "attach to an already-running OpenAI-compatible server at this URL instead of booting one"
-CONFIG_HELP = "configuration file (default: llmserve.toml or pyproject.toml in the rootdir)"
-SAVE_HELP = "save the measured samples as a new baseline record (append; old records are kept)"
-BASELINE_DIR_HELP = "directory of the baseline store (default: baselines/ in the rootdir)"
-TOLERANCE_HELP = "relative change of the gated metric that counts as a regression (default 0.05)"
-ROUNDS_HELP = "benchmark rounds per side before the first verdict (default 3)"
-MAX_ROUNDS_HELP = "most rounds per side when the verdict is inconclusive (default 6)"
-WORKLOAD_HELP = "default workload of benchmarks without one in their marker (default smoke)"
-METRIC_HELP = "default gated metric (default output_throughput)"
-RESULTS_DIR_HELP = "where logs, reports, plots and result JSON are written (default llmserve-results/ in the rootdir)"
-KILL_STALE_HELP = "kill servers left running by an earlier, interrupted run instead of refusing to boot"
-ALLOW_CONFOUNDED_HELP = ("compare against a baseline whose context differs in more than the variable under test "
-                         "(reported)")
-BENCH_JSON_HELP = "also write results as pytest-benchmark compatible JSON to this path"
-
-ENV_PREFIX = "PYTEST_LLMSERVE_"
 
 MARKERS = {
     "gpu": "gpu: the test needs a GPU; skipped with a reason where none is visible",
@@ -68,208 +65,87 @@ MARKERS = {
                           "against the stored baseline (of another server/test when baseline_server/baseline_test "
                           "name one, e.g. 'test_llmserve_suite.py::test_throughput'); runs on one xdist worker only",
 }
+# What makes a collected item an llmserve item (the gpu marker alone only asks for the GPU probe).
+LLMSERVE_MARKERS = ("llmserve_server", "llmserve_correctness", "llmserve_benchmark")
+LLMSERVE_FIXTURES = frozenset({"llmserve_config", "llm_server", "llmserve_batch_case", "decode_check", "llm_client",
+                               "llm_openai", "llm_async_openai", "llm_bench", "llm_ab"})
 
-
-@dataclass
-class Settings:
-    """Resolved plugin settings (not per-test)."""
-
-    rootdir: Path
-    cfg: LLMServeConfig
-    servers: tuple[str, ...] | None
-    url: str | None
-    save_baseline: bool
-    baseline_dir: Path
-    results_dir: Path
-    bench: BenchDefaults
-    kill_stale: bool
-    allow_confounded: bool
-    bench_json: Path | None
-    suite: bool
+_INI_TYPES = {"flag": "bool", "string": "string", "int": "int", "float": "float"}
 
 
 @dataclass
 class RunState:
     """Per-process state: the server pool, benchmark outcomes, timing accounting."""
 
-    run_dir: Path
+    run_dir: Path  # created by the first boot (ServerPool), removed by its owner at unconfigure
     owns_run_dir: bool
-    pool: Any = None
+    accounting: Accounting
+    pool: ServerPool | None = None
     outcomes: list[dict[str, Any]] = field(default_factory=list)
-    accounting: Any = None  # pytest_llmserve.gates.accounting.Accounting, from pytest_configure
-    request_s: float = 0.0
     session_start: float = field(default_factory=time.monotonic)
 
 
 SETTINGS_KEY = pytest.StashKey[Settings]()
 STATE_KEY = pytest.StashKey[RunState]()
 SPEC_KEY = pytest.StashKey[ServerSpec]()
+SIGTERM_KEY = pytest.StashKey[Any]()  # the SIGTERM handler ours replaced
 
 
 # ---------------------------------------------------------------------------- options
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("llmserve", "LLM inference server fixtures, correctness oracles and benchmark gates")
-    group.addoption("--llmserve-suite", action="store_true", default=False, help=SUITE_HELP)
-    group.addoption("--llmserve-server", default=None, help=SERVER_HELP)
-    group.addoption("--llmserve-url", default=None, help=URL_HELP)
-    group.addoption("--llmserve-config", default=None, help=CONFIG_HELP)
-    group.addoption("--llmserve-save-baseline", action="store_true", default=None, help=SAVE_HELP)
-    group.addoption("--llmserve-baseline-dir", default=None, help=BASELINE_DIR_HELP)
-    group.addoption("--llmserve-tolerance", default=None, help=TOLERANCE_HELP)
-    group.addoption("--llmserve-rounds", default=None, help=ROUNDS_HELP)
-    group.addoption("--llmserve-max-rounds", default=None, help=MAX_ROUNDS_HELP)
-    group.addoption("--llmserve-workload", default=None, help=WORKLOAD_HELP)
-    group.addoption("--llmserve-metric", default=None, help=METRIC_HELP)
-    group.addoption("--llmserve-results-dir", default=None, help=RESULTS_DIR_HELP)
-    group.addoption("--llmserve-kill-stale", action="store_true", default=None, help=KILL_STALE_HELP)
-    group.addoption("--llmserve-allow-confounded", action="store_true", default=None, help=ALLOW_CONFOUNDED_HELP)
-    group.addoption("--llmserve-benchmark-json", default=None, help=BENCH_JSON_HELP)
-    parser.addini("llmserve_servers", SERVER_HELP, default=None)
-    parser.addini("llmserve_baseline_dir", BASELINE_DIR_HELP, default=None)
-    parser.addini("llmserve_tolerance", TOLERANCE_HELP, default=None)
-    parser.addini("llmserve_rounds", ROUNDS_HELP, default=None)
-    parser.addini("llmserve_max_rounds", MAX_ROUNDS_HELP, default=None)
-    parser.addini("llmserve_workload", WORKLOAD_HELP, default=None)
-    parser.addini("llmserve_metric", METRIC_HELP, default=None)
-    parser.addini("llmserve_results_dir", RESULTS_DIR_HELP, default=None)
-
-
-def _setting(config: pytest.Config, name: str) -> tuple[Any, str] | None:
-    """Resolve one setting: CLI > environment > ini. Returns (value, where) or None."""
-    cli = config.getoption(f"--llmserve-{name.replace('_', '-')}", default=None)
-    if cli is not None:
-        return cli, f"--llmserve-{name.replace('_', '-')}"
-    env_name = ENV_PREFIX + name.upper()
-    if os.environ.get(env_name) not in (None, ""):
-        return os.environ[env_name], f"${env_name}"
-    try:
-        ini = config.getini(f"llmserve_{name}")
-    except ValueError:
-        ini = None
-    if ini not in (None, "", []):
-        return ini, f"ini llmserve_{name}"
-    return None
-
-
-def resolve_settings(config: pytest.Config) -> Settings:
-    rootdir = Path(config.rootpath)
-    from pytest_llmserve.engines import embedded
-
-    cfg_opt = _setting(config, "config")
-    if cfg_opt:
-        path = Path(cfg_opt[0])
-        if not path.is_file():
-            raise ConfigError(f"{cfg_opt[1]} = {cfg_opt[0]!r}: no such file")
-        from pytest_llmserve.config import config_from_table, find_config_file
-
-        found = find_config_file(path.parent) if path.name in ("pyproject.toml", "llmserve.toml") else None
-        if found is None or found[0].resolve() != path.resolve():
-            import tomllib
-
-            data = tomllib.loads(path.read_text())
-            table = data.get("tool", {}).get("llmserve", data)
-            cfg = config_from_table(table, str(path), embedded.default_spec)
+    for option in OPTIONS:
+        if option.kind == "flag":
+            group.addoption(option.flag, action="store_true", default=None, help=option.help)
         else:
-            cfg = config_from_table(found[1], str(found[0]), embedded.default_spec)
-    else:
-        cfg = load_config(rootdir, embedded.default_spec)
+            group.addoption(option.flag, default=None, help=option.help)
+        parser.addini(option.ini, option.help, type=_INI_TYPES[option.kind], default=None)  # type: ignore[arg-type]
 
-    url = _setting(config, "url")
-    servers_opt = _setting(config, "servers") or (
-        (config.getoption("--llmserve-server"), "--llmserve-server") if config.getoption("--llmserve-server") else None)
-    servers = None
-    if servers_opt:
-        servers = tuple(s.strip() for s in str(servers_opt[0]).split(",") if s.strip())
-        for name in servers:
-            if name != "*" and name not in {s.name for s in cfg.servers}:
-                raise ConfigError(f"{servers_opt[1]} = {servers_opt[0]!r}: no server named {name!r} "
-                                  f"(configured: {', '.join(s.name for s in cfg.servers)}; from {cfg.source})")
-    if url:
-        attach = ServerSpec(name="external", engine="external", url=str(url[0]), source=url[1],
-                            api_key=os.environ.get("OPENAI_API_KEY") or None)
-        cfg = replace(cfg, servers=(attach,), default_server="external", matrices={})
-        servers = ("external",)
 
-    def num(name: str, parser: Any, default: Any) -> Any:
-        got = _setting(config, name)
-        return default if got is None else parser(got[0], got[1])
-
-    base = BenchDefaults()
-    workload = _setting(config, "workload")
-    if workload:
-        cfg.workload(str(workload[0]), where=workload[1])
-    bench = BenchDefaults(
-        workload=str(workload[0]) if workload else base.workload,
-        metric=str((_setting(config, "metric") or (base.metric, ""))[0]),
-        tolerance=num("tolerance", parse_positive_float, base.tolerance),
-        rounds=num("rounds", parse_positive_int, base.rounds),
-        max_rounds=num("max_rounds", parse_positive_int, base.max_rounds),
-    )
-    if bench.max_rounds < bench.rounds:
-        raise ConfigError(f"llmserve max_rounds = {bench.max_rounds} is below rounds = {bench.rounds}")
-    baseline_dir = _setting(config, "baseline_dir")
-    results_dir = _setting(config, "results_dir")
-    save = _setting(config, "save_baseline")
-    kill_stale = _setting(config, "kill_stale")
-    confounded = _setting(config, "allow_confounded")
-    bench_json = config.getoption("--llmserve-benchmark-json")
-    return Settings(
-        rootdir=rootdir,
-        cfg=cfg,
-        servers=servers,
-        url=str(url[0]) if url else None,
-        save_baseline=bool(save and (save[0] is True or parse_bool(str(save[0]), save[1]))),
-        baseline_dir=(rootdir / str(baseline_dir[0])) if baseline_dir else rootdir / "baselines",
-        results_dir=(rootdir / str(results_dir[0])) if results_dir else rootdir / "llmserve-results",
-        bench=bench,
-        kill_stale=bool(kill_stale and (kill_stale[0] is True or parse_bool(str(kill_stale[0]), kill_stale[1]))),
-        allow_confounded=bool(confounded and (confounded[0] is True or parse_bool(str(confounded[0]), confounded[1]))),
-        bench_json=Path(bench_json) if bench_json else None,
-        suite=bool(config.getoption("--llmserve-suite")),
-    )
+def _sources(config: pytest.Config) -> Sources:
+    ini: dict[str, Any] = {}
+    for option in OPTIONS:
+        try:
+            ini[option.name] = config.getini(option.ini)
+        except (ValueError, TypeError, pytest.UsageError) as exc:  # a value of the wrong type
+            raise ConfigError(f"ini {option.ini}: {exc}") from None
+    return Sources(cli={option.name: config.getoption(option.flag) for option in OPTIONS}, ini=ini,
+                   env=dict(os.environ))
 
 
 # ---------------------------------------------------------------------------- configure
-
-def _is_xdist_worker(config: pytest.Config) -> bool:
-    return hasattr(config, "workerinput")
-
-
-def _is_xdist_controller(config: pytest.Config) -> bool:
-    return bool(getattr(config.option, "numprocesses", None)) and not _is_xdist_worker(config)
-
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_configure(config: pytest.Config) -> None:
     for line in MARKERS.values():
         config.addinivalue_line("markers", line)
+    from pytest_llmserve.engines import embedded
+
     try:
-        settings = resolve_settings(config)
+        settings = resolve_settings(Path(config.rootpath), _sources(config), embedded.default_spec)
     except LLMServeError as exc:
         raise pytest.UsageError(f"pytest-llmserve: {exc}") from None
     config.stash[SETTINGS_KEY] = settings
-    if _is_xdist_controller(config) and getattr(config.option, "dist", None) == "load":
-        # Benchmarks carry xdist_group("llmserve-bench"); loadgroup keeps them on one worker.
-        config.option.dist = "loadgroup"
-    if _is_xdist_worker(config):
-        run_dir = Path(config.workerinput["llmserve_run_dir"])  # type: ignore[attr-defined]
-        owns = False
+    if xdist_hooks.is_worker(config):
+        run_dir, owns = Path(xdist_hooks.worker_run_dir(config)), False
     else:
-        run_dir = Path(tempfile.mkdtemp(prefix="llmserve-run-"))
-        owns = True
-    from pytest_llmserve.gates.accounting import Accounting
-
+        # Only a name: the directory is made when a server boots (in this process or an xdist worker).
+        run_dir, owns = Path(tempfile.gettempdir()) / f"llmserve-run-{uuid.uuid4().hex[:16]}", True
+        xdist_hooks.register(config, str(run_dir))
     config.stash[STATE_KEY] = RunState(run_dir=run_dir, owns_run_dir=owns, accounting=Accounting())
-    if not _is_xdist_worker(config):
-        _install_sigterm_handler(config)
-    if config.pluginmanager.hasplugin("xdist"):
-        config.pluginmanager.register(XdistHooks(), "llmserve-xdist-hooks")
+    if settings.configured:
+        xdist_hooks.keep_benchmarks_on_one_worker(config)
+        _start_using(config)
     if settings.suite:
         _add_suite(config)
 
 
-SIGTERM_KEY = pytest.StashKey[Any]()
+def _start_using(config: pytest.Config) -> None:
+    """What the plugin does once it is in use: guard the run's servers against SIGTERM (not on xdist
+    workers: their controller stops the shared servers)."""
+    if not xdist_hooks.is_worker(config) and SIGTERM_KEY not in config.stash:
+        _install_sigterm_handler(config)
 
 
 def _install_sigterm_handler(config: pytest.Config) -> None:
@@ -286,7 +162,7 @@ def _install_sigterm_handler(config: pytest.Config) -> None:
         return
     fired: list[int] = []
 
-    def on_sigterm(signum: int, frame: Any) -> None:
+    def on_sigterm(signum: int, frame: FrameType | None) -> None:
         if fired:
             return
         fired.append(signum)
@@ -315,15 +191,7 @@ def _add_suite(config: pytest.Config) -> None:
         config.args[:] = suite  # only the suite, not the rootdir's testpaths
 
 
-class XdistHooks:
-    """Registered only when pytest-xdist is installed: hands the run directory to the workers."""
-
-    def pytest_configure_node(self, node: Any) -> None:
-        state = node.config.stash[STATE_KEY]
-        node.workerinput["llmserve_run_dir"] = str(state.run_dir)
-
-
-def _pool(config: pytest.Config) -> Any:
+def _pool(config: pytest.Config) -> ServerPool:
     state = config.stash[STATE_KEY]
     if state.pool is None:
         from pytest_llmserve.server.pool import ServerPool
@@ -333,7 +201,8 @@ def _pool(config: pytest.Config) -> Any:
             from pytest_llmserve.server.handle import kill_stale
 
             kill_stale(say=lambda msg: _say(config, msg))
-        state.pool = ServerPool(state.run_dir, settings.results_dir / "logs", shared=_is_xdist_worker(config),
+        state.run_dir.mkdir(mode=0o700, exist_ok=True)
+        state.pool = ServerPool(state.run_dir, settings.results_dir / "logs", shared=xdist_hooks.is_worker(config),
                                 say=lambda msg: _say(config, msg))
         state.pool.accounting = state.accounting
     return state.pool
@@ -341,7 +210,7 @@ def _pool(config: pytest.Config) -> Any:
 
 def _say(config: pytest.Config, msg: str) -> None:
     tr = config.pluginmanager.get_plugin("terminalreporter")
-    if tr is not None and not _is_xdist_worker(config):
+    if tr is not None and not xdist_hooks.is_worker(config):
         tr.write_line(f"[llmserve] {msg}")
     else:
         print(f"[llmserve] {msg}", file=sys.stderr, flush=True)
@@ -349,7 +218,7 @@ def _say(config: pytest.Config, msg: str) -> None:
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
     settings = config.stash.get(SETTINGS_KEY, None)
-    if settings is None:
+    if settings is None or not settings.configured:
         return []
     specs = _selected_specs(settings, None)
     lines = [f"llmserve: config {settings.cfg.source}; servers: {', '.join(s.id for s in specs)}",
@@ -377,8 +246,8 @@ def _selected_specs(settings: Settings, names: tuple[str, ...] | None) -> list[S
     return out
 
 
-def _marker_servers(item_or_metafunc: Any) -> tuple[str, ...] | None:
-    definition = getattr(item_or_metafunc, "definition", item_or_metafunc)
+def _marker_servers(metafunc: pytest.Metafunc) -> tuple[str, ...] | None:
+    definition = metafunc.definition
     marker = definition.get_closest_marker("llmserve_server")
     if marker is None:
         return None
@@ -418,19 +287,38 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     metafunc.parametrize("llm_server", params, indirect=True, scope="function")
 
 
+def _is_llmserve_item(item: pytest.Item) -> bool:
+    return (not LLMSERVE_FIXTURES.isdisjoint(getattr(item, "fixturenames", ()))
+            or any(item.get_closest_marker(name) is not None for name in LLMSERVE_MARKERS))
+
+
+def _benchmark_spec(item: pytest.Item, settings: Settings) -> BenchSpec:
+    """The item's benchmark gate; a bad marker argument is a usage error naming the test and the value."""
+    marker = item.get_closest_marker("llmserve_benchmark")
+    args, kwargs = (tuple(marker.args), dict(marker.kwargs)) if marker is not None else ((), {})
+    try:
+        return bench_spec(settings, args, kwargs, where=f"{item.nodeid}: marker llmserve_benchmark")
+    except ConfigError as exc:
+        raise pytest.UsageError(str(exc)) from None
+
+
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
     settings = config.stash[SETTINGS_KEY]
+    if any(_is_llmserve_item(item) for item in items):
+        _start_using(config)
+    if not config.option.collectonly and any(item.get_closest_marker("gpu") for item in items):
+        from pytest_llmserve.server.gpu import no_gpu_reason
+
+        gpu_reason = no_gpu_reason()
+        if gpu_reason:
+            for item in items:
+                if item.get_closest_marker("gpu"):
+                    item.add_marker(pytest.mark.skip(reason=gpu_reason))
     order: dict[str, int] = {s.id: i for i, s in enumerate(settings.cfg.all_specs())}
-    gpu_reason = _gpu_skip_reason()
     for item in items:
-        if item.get_closest_marker("gpu") and gpu_reason:
-            item.add_marker(pytest.mark.skip(reason=gpu_reason))
         bench_marker = item.get_closest_marker("llmserve_benchmark")
         if bench_marker is not None:
-            try:  # at collection, so a typo in a marker costs no server boot
-                parse_benchmark_marker(bench_marker, settings, item.nodeid)
-            except ConfigError as exc:
-                raise pytest.UsageError(str(exc)) from None
+            _benchmark_spec(item, settings)  # at collection, so a typo in a marker costs no server boot
         if bench_marker or "llm_ab" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.xdist_group("llmserve-bench"))
 
@@ -452,31 +340,6 @@ def _item_spec(item: pytest.Item) -> ServerSpec | None:
     return value if isinstance(value, ServerSpec) else None
 
 
-_GPU_CACHE: list[str | None] = []
-
-
-def _gpu_skip_reason() -> str | None:
-    """None when a GPU is visible, else why ``gpu`` tests are skipped."""
-    if _GPU_CACHE:
-        return _GPU_CACHE[0]
-    reason: str | None = None
-    if os.environ.get("CUDA_VISIBLE_DEVICES", None) in ("", "-1"):
-        reason = f"no GPU visible (CUDA_VISIBLE_DEVICES={os.environ['CUDA_VISIBLE_DEVICES']!r})"
-    elif not shutil.which("nvidia-smi") and not Path("/dev/nvidia0").exists():
-        reason = "no GPU visible (no nvidia-smi and no /dev/nvidia0)"
-    else:
-        import subprocess
-
-        try:
-            out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30)
-            if out.returncode != 0 or "GPU" not in out.stdout:
-                reason = f"no GPU visible (nvidia-smi -L: {out.stdout.strip() or out.stderr.strip()})"
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            reason = f"no GPU visible (nvidia-smi failed: {exc})"
-    _GPU_CACHE.append(reason)
-    return reason
-
-
 # ---------------------------------------------------------------------------- fixtures
 
 @pytest.fixture(scope="session")
@@ -486,42 +349,36 @@ def llmserve_config(pytestconfig: pytest.Config) -> LLMServeConfig:
 
 
 @pytest.fixture
-def llm_server(request: pytest.FixtureRequest) -> Iterator[Any]:
-    """The running server (a :class:`pytest_llmserve.server.handle.ServerHandle`) for this test's configuration.
+def llm_server(request: pytest.FixtureRequest) -> RunningServer:
+    """The running server for this test's configuration.
 
     Booted once per configuration per run and shared by every test (and xdist worker) that uses it.
     """
     config = request.config
     spec = getattr(request, "param", None)
     if spec is None:
-        settings = config.stash[SETTINGS_KEY]
-        spec = _selected_specs(settings, None)[0]
-    pool = _pool(config)
+        spec = _selected_specs(config.stash[SETTINGS_KEY], None)[0]
     problem = None
     try:
-        handle = pool.get(spec)
+        handle = _pool(config).get(spec)
     except ServerError as exc:
         problem = str(exc)
     if problem is not None:
-        pytest.fail(problem, pytrace=False)
+        pytest.fail(problem, pytrace=False)  # outside the except: no chained traceback
     request.node.stash[SPEC_KEY] = spec
-    yield handle
-    if not handle.is_alive():
-        # Fail the *next* users fast: the pool raises "server died" with the log tail for them.
-        pass
+    return handle
 
 
 @pytest.fixture
-def decode_check(llm_server: Any, request: pytest.FixtureRequest) -> Any:
+def decode_check(llm_server: RunningServer, request: pytest.FixtureRequest) -> DecodeCheck:
     """Decode oracles bound to this test's server: ``decode_check.no_nan().coherent()...``;
     ``decode_check.matches("other-server-id")`` boots that configuration beside this one as the reference."""
     from pytest_llmserve.gates.decode import DecodeCheck, resolve_reference_spec
 
     config = request.config
-    current = (request.node.stash.get(SPEC_KEY, None) or getattr(llm_server, "spec_for_checks", None)
-               or llm_server.spec)
+    current = request.node.stash.get(SPEC_KEY, None) or llm_server.spec_for_checks or llm_server.spec
 
-    def reference_server(reference: Any) -> Any:
+    def reference_server(reference: str | ServerSpec) -> RunningServer:
         spec = resolve_reference_spec(config.stash[SETTINGS_KEY].cfg, reference)
         pool = _pool(config)
         before = pool.max_alive
@@ -535,38 +392,61 @@ def decode_check(llm_server: Any, request: pytest.FixtureRequest) -> Any:
 
 
 @pytest.fixture
-def llm_client(llm_server: Any) -> Iterator[Any]:
+def llm_client(llm_server: RunningServer) -> Iterator[LLMClient]:
     """A :class:`pytest_llmserve.evidence.client.LLMClient` for this test's server."""
     client = llm_server.client()
     yield client
     client.close()
 
 
+def openai_client_options(server: RunningServer) -> dict[str, Any]:
+    """How an openai SDK client reaches ``server``: its /v1 URL and key, its request timeout, no retries
+    (a retried request would hide the failure a test is looking for)."""
+    return {"base_url": server.base_url + "/v1", "api_key": server.spec.api_key or "EMPTY",
+            "timeout": server.spec.request_timeout_s, "max_retries": 0}
+
+
 @pytest.fixture
-def llm_bench(llm_server: Any, request: pytest.FixtureRequest) -> Any:
+def llm_openai(llm_server: RunningServer) -> Iterator[openai.OpenAI]:
+    """An ``openai.OpenAI`` client for this test's server (use ``llm_server.model_name`` as the model)."""
+    import openai
+
+    client = openai.OpenAI(**openai_client_options(llm_server))
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def llm_async_openai(llm_server: RunningServer) -> openai.AsyncOpenAI:
+    """An ``openai.AsyncOpenAI`` client for this test's server, for async tests (anyio, pytest-asyncio).
+
+    Its connections belong to the test's event loop, which is gone at teardown: ``async with`` it, or
+    ``await llm_async_openai.close()``, to close them there.
+    """
+    import openai
+
+    return openai.AsyncOpenAI(**openai_client_options(llm_server))
+
+
+@pytest.fixture
+def llm_bench(llm_server: RunningServer, request: pytest.FixtureRequest) -> BenchGate:
     """Benchmark gate bound to this test's server and its ``llmserve_benchmark`` marker: ``llm_bench.run()``."""
     from pytest_llmserve.gates.bench import BenchGate
 
     config = request.config
     settings = config.stash[SETTINGS_KEY]
-    spec_marker = request.node.get_closest_marker("llmserve_benchmark")
-    try:
-        options = parse_benchmark_marker(spec_marker, settings, request.node.nodeid)
-    except ConfigError as exc:
-        raise pytest.UsageError(str(exc)) from None
-
-    record = _outcome_recorder(request)
-
-    return BenchGate(server=llm_server, cfg=settings.cfg, options=options, store_dir=settings.baseline_dir,
-                     results_dir=settings.results_dir, save=settings.save_baseline,
-                     allow_confounded=settings.allow_confounded, test_id=request.node.nodeid,
-                     key_test=f"{request.node.path.name}::{getattr(request.node, 'originalname', request.node.name)}",
-                     record=record, fail=_fail, pool=_pool(config), skip=_skip,
+    node = request.node
+    assert isinstance(node, pytest.Item)
+    return BenchGate(server=llm_server, cfg=settings.cfg, options=_benchmark_spec(node, settings),
+                     store_dir=settings.baseline_dir, results_dir=settings.results_dir, save=settings.save_baseline,
+                     allow_confounded=settings.allow_confounded, test_id=node.nodeid,
+                     key_test=f"{node.path.name}::{getattr(node, 'originalname', node.name)}",
+                     record=_outcome_recorder(request), fail=_fail, pool=_pool(config), skip=_skip,
                      say=lambda msg: _say(config, msg))
 
 
 @pytest.fixture
-def llm_ab(request: pytest.FixtureRequest) -> Any:
+def llm_ab(request: pytest.FixtureRequest) -> ABRunner:
     """A/B of two configured server configurations in one run: ``llm_ab.run(a="id", b="id")``.
 
     Both servers stay up; rounds are interleaved A B A B; fails when B regressed against A.
@@ -575,14 +455,12 @@ def llm_ab(request: pytest.FixtureRequest) -> Any:
 
     config = request.config
     settings = config.stash[SETTINGS_KEY]
-
-    record = _outcome_recorder(request)
-
     return ABRunner(pool=_pool(config), cfg=settings.cfg, test_id=request.node.nodeid,
-                    results_dir=settings.results_dir, record=record, fail=_fail, say=lambda msg: _say(config, msg))
+                    results_dir=settings.results_dir, record=_outcome_recorder(request), fail=_fail,
+                    say=lambda msg: _say(config, msg))
 
 
-def _outcome_recorder(request: pytest.FixtureRequest) -> Any:
+def _outcome_recorder(request: pytest.FixtureRequest) -> Callable[[dict[str, Any]], None]:
     """Keep a benchmark outcome for the summary: in this process and, via user_properties, across xdist."""
     state = request.config.stash[STATE_KEY]
 
@@ -601,73 +479,29 @@ def _skip(message: str) -> None:
     pytest.skip(message)
 
 
-def parse_benchmark_marker(marker: Any, settings: Settings, nodeid: str) -> dict[str, Any]:
-    """Marker arguments, checked in one place; a bad one names the test and the value."""
-    base = settings.bench
-    out: dict[str, Any] = {"workload": base.workload, "metric": base.metric, "tolerance": base.tolerance,
-                           "rounds": base.rounds, "max_rounds": base.max_rounds, "variable": None,
-                           "higher_is_better": None, "alpha": base.alpha, "baseline_server": None,
-                           "baseline_test": None}
-    if marker is None:
-        return out
-    where = f"{nodeid}: marker llmserve_benchmark"
-    if len(marker.args) > 1:
-        raise ConfigError(f"{where}: takes at most one positional argument (the workload), got {marker.args!r}")
-    kwargs = dict(marker.kwargs)
-    if marker.args:
-        kwargs.setdefault("workload", marker.args[0])
-    allowed = set(out)
-    for key, value in kwargs.items():
-        if key not in allowed:
-            raise ConfigError(f"{where}: unknown argument {key}={value!r} (known: {', '.join(sorted(allowed))})")
-        if key == "workload":
-            settings.cfg.workload(str(value), where=where)
-            out[key] = str(value)
-        elif key == "tolerance":
-            out[key] = parse_positive_float(value, f"{where} tolerance")
-            if out[key] >= 1:
-                raise ConfigError(f"{where} tolerance = {value!r}: must be a fraction below 1 (0.05 = 5%)")
-        elif key in ("rounds", "max_rounds"):
-            out[key] = parse_positive_int(value, f"{where} {key}")
-        elif key == "higher_is_better":
-            if not isinstance(value, bool):
-                raise ConfigError(f"{where} higher_is_better = {value!r}: must be True or False")
-            out[key] = value
-        elif key == "metric":
-            from pytest_llmserve.metrics import is_known
-
-            if not is_known(str(value)):
-                raise ConfigError(f"{where} metric = {value!r}: unknown metric")
-            out[key] = str(value)
-        else:
-            out[key] = value
-    if out["max_rounds"] < out["rounds"]:
-        out["max_rounds"] = out["rounds"]
-    return out
-
-
 # ---------------------------------------------------------------------------- reporting and teardown
 
 @pytest.hookimpl(wrapper=True)
-def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+def pytest_runtest_makereport(item: pytest.Item,
+                              call: pytest.CallInfo[None]) -> Generator[None, pytest.TestReport, pytest.TestReport]:
     report = yield
     if report.failed and SPEC_KEY in item.stash:
-        state = item.config.stash[STATE_KEY]
-        pool = state.pool
+        pool = item.config.stash[STATE_KEY].pool
         if pool is not None:
             for handle in pool.handles.values():
-                if handle.spec.id == item.stash[SPEC_KEY].id and getattr(handle, "log_path", None):
+                if handle.spec.id == item.stash[SPEC_KEY].id and handle.log_path:
                     # A request error is often a dead server: then say so, with the log's last lines.
-                    death = handle.death_report() if hasattr(handle, "death_report") else None
+                    death = handle.death_report()
                     report.sections.append(("llmserve: server died", death) if death
                                            else ("llmserve server log", f"{handle.describe()}"))
     return report
 
 
-def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, exitstatus: int,
+                            config: pytest.Config) -> None:
     state = config.stash.get(STATE_KEY, None)
     settings = config.stash.get(SETTINGS_KEY, None)
-    if state is None or settings is None or _is_xdist_worker(config):
+    if state is None or settings is None or xdist_hooks.is_worker(config):
         return
     from pytest_llmserve.server.pool import read_boots
 
@@ -695,21 +529,21 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
         terminalreporter.write_line(f"  {b['server']}: boot {b.get('boot_s')} s, log {b.get('log')}")
     for b in attached:
         terminalreporter.write_line(f"attached (not booted, not stopped): {b['server']} at {b.get('url')}")
-    if state.pool is not None and state.accounting is not None:
+    if state.pool is not None:
         from pytest_llmserve.gates.accounting import format_report
 
         terminalreporter.write_line("time: " + format_report(state.accounting.report()))
     if outcomes:
         from pytest_llmserve.gates.bench import render_outcomes
 
-        for line in render_outcomes(outcomes, settings, state.run_dir, wall, boot_s).splitlines():
+        for line in render_outcomes(outcomes, settings, wall, boot_s).splitlines():
             terminalreporter.write_line(line)
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     config = session.config
     state = config.stash.get(STATE_KEY, None)
-    if state is None or state.pool is None or _is_xdist_worker(config):
+    if state is None or state.pool is None or xdist_hooks.is_worker(config):
         return
     errors = state.pool.stop_all()
     for err in errors:
@@ -720,9 +554,9 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     state = config.stash.get(STATE_KEY, None)
     if state is None:
         return
-    if state.pool is not None and not _is_xdist_worker(config):
+    if state.pool is not None and not xdist_hooks.is_worker(config):
         state.pool.stop_all()
-    if state.owns_run_dir:
+    if state.owns_run_dir and state.run_dir.exists():
         from pytest_llmserve.server.pool import stop_shared_servers
 
         leftovers = stop_shared_servers(state.run_dir, say=lambda msg: _say(config, msg))

@@ -15,4 +15,4 @@ import pytest_llmserve.evidence.client  # noqa: F401
 import pytest_llmserve.load.runner  # noqa: F401
 import pytest_llmserve.server.handle  # noqa: F401
 
-pytest_plugins = ["pytester"]
+pytest_plugins = ["pytester", "tests.standins.fixtures"]  # the fault tests' private_registry and token

@@ -19,17 +19,20 @@ import uuid
 from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pytest_llmserve.config import LLMServeConfig, ServerSpec, Workload
 from pytest_llmserve.metrics import higher_is_better
+
+if TYPE_CHECKING:
+    from pytest_llmserve.server.handle import RunningServer
+    from pytest_llmserve.server.pool import ServerPool
+    from pytest_llmserve.settings import BenchSpec, Settings
 
 ENVIRONMENT_KEYS = ("hardware", "python", "plugin_version")
 SAVE_MIN_ROUNDS = 5  # at 5 vs 3+ samples an exact one-sided Mann-Whitney test can reach p < 0.05
 
 
-class BenchSkip(Exception):
-    """The comparison cannot be made here (no baseline for this environment); the test is skipped."""
 
 
 def round_samples(result: Any) -> dict[str, float]:
@@ -43,9 +46,10 @@ def round_samples(result: Any) -> dict[str, float]:
 class BenchGate:
     """Bound to one server and one test; ``run()`` measures, compares and records."""
 
-    def __init__(self, *, server: Any, cfg: LLMServeConfig, options: dict[str, Any], store_dir: Path,
+    def __init__(self, *, server: RunningServer, cfg: LLMServeConfig, options: BenchSpec, store_dir: Path,
                  results_dir: Path, save: bool, allow_confounded: bool, test_id: str, key_test: str | None = None,
-                 record: Callable[[dict[str, Any]], None], fail: Callable[[str], None], pool: Any = None,
+                 record: Callable[[dict[str, Any]], None], fail: Callable[[str], None],
+                 pool: ServerPool | None = None,
                  skip: Callable[[str], None] | None = None, say: Callable[[str], None] | None = None) -> None:
         self.server = server
         self.cfg = cfg
@@ -65,9 +69,7 @@ class BenchGate:
 
     @property
     def spec(self) -> ServerSpec:
-        spec = getattr(self.server, "spec_for_checks", None) or self.server.spec
-        assert isinstance(spec, ServerSpec)
-        return spec
+        return self.server.spec_for_checks or self.server.spec
 
     def engine_version(self) -> str | None:
         try:
@@ -106,21 +108,21 @@ class BenchGate:
         from pytest_llmserve.verdicts.comparability import comparability
 
         opts = self.options
-        wl = self.cfg.workload(workload or opts["workload"], where=self.test_id)
-        metric = opts["metric"]
-        hib = opts["higher_is_better"] if opts["higher_is_better"] is not None else higher_is_better(metric)
+        wl = self.cfg.workload(workload or opts.workload, where=self.test_id)
+        metric = opts.metric
+        hib = opts.higher_is_better if opts.higher_is_better is not None else higher_is_better(metric)
         spec = self.spec
         context = build_context(spec, wl, engine_version=self.engine_version())
-        key = BenchKey(test=str(opts.get("baseline_test") or self.key_test),
-                       server=str(opts.get("baseline_server") or spec.id), workload=wl.name)
+        key = BenchKey(test=opts.baseline_test or self.key_test,
+                       server=opts.baseline_server or spec.id, workload=wl.name)
         store = BaselineStore(self.store_dir)
         outcome: dict[str, Any] = {"test": self.test_id, "server": spec.id, "workload": wl.name, "metric": metric,
-                                   "higher_is_better": hib, "tolerance": opts["tolerance"],
+                                   "higher_is_better": hib, "tolerance": opts.tolerance,
                                    "baseline_file": str(store.path_for(key)), "context": context,
                                    "key": key.as_dict()}
         started = time.monotonic()
         if self.save:
-            rounds = max(opts["rounds"], SAVE_MIN_ROUNDS)
+            rounds = max(opts.rounds, SAVE_MIN_ROUNDS)
             samples, last = self.measure(wl, rounds)
             series = _series(samples)
             store.save(key, context, series, metric=metric, higher_is_better=hib, run_id=uuid.uuid4().hex[:12],
@@ -132,14 +134,14 @@ class BenchGate:
             return outcome
         doc = store.load(key)
         if doc is None:
-            samples, last = self.measure(wl, opts["rounds"])
+            samples, last = self.measure(wl, opts.rounds)
             series = _series(samples)
             outcome.update(verdict="no-baseline", current=series, baseline=None, rounds=len(samples),
                            message=f"no baseline at {store.path_for(key)}; record one with --llmserve-save-baseline",
                            seconds=time.monotonic() - started, cross_check=_cross(last))
             self._finish(outcome)
             return outcome
-        comp = comparability(doc.context, context, opts.get("variable"), self.allow_confounded)
+        comp = comparability(doc.context, context, opts.variable, self.allow_confounded)
         outcome["comparability"] = comp.to_dict()
         if not comp.ok:
             env_only = all(any(d.key == k or d.key.startswith(k + ".") for k in ENVIRONMENT_KEYS)
@@ -153,14 +155,14 @@ class BenchGate:
             self.fail(f"{self.test_id}: {comp.message}\nbaseline: {store.path_for(key)}")
             return outcome
         base_samples = doc.samples(metric)
-        samples, last = self.measure(wl, opts["rounds"])
+        samples, last = self.measure(wl, opts.rounds)
         verdict = stats.decide(base_samples, [s[metric] for s in samples], higher_is_better=hib,
-                               tolerance=opts["tolerance"], alpha=opts.get("alpha", 0.05), metric=metric)
-        while stats.needs_more_rounds(verdict, len(samples), opts["max_rounds"]):
+                               tolerance=opts.tolerance, alpha=opts.alpha, metric=metric)
+        while stats.needs_more_rounds(verdict, len(samples), opts.max_rounds):
             more, last = self.measure(wl, 1)
             samples.extend(more)
             verdict = stats.decide(base_samples, [s[metric] for s in samples], higher_is_better=hib,
-                                   tolerance=opts["tolerance"], alpha=opts.get("alpha", 0.05), metric=metric)
+                                   tolerance=opts.tolerance, alpha=opts.alpha, metric=metric)
         series = _series(samples)
         outcome.update(verdict=verdict.outcome, verdict_detail=verdict.to_dict(), current=series,
                        baseline={m: v for m, v in doc.latest.samples.items()}, rounds=len(samples),
@@ -173,7 +175,7 @@ class BenchGate:
                 f"{self.test_id}: {metric} REGRESSED on {spec.id} (workload {wl.name})\n"
                 f"  baseline: median {base_s.median:.3f} over {base_s.n} rounds {_fmt(base_samples)}\n"
                 f"  now:      median {cur_s.median:.3f} over {cur_s.n} rounds {_fmt(series[metric])}\n"
-                f"  change:   {verdict.change:+.1%} (tolerance {opts['tolerance']:.0%}, good direction "
+                f"  change:   {verdict.change:+.1%} (tolerance {opts.tolerance:.0%}, good direction "
                 f"{'up' if hib else 'down'})\n  {verdict.reason}\n  comparison: {comp.label}\n"
                 f"  baseline file: {store.path_for(key)}")
         return outcome
@@ -183,7 +185,7 @@ class BenchGate:
         self.record(outcome)
 
 
-def run_round(server: Any, workload: Workload, prompts: Any, what: str, fail: Callable[[str], Any]) -> Any:
+def run_round(server: RunningServer, workload: Workload, prompts: Any, what: str, fail: Callable[[str], Any]) -> Any:
     """One measured round on a live ``server`` (its requests counted as request time, bounded by the server's
     ``request_timeout_s``); an invalid round is never a number: ``fail`` gets what made it invalid."""
     from pytest_llmserve.load.runner import run_workload
@@ -200,10 +202,10 @@ def run_round(server: Any, workload: Workload, prompts: Any, what: str, fail: Ca
     return result
 
 
-def _requests(server: Any) -> Any:
+def _requests(server: RunningServer) -> Any:
     import contextlib
 
-    acc = getattr(server, "accounting", None)
+    acc = server.accounting
     return acc.requests() if acc is not None else contextlib.nullcontext()
 
 
@@ -223,8 +225,7 @@ def _fmt(values: list[float]) -> str:
     return "[" + ", ".join(f"{v:.2f}" for v in values) + "]"
 
 
-def render_outcomes(outcomes: list[dict[str, Any]], settings: Any, run_dir: Path, wall_s: float,
-                    boot_s: float) -> str:
+def render_outcomes(outcomes: list[dict[str, Any]], settings: Settings, wall_s: float, boot_s: float) -> str:
     """Terminal table plus the paths of the written reports."""
     from pytest_llmserve.report.outcome import as_outcomes
     from pytest_llmserve.report.plots import matplotlib_missing
@@ -250,7 +251,7 @@ class ABRunner:
     machine hits both sides alike.
     """
 
-    def __init__(self, *, pool: Any, cfg: LLMServeConfig, test_id: str, results_dir: Path,
+    def __init__(self, *, pool: ServerPool, cfg: LLMServeConfig, test_id: str, results_dir: Path,
                  record: Callable[[dict[str, Any]], None], fail: Callable[[str], None],
                  say: Callable[[str], None] | None = None) -> None:
         self.pool = pool

@@ -44,6 +44,7 @@ __all__ = [
     "gpu_processes",
     "gpu_summary",
     "list_gpus",
+    "no_gpu_reason",
     "parse_smi_apps_csv",
     "parse_smi_cuda_version",
     "parse_smi_gpus_csv",
@@ -451,6 +452,23 @@ def visible_gpus(gpus: Sequence[GpuInfo], env: Mapping[str, str] | None = None) 
     return out
 
 
+def no_gpu_reason(env: Mapping[str, str] | None = None, **kwargs: Any) -> str | None:
+    """None when this process may use a GPU, else why not (the reason ``gpu`` tests are skipped).
+
+    An empty or ``-1`` ``CUDA_VISIBLE_DEVICES`` answers without asking the driver.
+    """
+    environ = os.environ if env is None else env
+    raw = environ.get("CUDA_VISIBLE_DEVICES")
+    if raw is not None and raw.strip() in ("", "-1"):
+        return f"no GPU visible (CUDA_VISIBLE_DEVICES={raw!r})"
+    gpus = list_gpus(**kwargs)
+    if not gpus:
+        return "no GPU visible (neither NVML nor nvidia-smi answered)"
+    if not visible_gpus(gpus, environ):
+        return f"no GPU visible (CUDA_VISIBLE_DEVICES={raw!r} names none of the {len(gpus)} GPUs)"
+    return None
+
+
 def gpu_summary(snap: GpuSnapshot | None = None) -> dict[str, Any]:
     """GPU name, count, driver, CUDA version and per-GPU memory, for baseline keys and reports.
 
@@ -487,12 +505,6 @@ def gpu_summary(snap: GpuSnapshot | None = None) -> dict[str, Any]:
 
 
 # --------------------------------------------------------------------------- preflight and teardown
-
-
-def devices_for(spec: ServerSpec, gpus: Sequence[GpuInfo]) -> list[GpuInfo]:
-    """The GPUs the server will use: the first ``tp`` of those its environment makes visible."""
-    env = {**os.environ, **spec.env_dict}
-    return visible_gpus(gpus, env)[: max(1, spec.tp)]
 
 
 def _clear_hint(p: GpuProcess) -> str:

@@ -12,12 +12,11 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import httpx
 import tenacity
@@ -28,7 +27,54 @@ from pytest_llmserve.engines.base import EngineAdapter, LaunchPlan
 from pytest_llmserve.errors import PreflightError, ServerDiedError, ServerError, ServerStartError
 from pytest_llmserve.server import procs
 
+if TYPE_CHECKING:
+    from pytest_llmserve.evidence.client import LLMClient
+    from pytest_llmserve.evidence.facts import ServerFacts
+    from pytest_llmserve.gates.accounting import Accounting
+    from pytest_llmserve.server.gpu import PreflightResult
+
 LOG_TAIL_LINES = 40
+
+
+@runtime_checkable
+class RunningServer(Protocol):
+    """What tests, gates and the plugin use of a ready server, whoever started it: a :class:`ServerHandle`
+    that launched it, one attached to a running server (engine ``external``, ``--llmserve-url``) or one
+    attached to the server another pytest-xdist worker launched (:class:`pytest_llmserve.server.pool.AttachedHandle`).
+    """
+
+    spec: ServerSpec
+    #: The configuration to check the server against when ``spec`` describes how it is reached instead
+    #: (an xdist worker attached to another worker's server); None when ``spec`` is that configuration.
+    spec_for_checks: ServerSpec | None
+    adapter: EngineAdapter
+    accounting: Accounting | None  # where request time is counted, when the suite accounts for it
+    log_path: Path | None  # None: not launched here, no log
+    port: int
+
+    @property
+    def base_url(self) -> str: ...
+
+    @property
+    def model_name(self) -> str: ...
+
+    def describe(self) -> str: ...
+
+    def ensure_alive(self) -> None: ...
+
+    def is_alive(self) -> bool: ...
+
+    def death_report(self) -> str | None: ...
+
+    def client(self) -> LLMClient: ...
+
+    def log_text(self) -> str: ...
+
+    def metrics_text(self) -> str | None: ...
+
+    def server_info(self) -> dict[str, Any] | None: ...
+
+    def facts(self) -> ServerFacts: ...
 
 
 def read_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
@@ -108,8 +154,10 @@ class ServerHandle:
         self.boot = BootRecord(spec.id, None, 0, None)
         self._log_fh: IO[bytes] | None = None
         self.last_readiness: str = "not polled yet"
-        self.accounting: Any = None  # set by the pool: request time is accounted there
-        self.gpu_pre: Any = None  # the GPU preflight result of a ``gpu = true`` server, for the teardown check
+        self.spec_for_checks: ServerSpec | None = None
+        self.accounting: Accounting | None = None  # set by the pool: request time is accounted there
+        # The GPU preflight result of a ``gpu = true`` server, for the teardown check.
+        self.gpu_pre: PreflightResult | None = None
 
     # ------------------------------------------------------------------ identity
     @property
@@ -325,7 +373,7 @@ class ServerHandle:
             self.boot.teardown = {"pids": list(report.pids), "escalated": report.escalated,
                                   "survivors": list(report.survivors), "seconds": round(report.seconds, 2)}
             unregister_running(self)
-            if getattr(self, "gpu_pre", None) is not None:
+            if self.gpu_pre is not None:
                 from pytest_llmserve.server import gpu
 
                 back = gpu.wait_memory_returned(self.gpu_pre.baseline_used_mib, self.gpu_pre.devices, 30,
@@ -351,7 +399,7 @@ class ServerHandle:
         except OSError:
             return ""
 
-    def client(self) -> Any:
+    def client(self) -> LLMClient:
         from pytest_llmserve.evidence.client import LLMClient
 
         return LLMClient(self.base_url, self.model_name, api_key=self.spec.api_key,
@@ -385,7 +433,7 @@ class ServerHandle:
             return None
         return data if isinstance(data, dict) else None
 
-    def facts(self) -> Any:
+    def facts(self) -> ServerFacts:
         return self.adapter.parse_facts(self.log_text(), self.metrics_text(), self.server_info())
 
 
@@ -514,7 +562,3 @@ def _on_path(name: str) -> bool:
     import shutil
 
     return shutil.which(name) is not None
-
-
-def python_for(spec: ServerSpec) -> str:
-    return spec.python or sys.executable

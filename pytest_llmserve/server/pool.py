@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from filelock import FileLock
 
@@ -29,6 +29,10 @@ from pytest_llmserve.config import ServerSpec
 from pytest_llmserve.errors import ServerDiedError, ServerError
 from pytest_llmserve.server import procs
 from pytest_llmserve.server.handle import ServerHandle
+
+if TYPE_CHECKING:
+    from pytest_llmserve.evidence.facts import ServerFacts
+    from pytest_llmserve.gates.accounting import Accounting
 
 
 def spec_key(spec: ServerSpec) -> str:
@@ -48,7 +52,7 @@ class ServerPool:
         self.max_alive = max_alive
         self.say = say or (lambda msg: None)
         self.handles: dict[str, ServerHandle] = {}
-        self.accounting: Any = None  # pytest_llmserve.gates.accounting.Accounting: where the suite's time goes
+        self.accounting: Accounting | None = None  # where the suite's time goes
         self.failed: dict[str, str] = {}  # key -> error message: a boot that failed is not retried per test
         self.died: dict[str, str] = {}  # key -> "server died" message: later tests fail fast with it
         (run_dir / "servers").mkdir(parents=True, exist_ok=True)
@@ -205,7 +209,7 @@ class AttachedHandle(ServerHandle):
     def is_alive(self) -> bool:
         return self._owner_pid is None or procs.pid_alive(self._owner_pid, self._created)
 
-    def facts(self) -> Any:
+    def facts(self) -> ServerFacts:
         from pytest_llmserve.engines import adapter_for
 
         adapter = adapter_for(self.original)

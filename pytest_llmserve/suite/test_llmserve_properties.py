@@ -10,11 +10,11 @@ every extra example costs server time, and its message already holds the full re
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 
+from pytest_llmserve.evidence.client import LLMClient
+from pytest_llmserve.server.handle import RunningServer
 from pytest_llmserve.testing.properties import (
     ApiExample,
     api_examples,
@@ -22,6 +22,7 @@ from pytest_llmserve.testing.properties import (
     check_seeded_repeatable,
     seeded_examples,
 )
+from pytest_llmserve.verdicts.oracles import OracleReport
 
 pytestmark = [pytest.mark.llmserve_server("*"), pytest.mark.llmserve_correctness]
 
@@ -32,16 +33,16 @@ _SETTINGS = dict(deadline=None, derandomize=True, database=None, phases=(Phase.e
                  suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 
 
-def _fail_unless_ok(report: Any, server: Any) -> None:
+def _fail_unless_ok(report: OracleReport, server: RunningServer) -> None:
     if not report.ok:
-        spec = getattr(server, "spec_for_checks", None) or server.spec
+        spec = server.spec_for_checks or server.spec
         # AssertionError, not pytest.fail: Hypothesis reports it with the falsifying example.
         raise AssertionError(report.message(spec.id) + f"\n{server.describe()}")
 
 
 @settings(max_examples=API_EXAMPLES, **_SETTINGS)  # type: ignore[arg-type]
 @given(example=api_examples())
-def test_api_invariants(llm_server: Any, llm_client: Any, example: ApiExample) -> None:
+def test_api_invariants(llm_server: RunningServer, llm_client: LLMClient, example: ApiExample) -> None:
     """Each request, streamed and not: no error, no NaN, max_tokens and stop respected, usage consistent,
     and (greedy or seeded) the stream equals the non-streamed answer."""
     _fail_unless_ok(check_api_example(llm_client, example), llm_server)
@@ -49,6 +50,6 @@ def test_api_invariants(llm_server: Any, llm_client: Any, example: ApiExample) -
 
 @settings(max_examples=SEEDED_EXAMPLES, **_SETTINGS)  # type: ignore[arg-type]
 @given(example=seeded_examples())
-def test_seeded_sampling_is_repeatable(llm_server: Any, llm_client: Any, example: ApiExample) -> None:
+def test_seeded_sampling_is_repeatable(llm_server: RunningServer, llm_client: LLMClient, example: ApiExample) -> None:
     """The same sampled request with the same seed, twice: the same tokens."""
     _fail_unless_ok(check_seeded_repeatable(llm_client, example), llm_server)

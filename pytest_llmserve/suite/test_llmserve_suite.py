@@ -5,14 +5,21 @@ Each test names what it proves; failures carry what was sent, what came back and
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 import pytest
+
+if TYPE_CHECKING:
+    from pytest_llmserve.evidence.client import LLMClient
+    from pytest_llmserve.gates.bench import BenchGate
+    from pytest_llmserve.gates.decode import DecodeCheck
+    from pytest_llmserve.server.handle import RunningServer
+    from pytest_llmserve.verdicts.oracles import BatchCase
 
 pytestmark = pytest.mark.llmserve_server("*")
 
 
-def test_boots_and_generates(llm_server: Any, llm_client: Any) -> None:
+def test_boots_and_generates(llm_server: RunningServer, llm_client: LLMClient) -> None:
     """The server is up and answers a real generation of exactly the requested length."""
     out = llm_client.complete("Hello, my name is", 8, ignore_eos=True)
     assert out.ok, f"{llm_server.describe()}\n{out.describe()}"
@@ -20,48 +27,48 @@ def test_boots_and_generates(llm_server: Any, llm_client: Any) -> None:
 
 
 @pytest.mark.llmserve_correctness
-def test_config_is_execution(decode_check: Any) -> None:
+def test_config_is_execution(decode_check: DecodeCheck) -> None:
     """What was configured is what ran, from the server's own log and metrics."""
     decode_check.config_is_execution()
 
 
 @pytest.mark.llmserve_correctness
-def test_no_nan(decode_check: Any) -> None:
+def test_no_nan(decode_check: DecodeCheck) -> None:
     """No NaN from any channel: logprobs, sentinels, HTTP errors, the engine's log."""
     decode_check.no_nan()
 
 
 @pytest.mark.llmserve_correctness
-def test_known_answers(decode_check: Any) -> None:
+def test_known_answers(decode_check: DecodeCheck) -> None:
     """Known-answer probes (capital of France → Paris, ...)."""
     decode_check.known_answers()
 
 
 @pytest.mark.llmserve_correctness
-def test_long_decode_is_coherent(decode_check: Any) -> None:
+def test_long_decode_is_coherent(decode_check: DecodeCheck) -> None:
     """A long greedy decode does not collapse (repetition, '!!!!', replacement characters, NaN)."""
     decode_check.coherent()
 
 
 @pytest.mark.llmserve_correctness
-def test_greedy_is_deterministic(decode_check: Any) -> None:
+def test_greedy_is_deterministic(decode_check: DecodeCheck) -> None:
     """Two greedy runs of the same prompt agree (exactly in deterministic mode, else by top-k rule)."""
     decode_check.deterministic()
 
 
 @pytest.mark.llmserve_correctness
-def test_batch_size(decode_check: Any, llmserve_batch_case: Any) -> None:
+def test_batch_size(decode_check: DecodeCheck, llmserve_batch_case: BatchCase) -> None:
     """N concurrent greedy requests: every output NaN-free, coherent, and close to its batch-1 reference."""
     decode_check.batch_case(llmserve_batch_case)
 
 
 @pytest.mark.llmserve_correctness
-def test_captured_batch_sizes_covered(decode_check: Any) -> None:
+def test_captured_batch_sizes_covered(decode_check: DecodeCheck) -> None:
     """Every batch size the server reports having captured is exercised, padded sizes included."""
     decode_check.cuda_graph_sizes_covered()
 
 
 @pytest.mark.llmserve_benchmark
-def test_throughput(llm_bench: Any) -> None:
+def test_throughput(llm_bench: BenchGate) -> None:
     """Throughput gate against the stored baseline (several rounds, statistical verdict)."""
     llm_bench.run()

@@ -18,7 +18,8 @@ def test_markers_are_registered_with_signatures(pytester: pytest.Pytester) -> No
 def test_options_in_one_group(pytester: pytest.Pytester) -> None:
     result = pytester.runpytest("--help")
     result.stdout.fnmatch_lines(["*LLM inference server fixtures*", "*--llmserve-suite*", "*--llmserve-url=*",
-                                 "*--llmserve-save-baseline*", "*llmserve_tolerance (string)*"])
+                                 "*--llmserve-save-baseline*", "*llmserve_save_baseline (bool)*",
+                                 "*llmserve_tolerance (float)*", "*llmserve_rounds (int)*"])
 
 
 def test_bad_config_key_is_a_usage_error_naming_key_value_and_file(pytester: pytest.Pytester) -> None:
@@ -133,3 +134,18 @@ def test_suite_files_are_collected_whatever_python_files_says(pytester: pytest.P
     out = result.stdout.str()
     assert "::test_boots_and_generates[default]" in out
     assert "::test_api_invariants[default]" in out
+
+
+
+def test_every_option_has_a_typed_ini_key_with_the_same_help(pytester: pytest.Pytester) -> None:
+    from pytest_llmserve.settings import OPTIONS
+
+    parser = pytester.parseconfig()._parser
+    group = parser.getgroup("llmserve")
+    option_help = {name: arg.attrs()["help"] for arg in group.options for name in arg.names()}
+    ini_types = {"flag": "bool", "string": "string", "int": "int", "float": "float"}
+    for option in OPTIONS:
+        help_text, ini_type, default = parser._inidict[option.ini]
+        assert (help_text, ini_type, default) == (option.help, ini_types[option.kind], None), option
+        assert option_help[option.flag] == option.help
+    assert "default 8" in option_help["--llmserve-max-rounds"]  # BenchDefaults.max_rounds, not a copy of it

@@ -350,7 +350,7 @@ def test_without_matplotlib_the_other_reports_are_written_and_the_extra_is_named
     v = decide(BASE, DROP, higher_is_better=True, tolerance=0.05)
     items = [gate_dict("regressed", verdict_detail=v.to_dict(), baseline={"output_throughput": BASE})]
     settings = SimpleNamespace(results_dir=tmp_path / "results", bench_json=None)
-    text = render_outcomes(items, settings, tmp_path, wall_s=3.0, boot_s=1.0)
+    text = render_outcomes(items, settings, wall_s=3.0, boot_s=1.0)  # type: ignore[arg-type]  # duck-typed
     assert "install the plots extra: pip install 'pytest-llmserve[plots]'" in text
     assert (tmp_path / "results" / "results.json").exists() and not (tmp_path / "results" / "plots").exists()
     assert text.splitlines()[2].startswith("test_throughput[srv]  smoke") and "REGRESSED" in text

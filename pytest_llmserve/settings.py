@@ -1,0 +1,299 @@
+"""The plugin's settings, resolved once, and the typed benchmark spec a test's marker makes of them.
+
+Every setting has three spellings: an ini key (``llmserve_tolerance`` in ``[tool.pytest.ini_options]``
+or pytest.ini), an environment variable (``PYTEST_LLMSERVE_TOLERANCE``) and a command-line option
+(``--llmserve-tolerance``), with one help text (:data:`OPTIONS`). Precedence, lowest first::
+
+    ini  <  environment (PYTEST_LLMSERVE_*)  <  command line (--llmserve-*)  <  the test's marker
+
+as pytest-timeout does. The first three are resolved once per run into a frozen :class:`Settings`;
+the marker (``llmserve_benchmark(...)``) is applied per test by :func:`bench_spec`, which turns its
+arguments into a frozen :class:`BenchSpec`. Every bad value raises :class:`ConfigError` naming the
+value and where it came from (``--llmserve-tolerance = 'lots': must be a number``,
+``$PYTEST_LLMSERVE_ROUNDS = '0': ...``, ``ini llmserve_max_rounds = 0: ...``,
+``tests/test_x.py::test_y: marker llmserve_benchmark tolerance = 2: ...``).
+
+Only the ``PYTEST_LLMSERVE_*`` variables named in :data:`OPTIONS` are settings; the others
+(``PYTEST_LLMSERVE_CACHE``, ``PYTEST_LLMSERVE_EVENT_LOOP``, ``PYTEST_LLMSERVE_VLLM_PYTHON``...) tune the
+core and do not count as using the plugin (:attr:`Settings.configured`).
+
+No pytest import: the plugin reads the three sources and hands them over as plain mappings.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Literal
+
+from pytest_llmserve.config import (
+    BenchDefaults,
+    LLMServeConfig,
+    ServerSpec,
+    config_from_table,
+    find_config_file,
+    load_config,
+    parse_bool,
+    parse_positive_float,
+    parse_positive_int,
+)
+from pytest_llmserve.errors import ConfigError
+
+ENV_PREFIX = "PYTEST_LLMSERVE_"
+
+OptionKind = Literal["flag", "string", "int", "float"]
+
+
+@dataclass(frozen=True, slots=True)
+class Option:
+    """One setting: its command-line option, ini key and environment variable share ``help``."""
+
+    name: str  # the key in the resolved sources, e.g. "max_rounds"
+    kind: OptionKind
+    help: str
+    flag_name: str | None = None  # when the option's spelling differs from the name
+    ini_name: str | None = None
+
+    @property
+    def flag(self) -> str:
+        return "--llmserve-" + (self.flag_name or self.name).replace("_", "-")
+
+    @property
+    def ini(self) -> str:
+        return "llmserve_" + (self.ini_name or self.name)
+
+    @property
+    def env(self) -> str:
+        return ENV_PREFIX + (self.ini_name or self.name).upper()
+
+
+_DEFAULTS = BenchDefaults()
+
+OPTIONS: tuple[Option, ...] = (
+    Option("suite", "flag", "run the built-in suite (boot, config-is-execution, decode oracles, throughput gate) "
+                            "on every configured server"),
+    Option("servers", "string", "server name(s) from [tool.llmserve.servers] to use (comma separated); "
+                                "default: all for the suite", flag_name="server"),
+    Option("url", "string", "attach to an already-running OpenAI-compatible server at this URL instead of booting one"),
+    Option("config", "string", "configuration file (default: llmserve.toml or pyproject.toml in the rootdir)"),
+    Option("save_baseline", "flag", "save the measured samples as a new baseline record "
+                                    "(append; old records are kept)"),
+    Option("baseline_dir", "string", "directory of the baseline store (default: baselines/ in the rootdir)"),
+    Option("tolerance", "float", "relative change of the gated metric that counts as a regression "
+                                 f"(default {_DEFAULTS.tolerance})"),
+    Option("rounds", "int", f"benchmark rounds per side before the first verdict (default {_DEFAULTS.rounds})"),
+    Option("max_rounds", "int", "most rounds per side when the verdict is inconclusive "
+                                f"(default {_DEFAULTS.max_rounds})"),
+    Option("workload", "string", "default workload of benchmarks without one in their marker "
+                                 f"(default {_DEFAULTS.workload})"),
+    Option("metric", "string", f"default gated metric (default {_DEFAULTS.metric})"),
+    Option("results_dir", "string", "where logs, reports, plots and result JSON are written "
+                                    "(default llmserve-results/ in the rootdir)"),
+    Option("kill_stale", "flag", "kill servers left running by an earlier, interrupted run "
+                                 "instead of refusing to boot"),
+    Option("allow_confounded", "flag", "compare against a baseline whose context differs in more than the variable "
+                                       "under test (reported)"),
+    Option("benchmark_json", "string", "also write results as pytest-benchmark compatible JSON to this path"),
+)
+OPTIONS_BY_NAME = {option.name: option for option in OPTIONS}
+
+EMBEDDED_DEFAULT_SOURCE = "<no configuration: embedded default>"
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """The run's settings from ini, environment, command line and the configuration file."""
+
+    rootdir: Path
+    cfg: LLMServeConfig
+    servers: tuple[str, ...] | None  # None: the default server (all servers for the suite)
+    url: str | None
+    save_baseline: bool
+    baseline_dir: Path
+    results_dir: Path
+    bench: BenchDefaults
+    kill_stale: bool
+    allow_confounded: bool
+    bench_json: Path | None
+    suite: bool
+    #: A configuration file or any llmserve setting was given: the plugin is in use before collection
+    #: (see :mod:`pytest_llmserve.plugin` for what it does only then).
+    configured: bool
+
+
+@dataclass(frozen=True, slots=True)
+class BenchSpec:
+    """One benchmark test's gate: the run's defaults with its ``llmserve_benchmark`` marker applied."""
+
+    workload: str
+    metric: str
+    tolerance: float
+    rounds: int
+    max_rounds: int
+    alpha: float
+    variable: str | None = None  # the context key the comparison may differ in (e.g. "cuda_graph")
+    higher_is_better: bool | None = None  # None: the metric's own direction
+    baseline_server: str | None = None  # compare against another server's baseline
+    baseline_test: str | None = None  # ... or another test's, e.g. "test_llmserve_suite.py::test_throughput"
+
+
+BENCH_MARKER_ARGS = ("workload", "metric", "tolerance", "rounds", "max_rounds", "variable", "higher_is_better",
+                     "alpha", "baseline_server", "baseline_test")
+
+
+@dataclass(frozen=True, slots=True)
+class Sources:
+    """The raw values, as the plugin read them: ``cli`` and ``ini`` by option name (None = not given)."""
+
+    cli: Mapping[str, Any]
+    ini: Mapping[str, Any]
+    env: Mapping[str, str]
+
+    def lookup(self, option: Option) -> tuple[Any, str] | None:
+        """The winning value of one setting and where it came from, or None when none was given."""
+        cli = self.cli.get(option.name)
+        if cli is not None:
+            return cli, option.flag
+        env = self.env.get(option.env)
+        if env not in (None, ""):
+            return env, f"${option.env}"
+        ini = self.ini.get(option.name)
+        if ini not in (None, "", []):
+            return ini, f"ini {option.ini}"
+        return None
+
+
+def _flag(got: tuple[Any, str] | None) -> bool:
+    if got is None:
+        return False
+    value, where = got
+    return value if isinstance(value, bool) else parse_bool(str(value), where)
+
+
+def _load(rootdir: Path, got: tuple[Any, str] | None,
+          default_factory: Callable[[], ServerSpec] | None) -> tuple[LLMServeConfig, bool]:
+    """The configuration, and whether it came from a file."""
+    if got is None:
+        cfg = load_config(rootdir, default_factory)
+        return cfg, cfg.source != EMBEDDED_DEFAULT_SOURCE
+    value, where = got
+    path = Path(str(value))
+    if not path.is_file():
+        raise ConfigError(f"{where} = {value!r}: no such file")
+    found = find_config_file(path.parent) if path.name in ("pyproject.toml", "llmserve.toml") else None
+    if found is None or found[0].resolve() != path.resolve():
+        data = tomllib.loads(path.read_text())
+        table = data.get("tool", {}).get("llmserve", data)
+        return config_from_table(table, str(path), default_factory), True
+    return config_from_table(found[1], str(found[0]), default_factory), True
+
+
+def resolve_settings(rootdir: Path, sources: Sources,
+                     default_factory: Callable[[], ServerSpec] | None = None) -> Settings:
+    """Resolve every setting once (ini < environment < command line); ``default_factory`` makes the
+    embedded default server when no server is configured."""
+
+    def get(name: str) -> tuple[Any, str] | None:
+        return sources.lookup(OPTIONS_BY_NAME[name])
+
+    cfg, from_file = _load(rootdir, get("config"), default_factory)
+    url = get("url")
+    servers_got = get("servers")
+    servers = None
+    if servers_got:
+        servers = tuple(s.strip() for s in str(servers_got[0]).split(",") if s.strip())
+        for name in servers:
+            if name != "*" and name not in {s.name for s in cfg.servers}:
+                raise ConfigError(f"{servers_got[1]} = {servers_got[0]!r}: no server named {name!r} "
+                                  f"(configured: {', '.join(s.name for s in cfg.servers)}; from {cfg.source})")
+    if url:
+        attach = ServerSpec(name="external", engine="external", url=str(url[0]), source=url[1],
+                            api_key=os.environ.get("OPENAI_API_KEY") or None)
+        cfg = replace(cfg, servers=(attach,), default_server="external", matrices={})
+        servers = ("external",)
+
+    workload = get("workload")
+    if workload:
+        cfg.workload(str(workload[0]), where=workload[1])
+    metric = get("metric")
+    tolerance, rounds, max_rounds = get("tolerance"), get("rounds"), get("max_rounds")
+    bench = BenchDefaults(
+        workload=str(workload[0]) if workload else _DEFAULTS.workload,
+        metric=str(metric[0]) if metric else _DEFAULTS.metric,
+        tolerance=parse_positive_float(*tolerance) if tolerance else _DEFAULTS.tolerance,
+        rounds=parse_positive_int(*rounds) if rounds else _DEFAULTS.rounds,
+        max_rounds=parse_positive_int(*max_rounds) if max_rounds else _DEFAULTS.max_rounds,
+    )
+    if bench.max_rounds < bench.rounds:
+        raise ConfigError(f"llmserve max_rounds = {bench.max_rounds} is below rounds = {bench.rounds}")
+    baseline_dir, results_dir, bench_json = get("baseline_dir"), get("results_dir"), get("benchmark_json")
+    return Settings(
+        rootdir=rootdir,
+        cfg=cfg,
+        servers=servers,
+        url=str(url[0]) if url else None,
+        save_baseline=_flag(get("save_baseline")),
+        baseline_dir=(rootdir / str(baseline_dir[0])) if baseline_dir else rootdir / "baselines",
+        results_dir=(rootdir / str(results_dir[0])) if results_dir else rootdir / "llmserve-results",
+        bench=bench,
+        kill_stale=_flag(get("kill_stale")),
+        allow_confounded=_flag(get("allow_confounded")),
+        bench_json=Path(str(bench_json[0])) if bench_json else None,
+        suite=_flag(get("suite")),
+        configured=from_file or any(sources.lookup(option) is not None for option in OPTIONS),
+    )
+
+
+def bench_spec(settings: Settings, args: tuple[Any, ...] = (), kwargs: Mapping[str, Any] | None = None,
+               where: str = "") -> BenchSpec:
+    """The gate of one benchmark test: ``settings.bench`` with the marker's ``args``/``kwargs`` applied.
+
+    The one place marker arguments are checked; ``where`` (``nodeid: marker llmserve_benchmark``)
+    starts every error message.
+    """
+    base = settings.bench
+    spec = BenchSpec(workload=base.workload, metric=base.metric, tolerance=base.tolerance, rounds=base.rounds,
+                     max_rounds=base.max_rounds, alpha=base.alpha)
+    given = dict(kwargs or {})
+    if len(args) > 1:
+        raise ConfigError(f"{where}: takes at most one positional argument (the workload), got {args!r}")
+    if args:
+        given.setdefault("workload", args[0])
+    changes: dict[str, Any] = {}
+    for key, value in given.items():
+        if key not in BENCH_MARKER_ARGS:
+            raise ConfigError(f"{where}: unknown argument {key}={value!r} "
+                              f"(known: {', '.join(sorted(BENCH_MARKER_ARGS))})")
+        changes[key] = _bench_value(settings, key, value, where)
+    spec = replace(spec, **changes)
+    if spec.max_rounds < spec.rounds:
+        spec = replace(spec, max_rounds=spec.rounds)
+    return spec
+
+
+def _bench_value(settings: Settings, key: str, value: Any, where: str) -> Any:
+    if key == "workload":
+        settings.cfg.workload(str(value), where=where)
+        return str(value)
+    if key in ("tolerance", "alpha"):
+        number = parse_positive_float(value, f"{where} {key}")
+        if number >= 1:
+            raise ConfigError(f"{where} {key} = {value!r}: must be a fraction below 1 (0.05 = 5%)")
+        return number
+    if key in ("rounds", "max_rounds"):
+        return parse_positive_int(value, f"{where} {key}")
+    if key == "higher_is_better":
+        if not isinstance(value, bool):
+            raise ConfigError(f"{where} higher_is_better = {value!r}: must be True or False")
+        return value
+    if key == "metric":
+        from pytest_llmserve.metrics import is_known
+
+        if not is_known(str(value)):
+            raise ConfigError(f"{where} metric = {value!r}: unknown metric")
+        return str(value)
+    # variable, baseline_server, baseline_test: names
+    return None if value is None else str(value)

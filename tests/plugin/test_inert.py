@@ -1,0 +1,186 @@
+"""Inert unless used: with the plugin installed but no llmserve configuration, setting, marker or fixture,
+a run looks exactly as without it; and the core imports with pytest blocked."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.filterwarnings("ignore")
+
+# Records, from inside the inner run, every process it starts and its SIGTERM handler at import time
+# (conftest.py is imported before the plugins' pytest_configure and before collection).
+RECORDING_CONFTEST = """
+import json
+import os
+import signal
+import subprocess
+
+SIGTERM_AT_START = signal.getsignal(signal.SIGTERM)
+SPAWNED = []
+_popen_init = subprocess.Popen.__init__
+
+
+def _recording_init(self, args, *rest, **kwargs):
+    SPAWNED.append([str(a) for a in args] if isinstance(args, (list, tuple)) else [str(args)])
+    _popen_init(self, args, *rest, **kwargs)
+
+
+subprocess.Popen.__init__ = _recording_init
+
+
+def pytest_sessionfinish(session):
+    if hasattr(session.config, "workerinput"):
+        return
+    record = {"spawned": SPAWNED, "dist": getattr(session.config.option, "dist", None)}
+    with open(os.environ["INERT_RECORD"], "w") as fh:
+        json.dump(record, fh)
+"""
+
+PLAIN_TEST = """
+import signal
+
+import conftest
+
+
+def test_plain(request):
+    assert signal.getsignal(signal.SIGTERM) is conftest.SIGTERM_AT_START
+    # On an xdist worker: whether the controller switched to loadgroup.
+    assert not getattr(request.config.option, "loadgroup", False)
+
+
+def test_other():
+    pass
+"""
+
+
+@pytest.fixture
+def plain_project(pytester: pytest.Pytester, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A project with the plugin installed and no llmserve use; a recording nvidia-smi on PATH (the old
+    GPU probe would have run it) and a private TMPDIR (where a run directory would appear)."""
+    pytester.makeini("[pytest]\n")
+    pytester.makefile(".toml", pyproject='[project]\nname = "plain"\n[tool.other]\nx = 1\n')
+    pytester.makeconftest(RECORDING_CONFTEST)
+    pytester.makepyfile(test_plain=PLAIN_TEST)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    smi = bin_dir / "nvidia-smi"
+    smi.write_text(f"#!{sys.executable}\nprint('GPU 0: Fake (UUID: GPU-0)')\n")
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(temp))
+    monkeypatch.setenv("INERT_RECORD", str(tmp_path / "record.json"))
+    for name in list(os.environ):
+        if name.startswith("PYTEST_LLMSERVE_"):
+            monkeypatch.delenv(name)
+    return temp
+
+
+def test_a_project_without_llmserve_use_sees_no_change(pytester: pytest.Pytester, plain_project: Path,
+                                                       tmp_path: Path) -> None:
+    record = tmp_path / "record.json"
+    # Without the plugin: what pytest-benchmark (.benchmarks, `file -b`) and pytester (stdout...) do anyway.
+    made_without, _ = _run_and_clean(pytester, "-p", "no:llmserve")
+    spawned_without = json.loads(record.read_text())["spawned"]
+    made, result = _run_and_clean(pytester)
+    out = result.stdout.str() + result.stderr.str()
+    assert not [line for line in out.splitlines() if line.startswith("llmserve") or "[llmserve]" in line], out
+    assert made == made_without  # no results, baselines or run directory
+    assert list(plain_project.iterdir()) == []  # nothing in the temporary directory either
+    assert json.loads(record.read_text())["spawned"] == spawned_without  # no nvidia-smi, no process of ours
+
+
+def _run_and_clean(pytester: pytest.Pytester, *args: str) -> tuple[set[str], pytest.RunResult]:
+    """Run the plain project; return the names the run added to it (removed again) and the result."""
+    before = {p.name for p in pytester.path.iterdir()}
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", *args)
+    result.assert_outcomes(passed=2)
+    made = {p.name for p in pytester.path.iterdir()} - before
+    for name in made:
+        path = pytester.path / name
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        else:
+            path.unlink()
+    return made, result
+
+
+def test_under_xdist_the_dist_mode_stays_load(pytester: pytest.Pytester, plain_project: Path,
+                                              tmp_path: Path) -> None:
+    pytest.importorskip("xdist")
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-n", "2")
+    result.assert_outcomes(passed=2)
+    record = json.loads((tmp_path / "record.json").read_text())
+    assert record["dist"] == "load"
+    assert not [argv for argv in record["spawned"] if "nvidia-smi" in " ".join(argv)]
+    assert list(plain_project.iterdir()) == []
+
+
+def test_a_gpu_marked_test_alone_runs_the_gpu_probe_but_not_under_collect_only(
+        pytester: pytest.Pytester, plain_project: Path, tmp_path: Path) -> None:
+    pytester.makepyfile(test_gpu="import pytest\n\n@pytest.mark.gpu\ndef test_needs_gpu():\n    pass\n")
+    pytester.runpytest_subprocess("-p", "no:cacheprovider", "--collect-only")
+    assert not [argv for argv in json.loads((tmp_path / "record.json").read_text())["spawned"]
+                if "nvidia-smi" in " ".join(argv)]
+    pytester.runpytest_subprocess("-p", "no:cacheprovider", "test_gpu.py")
+    spawned = json.loads((tmp_path / "record.json").read_text())["spawned"]
+    assert [argv for argv in spawned if "nvidia-smi" in " ".join(argv)] or _nvml_answers()
+
+
+def _nvml_answers() -> bool:
+    """With pynvml and a driver, the probe asks NVML and never starts nvidia-smi."""
+    from pytest_llmserve.server import gpu
+
+    return gpu.snapshot(run=lambda argv: None).source == "nvml"
+
+
+CORE_IMPORT_CHECK = """
+import importlib
+import pkgutil
+import sys
+
+
+class BlockPytest:
+    def find_spec(self, name, path=None, target=None):
+        if name in ("pytest", "_pytest") or name.startswith(("pytest.", "_pytest.")):
+            raise ImportError(f"pytest is blocked here: {name}")
+        return None
+
+
+sys.meta_path.insert(0, BlockPytest())
+
+import pytest_llmserve
+
+assert "numpy" not in sys.modules, "import pytest_llmserve imported numpy"
+pytest_llmserve.ServerSpec, pytest_llmserve.load_config, pytest_llmserve.ConfigError  # the lazy public API
+assert "numpy" not in sys.modules
+
+# The pytest face, the built-in test files and the xdist hooks import pytest; nothing else may.
+PYTEST_FACE = ("pytest_llmserve.plugin", "pytest_llmserve.xdist_hooks")
+imported = []
+for module in pkgutil.walk_packages(pytest_llmserve.__path__, "pytest_llmserve."):
+    if module.name in PYTEST_FACE or module.name.startswith("pytest_llmserve.suite"):
+        continue
+    importlib.import_module(module.name)
+    imported.append(module.name)
+assert set(pytest_llmserve.__all__) - {"__version__"} == set(pytest_llmserve._MODULE_OF)
+for name in pytest_llmserve.__all__:
+    getattr(pytest_llmserve, name)
+assert "pytest" not in sys.modules
+print(len(imported), "modules")
+"""
+
+
+def test_the_core_imports_with_pytest_blocked() -> None:
+    done = subprocess.run([sys.executable, "-c", CORE_IMPORT_CHECK], capture_output=True, text=True, timeout=120,
+                          cwd=Path(__file__).resolve().parents[2])
+    assert done.returncode == 0, done.stderr
+    assert int(done.stdout.split()[0]) > 30

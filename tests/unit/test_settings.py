@@ -1,0 +1,87 @@
+"""Settings resolution (ini < environment < command line) and the benchmark spec (< marker), without pytest."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pytest_llmserve.config import ServerSpec
+from pytest_llmserve.errors import ConfigError
+from pytest_llmserve.settings import OPTIONS, BenchSpec, Settings, Sources, bench_spec, resolve_settings
+
+
+def _default() -> ServerSpec:
+    return ServerSpec(name="default", engine="vllm", model="/m")
+
+
+def _resolve(tmp_path: Path, cli: dict[str, Any] | None = None, ini: dict[str, Any] | None = None,
+             env: dict[str, str] | None = None) -> Settings:
+    return resolve_settings(tmp_path, Sources(cli=cli or {}, ini=ini or {}, env=env or {}), _default)
+
+
+def test_later_sources_win_and_each_is_named_in_errors(tmp_path: Path) -> None:
+    ini = {"tolerance": 0.2, "rounds": 4}
+    assert _resolve(tmp_path, ini=ini).bench.tolerance == 0.2
+    assert _resolve(tmp_path, ini=ini, env={"PYTEST_LLMSERVE_TOLERANCE": "0.1"}).bench.tolerance == 0.1
+    both = _resolve(tmp_path, cli={"tolerance": "0.07"}, ini=ini, env={"PYTEST_LLMSERVE_TOLERANCE": "0.1"})
+    assert (both.bench.tolerance, both.bench.rounds, both.bench.max_rounds) == (0.07, 4, 8)
+    with pytest.raises(ConfigError, match=r"\$PYTEST_LLMSERVE_ROUNDS = '0': must be a positive integer"):
+        _resolve(tmp_path, env={"PYTEST_LLMSERVE_ROUNDS": "0"})
+    with pytest.raises(ConfigError, match="ini llmserve_max_rounds = 0: must be a positive integer"):
+        _resolve(tmp_path, ini={"max_rounds": 0})
+
+
+def test_command_line_server_wins_over_ini(tmp_path: Path) -> None:
+    (tmp_path / "llmserve.toml").write_text('[servers.a]\nmodel = "/a"\n[servers.b]\nmodel = "/b"\n')
+    assert _resolve(tmp_path, cli={"servers": "b"}, ini={"servers": "a"}).servers == ("b",)
+    with pytest.raises(ConfigError, match="--llmserve-server = 'ghost': no server named 'ghost'"):
+        _resolve(tmp_path, cli={"servers": "ghost"})
+
+
+def test_configured_only_by_a_file_or_an_llmserve_setting(tmp_path: Path) -> None:
+    assert not _resolve(tmp_path, env={"PYTEST_LLMSERVE_CACHE": "/c", "PYTEST_LLMSERVE_EVENT_LOOP": "asyncio"}).configured
+    assert _resolve(tmp_path, env={"PYTEST_LLMSERVE_METRIC": "ttft"}).configured
+    assert _resolve(tmp_path, ini={"save_baseline": False}).configured
+    (tmp_path / "pyproject.toml").write_text('[tool.llmserve.servers.a]\nmodel = "/a"\n')
+    assert _resolve(tmp_path).configured
+
+
+def test_flags_from_every_source(tmp_path: Path) -> None:
+    assert _resolve(tmp_path, cli={"save_baseline": True}).save_baseline
+    assert _resolve(tmp_path, env={"PYTEST_LLMSERVE_KILL_STALE": "yes"}).kill_stale
+    assert _resolve(tmp_path, ini={"suite": True}).suite
+    with pytest.raises(ConfigError, match=r"\$PYTEST_LLMSERVE_ALLOW_CONFOUNDED = 'maybe': must be true or false"):
+        _resolve(tmp_path, env={"PYTEST_LLMSERVE_ALLOW_CONFOUNDED": "maybe"})
+
+
+def test_option_spellings() -> None:
+    names = {o.name: (o.flag, o.ini, o.env) for o in OPTIONS}
+    assert names["servers"] == ("--llmserve-server", "llmserve_servers", "PYTEST_LLMSERVE_SERVERS")
+    assert names["max_rounds"] == ("--llmserve-max-rounds", "llmserve_max_rounds", "PYTEST_LLMSERVE_MAX_ROUNDS")
+
+
+def test_bench_spec_applies_the_marker_over_the_settings(tmp_path: Path) -> None:
+    settings = _resolve(tmp_path, cli={"rounds": "4"})
+    assert bench_spec(settings) == BenchSpec(workload="smoke", metric="output_throughput", tolerance=0.05, rounds=4,
+                                             max_rounds=8, alpha=0.05)
+    spec = bench_spec(settings, ("saturated",), {"rounds": 10, "variable": "cuda_graph", "higher_is_better": False},
+                      where="t.py::test_b: marker llmserve_benchmark")
+    assert (spec.workload, spec.rounds, spec.max_rounds, spec.variable, spec.higher_is_better) == (
+        "saturated", 10, 10, "cuda_graph", False)
+
+
+@pytest.mark.parametrize(("args", "kwargs", "expected"), [
+    ((), {"tolerance": 2}, "W tolerance = 2: must be a fraction below 1"),
+    ((), {"rounds": 0}, "W rounds = 0: must be a positive integer"),
+    ((), {"rounds_": 3}, "W: unknown argument rounds_=3 (known: "),
+    ((), {"metric": "tokens"}, "W metric = 'tokens': unknown metric"),
+    ((), {"workload": "nope"}, "unknown workload 'nope' in W"),
+    (("a", "b"), {}, "W: takes at most one positional argument (the workload), got ('a', 'b')"),
+])
+def test_bad_marker_arguments_name_the_place_and_value(tmp_path: Path, args: tuple[Any, ...],
+                                                        kwargs: dict[str, Any], expected: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        bench_spec(_resolve(tmp_path), args, kwargs, where="W")
+    assert expected in str(info.value)
