@@ -59,6 +59,8 @@ MARKERS = {
                        "(matrix combinations included); '*' means every configured server",
     "llmserve_correctness": "llmserve_correctness: a decode-correctness oracle test "
                             "(select with -m llmserve_correctness)",
+    "llmserve_after_traffic": "llmserve_after_traffic: runs after the other tests of its server configuration "
+                              "(before its benchmarks): it reads what their requests left in the server's log",
     "llmserve_benchmark": "llmserve_benchmark(workload=None, *, metric=None, tolerance=None, rounds=None, "
                           "max_rounds=None, variable=None, higher_is_better=None, baseline_server=None, "
                           "baseline_test=None): a throughput/latency gate "
@@ -325,10 +327,12 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
     def key(indexed: tuple[int, pytest.Item]) -> tuple[int, int, int]:
         idx, item = indexed
         spec = _item_spec(item)
-        bench = 1 if item.get_closest_marker("llmserve_benchmark") else 0
-        return (order.get(spec.id, -1) if spec else -1, bench, idx)
+        phase = 2 if item.get_closest_marker("llmserve_benchmark") else \
+            1 if item.get_closest_marker("llmserve_after_traffic") else 0
+        return (order.get(spec.id, -1) if spec else -1, phase, idx)
 
-    # Stable sort by configuration so each one boots exactly once; benchmarks last within it.
+    # Stable sort by configuration so each one boots exactly once; within it the checks that read the traffic's
+    # trace in the log (config is execution: graph use per batch size) come after that traffic, benchmarks last.
     items[:] = [item for _, item in sorted(enumerate(items), key=key)]
 
 

@@ -27,6 +27,7 @@ def test_boots_and_generates(llm_server: RunningServer, llm_client: LLMClient) -
 
 
 @pytest.mark.llmserve_correctness
+@pytest.mark.llmserve_after_traffic  # after the batch-size cases, so every batch size's graph use is in the log
 def test_config_is_execution(decode_check: DecodeCheck) -> None:
     """What was configured is what ran, from the server's own log and metrics."""
     decode_check.config_is_execution()

@@ -215,6 +215,9 @@ def parse_vllm_log(text: str) -> ServerFacts:
             if key not in captures or done >= captures[key][0]:
                 captures[key] = (done, line)
             continue
+        if "Using V2 Model Runner" in line:
+            state["v2_model_runner"] = True
+            continue
         if _VLLM_CAPTURE_DONE.search(line):
             capture_done_line = line
             continue
@@ -252,8 +255,11 @@ def parse_vllm_log(text: str) -> ServerFacts:
 
     _vllm_graph_facts(facts, state, captures, capture_done_line, ready_line)
     if not facts.decode_graph_reported:
-        facts.graph_use_hint = ("vLLM reports graph use per step only in its --cudagraph-metrics table (logged every "
-                                "10 s while requests run); this log has none")
+        facts.graph_use_hint = (
+            "this vLLM uses its V2 model runner, which records no per-step graph use (its --cudagraph-metrics table is "
+            "filled by the V1 runner only: VLLM_USE_V2_MODEL_RUNNER=0)" if state.get("v2_model_runner") else
+            "vLLM reports graph use per step only in its --cudagraph-metrics table (logged with the periodic stats "
+            "while requests run); this log has none")
     facts.compact_evidence()
     return facts
 

@@ -82,6 +82,9 @@ class VLLMAdapter(EngineAdapter):
             # size, logged every 10 s while requests run. Pass --no-cudagraph-metrics in args to leave it out.
             argv.append("--cudagraph-metrics")
             notes.append("--cudagraph-metrics added: per-step graph use for the execution checks")
+            graph_table_every_second = True
+        else:
+            graph_table_every_second = False
         if spec.attention_backend:
             argv += ["--attention-backend", spec.attention_backend]
         for opt in ("prefill_attention_backend", "decode_attention_backend", "nsa_prefill_backend",
@@ -102,6 +105,8 @@ class VLLMAdapter(EngineAdapter):
         if spec.api_key:  # through the environment: a command-line key is visible to every user (ps)
             env["VLLM_API_KEY"] = spec.api_key
         env.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
+        if graph_table_every_second:  # the table comes with the periodic stats, every 10 s by default
+            env.setdefault("VLLM_LOG_STATS_INTERVAL", "1")
         if spec.deterministic:
             env.setdefault("VLLM_BATCH_INVARIANT", "1")
             notes.append("deterministic: VLLM_BATCH_INVARIANT=1")
