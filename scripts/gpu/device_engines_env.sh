@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # On the lent GPU machine (no registry there): put together what scripts/gpu/prepare_engines.sh staged in
-# .gpu-transfer/engines/call1..call5 — the SmolLM2-135M-Instruct model (bf16 safetensors), the SGLang 0.5.15
+# .gpu-transfer/engines/call1..call4 — the SmolLM2-135M-Instruct model (bf16 safetensors), the SGLang 0.5.15
 # and vLLM 0.26.0 environments and the plugin's missing wheels — under /root/llmserve-engines.
 #
 #   bash scripts/gpu/device_engines_env.sh STEP...     (no step: stage check)
@@ -19,15 +19,12 @@
 #   check       report what is there and what is missing
 #   all         model sglang-env vllm-env plugin-env check
 #
-# Device calls (one machine kept warm; carry one folder each; timeout_s 600):
-#   1. carry [".gpu-transfer/engines/call1"]  bash scripts/gpu/device_engines_env.sh plugin-env
-#   2. carry [".gpu-transfer/engines/call2"]  bash scripts/gpu/device_engines_env.sh model
-#   3. carry [".gpu-transfer/engines/call3"]  bash scripts/gpu/device_engines_env.sh sglang-env   (+ SGLang tests:
-#      . /root/llmserve-engines/sglang/env.sh; python3 -m sglang.launch_server --model-path
-#      /root/llmserve-engines/models/SmolLM2-135M-Instruct ... $SGLANG_GRAMMAR_ARGS)
-#   4. carry [".gpu-transfer/engines/call4"]  bash scripts/gpu/device_engines_env.sh check       (copies vsite part aa)
-#   5. carry [".gpu-transfer/engines/call5"]  bash scripts/gpu/device_engines_env.sh vllm-env     (+ vLLM tests:
-#      . /root/llmserve-engines/vllm/env.sh)
+# Device calls (one machine kept warm; carry one folder each; timeout_s 600): scripts/gpu/engines_suite.sh c1..c4
+# runs the steps below and the tests:
+#   1. carry [".gpu-transfer/engines/call1"]  stage plugin-env
+#   2. carry [".gpu-transfer/engines/call2"]  stage model
+#   3. carry [".gpu-transfer/engines/call3"]  stage sglang-env   (vsite part aa rides along)
+#   4. carry [".gpu-transfer/engines/call4"]  stage vllm-env
 # Overrides: LLMSERVE_ENGINES_ROOT (default /root/llmserve-engines), PYTHON (default python3: the image's
 # /opt/torch/.venv python; the `pip` on PATH belongs to another python), ENG_CONVERT_PYTHON (the python that
 # converts the model, default $PYTHON).
@@ -57,11 +54,10 @@ eng_where() {
     [ -n "$c" ] && { echo "$c"; return 0; }
   done
   case "$1" in  # no plan seen yet (no call carried anything on this machine): the usual placement
-    *.part-aa|*hf-files*|wheels-model/*|wheels-plugin/*|wheels-sglang/*) echo "call1 (usually)" ;;
-    *gguf.part-ab|*.gguf.sha256|third_party_py*|wheels-vllm/*) echo "call2 (usually)" ;;
-    sglang-site*|_vllm_fa3*) echo "call3 (usually; the FA3 .xz goes to call4 when call3 is full)" ;;
-    vsite.tar.xz.part-ab) echo "call5 (usually)" ;;
+    vsite.tar.xz.part-aa|sglang-site*) echo "call3 (usually)" ;;
     vsite*) echo "call4 (usually)" ;;
+    *gguf.part-ab|*.gguf.sha256|_vllm_fa3*) echo "call2 (usually)" ;;
+    *.part-aa|*hf-files*|wheels-*|third_party_py*) echo "call1 (usually)" ;;
     *) echo "an unknown call" ;;
   esac
 }

@@ -7,17 +7,17 @@
 #   bash scripts/gpu/engines_suite.sh CALL        (c1 ... c6; each call checks what it expects on the machine)
 #
 # The plan (kind nvidia-h200, timeout_s 600 each, issued back to back: /root survives only while the machine stays
-# warm, about 30 s after a call returns):
+# warm, about 30 s after a call returns; the whole plan must end within the 30 minutes a machine may be held):
 #   c1  carry .gpu-transfer/engines/call1   stage; plugin wheels; GPU and python report; the plugin imports
 #   c2  carry .gpu-transfer/engines/call2   stage; the GGUF joined, checked and converted to bf16 safetensors
 #   c3  carry .gpu-transfer/engines/call3   SGLang env; a flashinfer JIT probe in the background; SGLang graphs A/B
-#                                           (concurrency 1 and 64) and the built-in suite on triton x {graphs, none}
-#   c4  carry .gpu-transfer/engines/call4   (vLLM part 1 rides along) the flashinfer combinations if the probe
-#                                           built its kernels; the memory-fraction refusal (record at 0.3, compare 0.35)
-#   c5  carry .gpu-transfer/engines/call5   vLLM env; vLLM A/B (eager vs FULL_AND_PIECEWISE at concurrency 1 and 64)
-#                                           and the suite on FULL_AND_PIECEWISE and eager
-#   c6  no carry                            the suite on PIECEWISE; unconfigured ngram speculation caught
-#   c7  no carry (if the lease allows)      graph use per batch size on vLLM's V1 model runner
+#                                           (concurrency 1 and 64), then the built-in suite on triton x {graphs, none}
+#                                           (the A/B's two servers are reused: no extra boot)
+#   c4  carry .gpu-transfer/engines/call4   vLLM env; vLLM A/B (eager vs FULL_AND_PIECEWISE at concurrency 1 and
+#                                           64), the suite on FULL_AND_PIECEWISE and eager, baselines saved
+#   c5  no carry                            unconfigured ngram speculation caught; the eager baseline compared at
+#                                           another memory fraction (refused with the diff); the suite on PIECEWISE
+#   c6  no carry (if the lease allows)      graph use per batch size on vLLM's V1 model runner
 # What comes back ($OUT, 8 files at most): run.log (this call's whole output), results.tar.gz (server logs,
 # /metrics and /server_info captured at the end of each run, results.json, summary.md, junit XML, the configs).
 set -uo pipefail
@@ -127,54 +127,43 @@ case "$call" in
     collect
     ;;
   c4)
-    eng_main stage || true
+    eng_main stage vllm-env || exit 1
     plugin_env
-    need "$ROOT/sglang/env.sh" "the SGLang environment (call c3)"
-    if grep -q FLASHINFER_PROBE_OK "$RUN/flashinfer_probe.log" 2>/dev/null; then
-      run_pytest sglang-flashinfer "$RUN/sglang" 330 -m gpu --llmserve-suite --llmserve-server sglang -k flashinfer
-    else
-      say "flashinfer combinations not run: its kernels did not build here (flashinfer_probe.log in results.tar.gz)"
-    fi
-    # The memory-fraction confounder: record a baseline at 0.3, then compare a run at 0.35 against it.
-    write_config "$RUN/mem-0.3" 0.3
-    write_config "$RUN/mem-0.35" 0.35
-    run_pytest mem-record "$RUN/mem-0.3" 200 -m gpu --llmserve-suite --llmserve-server sglang-mem -k throughput \
-      --llmserve-save-baseline --llmserve-baseline-dir "$RUN/mem-baselines"
-    run_pytest mem-compare "$RUN/mem-0.35" 200 -m gpu --llmserve-suite --llmserve-server sglang-mem -k throughput \
-      --llmserve-baseline-dir "$RUN/mem-baselines" | tee "$RUN/mem-compare.out"
+    need "$ENG_MODEL/model.safetensors" "the converted model (call c2)"
+    write_config "$RUN/vllm" 0.3
+    run_pytest vllm-graphs "$RUN/vllm" 530 -m gpu --llmserve-suite --llmserve-server vllm,vllm-eager \
+      "$repo/scripts/gpu/test_gpu_engines.py" -k "FULL_AND_PIECEWISE or eager" \
+      --llmserve-save-baseline --llmserve-baseline-dir "$RUN/baselines"
+    collect
+    ;;
+  c5)
+    plugin_env
+    need "$ROOT/vllm/env.sh" "the vLLM environment (call c4)"
+    write_config "$RUN/vllm" 0.3
+    run_pytest vllm-ngram "$RUN/vllm" 200 -m gpu "$repo/scripts/gpu/test_gpu_engines.py" -k speculative
+    # The memory-fraction confounder: c4 saved vllm-eager's throughput baseline at 0.3; compare a run at 0.35.
+    need "$RUN/baselines" "the baselines saved in call c4"
+    write_config "$RUN/vllm-mem-0.35" 0.35
+    run_pytest mem-compare "$RUN/vllm-mem-0.35" 150 -m gpu --llmserve-suite --llmserve-server vllm-eager \
+      -k throughput --llmserve-baseline-dir "$RUN/baselines" | tee "$RUN/mem-compare.out"
     if grep -q "refused" "$RUN/mem-compare.out" && grep -q "mem_fraction" "$RUN/mem-compare.out"; then
       say "EXPECTED: the comparison at mem_fraction 0.35 against the 0.3 baseline was refused with the diff"
     else
       say "UNEXPECTED: no refusal naming mem_fraction in the comparison run"; status=1
     fi
-    collect
-    ;;
-  c5)
-    eng_main stage vllm-env || exit 1
-    plugin_env
-    write_config "$RUN/vllm" 0.3
-    run_pytest vllm-graphs "$RUN/vllm" 530 -m gpu --llmserve-suite --llmserve-server vllm,vllm-eager \
-      "$repo/scripts/gpu/test_gpu_engines.py" -k "FULL_AND_PIECEWISE or eager"
-    collect
-    ;;
-  c6)
-    plugin_env
-    need "$ROOT/vllm/env.sh" "the vLLM environment (call c5)"
-    write_config "$RUN/vllm" 0.3
-    run_pytest vllm-piecewise "$RUN/vllm" 300 -m gpu --llmserve-suite --llmserve-server vllm \
+    run_pytest vllm-piecewise "$RUN/vllm" 230 -m gpu --llmserve-suite --llmserve-server vllm \
       -k "PIECEWISE and not FULL_AND_PIECEWISE"
-    run_pytest vllm-ngram "$RUN/vllm" 240 -m gpu "$repo/scripts/gpu/test_gpu_engines.py" -k speculative
     collect
     ;;
-  c7)  # if the lease allows: graph use per batch size proven on vLLM's V1 model runner
+  c6)  # if the lease allows: graph use per batch size proven on vLLM's V1 model runner
     plugin_env
-    need "$ROOT/vllm/env.sh" "the vLLM environment (call c5)"
+    need "$ROOT/vllm/env.sh" "the vLLM environment (call c4)"
     write_config "$RUN/vllm" 0.3
     run_pytest vllm-v1-runner "$RUN/vllm" 400 -m gpu --llmserve-suite --llmserve-server vllm-v1-runner \
       -k "config_is_execution or batch_size or boots"
     collect
     ;;
-  *) say "unknown call '$call' (c1 ... c7)"; exit 2 ;;
+  *) say "unknown call '$call' (c1 ... c6)"; exit 2 ;;
 esac
 sleep 0.5
 exit $status

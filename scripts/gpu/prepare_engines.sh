@@ -29,11 +29,12 @@
 #
 # Staged (ignored by git through .git/info/exclude) into <repo>/.gpu-transfer/engines/callN/, each with a
 # MANIFEST.txt (path bytes sha256 of that call's files) and PLAN.txt (every call's files):
-#   call1  GGUF part aa, gguf wheel, hf files, plugin wheels (tenacity), SGLang extra wheels (tokenizers 0.22.2)
-#   call2  GGUF part ab + sha256, third_party_py.tar.xz, vLLM wheels (llguidance, xgrammar, openai 2.54, tvm-ffi)
-#   call3  sglang-site.tar.xz (+ _vllm_fa3_C.abi3.so.xz when it fits)
-#   call4  vsite.tar.xz part aa (+ the FA3 .xz if not in call3)
-#   call5  vsite.tar.xz part ab (+ anything left)
+#   call1  GGUF part aa, gguf wheel, hf files, plugin wheels (tenacity), SGLang extra wheels (tokenizers 0.22.2),
+#          vLLM wheels (llguidance, xgrammar, openai 2.54, tvm-ffi), third_party_py.tar.xz
+#   call2  GGUF part ab + sha256, _vllm_fa3_C.abi3.so.xz
+#   call3  sglang-site.tar.xz, vsite.tar.xz part aa
+#   call4  vsite.tar.xz part ab + sha256
+# Four calls, not five: every call costs a transfer out of a 30-minute lease.
 # Device side: scripts/gpu/device_engines_env.sh (its header lists the five chained calls).
 set -euo pipefail
 
@@ -381,12 +382,10 @@ sum_sizes() { local t=0 f; for f in "$@"; do t=$((t + $(size "$f"))); done; echo
 SLACK=$((256 * 1024))   # MANIFEST.txt, PLAN.txt, directory entries
 mapfile -t c1_wheels < <(ls "$dl"/model/*.whl "$dl"/plugin/*.whl "$dl"/sglang-extra/*.whl)
 mapfile -t c2_wheels < <(ls "$dl"/vllm-extra/*.whl)
-c1_fixed=$(( $(sum_sizes "${c1_wheels[@]}" "$hf_tar" "$out/$GGUF_NAME.sha256") + SLACK ))
-c2_fixed=$(( $(sum_sizes "${c2_wheels[@]}" "$out/third_party_py.tar.xz" "$out/$GGUF_NAME.sha256") + SLACK ))
+c1_fixed=$(( $(sum_sizes "${c1_wheels[@]}" "${c2_wheels[@]}" "$out/third_party_py.tar.xz" "$hf_tar" \
+  "$out/$GGUF_NAME.sha256") + SLACK ))
+c2_fixed=$(( $(sum_sizes "$out/$fa3" "$out/$GGUF_NAME.sha256") + SLACK ))
 c3_fixed=$(( $(size "$out/sglang-site.tar.xz") + SLACK ))
-fa3_bytes=$(size "$out/$fa3")
-fa3_call=3
-[ $((c3_fixed + fa3_bytes)) -le $LIMIT ] || fa3_call=4
 
 # balanced_split TOTAL FIXED_A FIXED_B NAME: bytes of part aa so that both folders keep the same headroom.
 balanced_split() {
@@ -404,17 +403,18 @@ split_into() {
   key="$bytes $(size "$src") $(stat -c %Y "$src")"
   if [ "$(cat "$dir/split.key" 2>/dev/null)" != "$key" ] || [ ! -s "$dir/$name.part-ab" ]; then
     rm -rf "$dir"; mkdir -p "$dir"
-    split -b "$bytes" -a 2 "$src" "$dir/$name.part-"
-    [ "$(find "$dir" -type f | wc -l)" = 2 ] || die "split of $name gave $(cd "$dir" && echo *)"
+    # Two parts cut at BYTES (split -b would make a third one when the first part is under half).
+    head -c "$bytes" "$src" > "$dir/$name.part-aa"
+    tail -c +"$((bytes + 1))" "$src" > "$dir/$name.part-ab"
+    [ $(( $(size "$dir/$name.part-aa") + $(size "$dir/$name.part-ab") )) = "$(size "$src")" ] \
+      || die "split of $name lost bytes"
     echo "$key" > "$dir/split.key"
   fi
 }
 gguf_aa=$(balanced_split "$(size "$gguf")" "$c1_fixed" "$c2_fixed" "$GGUF_NAME")
 split_into "$gguf" "$out/gguf-parts" "$gguf_aa"
 c4_fixed=$(( $(size "$out/vsite.tar.xz.sha256") + SLACK ))
-c5_fixed=$c4_fixed
-[ $fa3_call = 4 ] && c4_fixed=$((c4_fixed + fa3_bytes))
-vsite_aa=$(balanced_split "$(size "$out/vsite.tar.xz")" "$c4_fixed" "$c5_fixed" vsite.tar.xz)
+vsite_aa=$(balanced_split "$(size "$out/vsite.tar.xz")" "$c3_fixed" "$c4_fixed" vsite.tar.xz)
 split_into "$out/vsite.tar.xz" "$out/vsite-parts" "$vsite_aa"
 
 # ======================= 6. stage =======================
@@ -429,16 +429,15 @@ add 1 "$(basename "$hf_tar")" "$hf_tar"
 for f in "$dl"/model/*.whl; do add 1 "wheels-model/$(basename "$f")" "$f"; done
 for f in "$dl"/plugin/*.whl; do add 1 "wheels-plugin/$(basename "$f")" "$f"; done
 for f in "$dl"/sglang-extra/*.whl; do add 1 "wheels-sglang/$(basename "$f")" "$f"; done
+add 1 third_party_py.tar.xz "$out/third_party_py.tar.xz"
+for f in "${c2_wheels[@]}"; do add 1 "wheels-vllm/$(basename "$f")" "$f"; done
 add 2 "$GGUF_NAME.part-ab" "$out/gguf-parts/$GGUF_NAME.part-ab"
 add 2 "$GGUF_NAME.sha256" "$out/$GGUF_NAME.sha256"
-add 2 third_party_py.tar.xz "$out/third_party_py.tar.xz"
-for f in "${c2_wheels[@]}"; do add 2 "wheels-vllm/$(basename "$f")" "$f"; done
+add 2 "$fa3" "$out/$fa3"
 add 3 sglang-site.tar.xz "$out/sglang-site.tar.xz"
-add "$fa3_call" "$fa3" "$out/$fa3"
-add 4 vsite.tar.xz.part-aa "$out/vsite-parts/vsite.tar.xz.part-aa"
+add 3 vsite.tar.xz.part-aa "$out/vsite-parts/vsite.tar.xz.part-aa"
+add 4 vsite.tar.xz.part-ab "$out/vsite-parts/vsite.tar.xz.part-ab"
 add 4 vsite.tar.xz.sha256 "$out/vsite.tar.xz.sha256"
-add 5 vsite.tar.xz.part-ab "$out/vsite-parts/vsite.tar.xz.part-ab"
-add 5 vsite.tar.xz.sha256 "$out/vsite.tar.xz.sha256"
 
 planfile="$eng/PLAN.txt"
 {
@@ -453,7 +452,7 @@ planfile="$eng/PLAN.txt"
 } > "$planfile"
 repo_bytes="$(git -C "$repo" ls-files -co --exclude-standard -z | xargs -0 du -cb 2>/dev/null | tail -1 | cut -f1)"
 over=0
-for c in 1 2 3 4 5; do
+for c in 1 2 3 4; do
   d="$stage_root/call$c"
   { echo "# call$c: path bytes sha256 (verify on the device: scripts/gpu/device_engines_env.sh stage)"
     awk -v c="call$c" '$1 == c { print $2, $3, $4 }' "$planfile"; } > "$d/MANIFEST.txt"
