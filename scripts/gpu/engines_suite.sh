@@ -107,7 +107,7 @@ case "$call" in
     nvidia-smi --query-gpu=index,name,memory.used,memory.total,driver_version --format=csv
     "$py" -c "import sys, torch, triton, transformers; print(sys.version.split()[0], 'torch', torch.__version__, 'triton', triton.__version__, 'transformers', transformers.__version__, 'cuda', torch.cuda.is_available())"
     plugin_env
-    "$py" -m pytest_llmserve.cli.main facts "$repo/tests/data/logs/real_sglang_0.5.15_h200_cuda_graph.log" | head -5
+    "$py" -m pytest_llmserve.cli.main facts "$repo/tests/data/logs/real_sglang_0.5.15_h200_cuda_graph.log" > "$RUN/facts-selfcheck.txt" && say "llmserve facts runs here"
     ;;
   c2)
     eng_main stage model || exit 1
