@@ -192,7 +192,7 @@ class ServerHandle:
         start = time.monotonic()
         host = self.spec.host
         if self.adapter.launches:
-            self.port = self.spec.port or procs.free_port(host)
+            self.port = self.spec.port or procs.free_port(host, highest=self.adapter.highest_port)
             preflight(self.spec, host, self.port)
             if self.spec.gpu:
                 # Enough GPUs, enough free memory, no stale GPU process; servers of this run are not stale.

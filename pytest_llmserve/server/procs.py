@@ -107,11 +107,25 @@ def port_is_free(host: str, port: int) -> bool:
     return True
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    """A port the OS says is free now. (A race with another process is caught by the readiness check.)"""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
+def free_port(host: str = "127.0.0.1", highest: int = 65535) -> int:
+    """A port the OS says is free now, at most ``highest`` (an engine may derive other ports from it).
+
+    A race with another process is caught by the readiness check.
+    """
+    for _ in range(200):  # the OS hands out ephemeral ports from a high range: ask again when one is too high
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind((host, 0))
+            port = int(sock.getsockname()[1])
+        if port <= highest:
+            return port
+    for port in range(min(highest, 49151), 1024, -7):  # below the ephemeral range
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind((host, port))
+            except OSError:
+                continue
+            return port
+    raise OSError(f"no free port at most {highest} on {host}")
 
 
 def who_listens(port: int) -> str | None:

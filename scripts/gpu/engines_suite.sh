@@ -119,11 +119,13 @@ case "$call" in
     plugin_env
     need "$ENG_MODEL/model.safetensors" "the converted model (call c2)"
     write_config "$RUN/sglang" 0.3
-    flashinfer_probe &
-    probe_pid=$!
+    # FLASHINFER_PROBE=1: try to JIT-build flashinfer's kernels (without the cubin wheel and without the wheel's
+    # data/cccl, which is too big to carry, they failed on 2026-12-01: docs/gpu.md).
+    probe_pid=""
+    if [ "${FLASHINFER_PROBE:-0}" = 1 ]; then flashinfer_probe & probe_pid=$!; fi
     run_pytest sglang-triton "$RUN/sglang" 520 -m gpu --llmserve-suite --llmserve-server sglang \
       "$repo/scripts/gpu/test_gpu_engines.py" -k "triton or sglang_cuda_graphs_ab"
-    wait "$probe_pid"
+    [ -z "$probe_pid" ] || wait "$probe_pid"
     collect
     ;;
   c4)

@@ -515,6 +515,9 @@ class SGLangAdapter(EngineAdapter):
     name = "sglang"
     generation_counter = "sglang:generation_tokens_total"
     metrics_prefix = "sglang:"
+    # 0.5.15 opens a gRPC port at --port + 10000 and refuses to start when that is above 65535 (seen on the H200:
+    # "SGLANG_GRPC_PORT (66707) must be between 1 and 65535").
+    highest_port = 55535
     log_signature = re.compile(r"server_args=(?:ServerArgs\(|\{)|The server is fired up and ready to roll")
     server_info_path = "/server_info"
 

@@ -175,3 +175,11 @@ def test_a_requested_graph_mode_is_launched_and_checked() -> None:
     facts = facts_of("vllm", "real_vllm_gpu_0.26.0_h200_full_and_piecewise")
     mode = checks("vllm", spec, facts)["cuda_graph.mode"]
     assert (mode.status, mode.requested, mode.observed) == ("fail", "PIECEWISE", "FULL_AND_PIECEWISE")
+
+
+def test_sglang_gets_a_port_its_derived_grpc_port_fits_beside() -> None:
+    from pytest_llmserve.server import procs
+
+    assert adapter_named("sglang").highest_port == 55535
+    for _ in range(20):
+        assert 1024 < procs.free_port("127.0.0.1", highest=55535) <= 55535
