@@ -314,7 +314,12 @@ class BenchGate:
             self.say(f"{self.spec.id}: round {number} of workload {workload.name}")
 
             def invalid(message: str) -> None:
+                failures = self.correctness_failed(self.spec.id)
+                if failures:  # the likelier explanation of a round that measured nothing
+                    message += f"\n{_correctness_text(failures)}"
                 if outcome is not None:
+                    if failures:
+                        outcome["correctness_failed"] = failures
                     series = _series(earlier + samples)
                     outcome.update(verdict="error", error=message.split("\n", 1)[0] + " "
                                    + " | ".join(_reasons(message)), current=series, rounds=len(earlier + samples),
