@@ -392,7 +392,14 @@ def decode_check(llm_server: RunningServer, request: pytest.FixtureRequest) -> D
         finally:
             pool.max_alive = before
 
-    return DecodeCheck(llm_server, fail=_fail, skip=_skip, reference_server=reference_server)
+    def fail(message: str) -> None:
+        # Noted for the run's benchmarks of this server (any xdist worker): their figures are not a pass.
+        from pytest_llmserve.gates.bench import record_correctness_failure
+
+        record_correctness_failure(config.stash[STATE_KEY].run_dir, current.id, request.node.nodeid, message)
+        _fail(message)
+
+    return DecodeCheck(llm_server, fail=fail, skip=_skip, reference_server=reference_server)
 
 
 @pytest.fixture
@@ -435,18 +442,58 @@ def llm_async_openai(llm_server: RunningServer) -> openai.AsyncOpenAI:
 @pytest.fixture
 def llm_bench(llm_server: RunningServer, request: pytest.FixtureRequest) -> BenchGate:
     """Benchmark gate bound to this test's server and its ``llmserve_benchmark`` marker: ``llm_bench.run()``."""
-    from pytest_llmserve.gates.bench import BenchGate
+    from pytest_llmserve.gates.bench import BenchGate, correctness_failures, save_command
 
     config = request.config
     settings = config.stash[SETTINGS_KEY]
     node = request.node
     assert isinstance(node, pytest.Item)
+    spec = node.stash.get(SPEC_KEY, None) or llm_server.spec
+    run_dir = config.stash[STATE_KEY].run_dir
+    command = save_command(config.invocation_params.args, nodeid=node.nodeid,
+                           test_name=getattr(node, "originalname", node.name), server_name=spec.name,
+                           suite=SUITE_DIR in node.path.parents)
     return BenchGate(server=llm_server, cfg=settings.cfg, options=_benchmark_spec(node, settings),
                      store_dir=settings.baseline_dir, results_dir=settings.results_dir, save=settings.save_baseline,
                      allow_confounded=settings.allow_confounded, test_id=node.nodeid,
-                     key_test=f"{node.path.name}::{getattr(node, 'originalname', node.name)}",
-                     record=_outcome_recorder(request), fail=_fail, pool=_pool(config), skip=_skip,
-                     say=lambda msg: _say(config, msg))
+                     key_test=_key_test(node), record=_outcome_recorder(request), fail=_fail, pool=_pool(config),
+                     skip=_skip, say=lambda msg: _say(config, msg), inconclusive=settings.inconclusive,
+                     record_command=command,
+                     correctness_failed=lambda server_id: correctness_failures(run_dir, server_id))
+
+
+def _key_test(node: pytest.Item) -> str:
+    """The baseline key's test: file and function, the same whatever the rootdir."""
+    return f"{node.path.name}::{getattr(node, 'originalname', node.name)}"
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """A benchmark whose refusal follows from the configuration alone fails here, in set-up, before its
+    ``llm_server`` fixture boots anything (see :func:`pytest_llmserve.gates.bench.preflight_refusal`)."""
+    if "llm_bench" not in getattr(item, "fixturenames", ()) or STATE_KEY not in item.config.stash:
+        return
+    spec = _item_spec(item)
+    settings = item.config.stash[SETTINGS_KEY]
+    if spec is None or settings.url:
+        return
+    from pytest_llmserve.gates.bench import preflight_refusal
+
+    try:
+        refusal = preflight_refusal(spec=spec, cfg=settings.cfg, options=_benchmark_spec(item, settings),
+                                    store_dir=settings.baseline_dir, key_test=_key_test(item), test_id=item.nodeid,
+                                    save=settings.save_baseline, allow_confounded=settings.allow_confounded,
+                                    results_dir=settings.results_dir)
+    except LLMServeError as exc:
+        refusal = None
+        message = f"{item.nodeid}: {exc}"
+    else:
+        message = refusal["message"] if refusal else ""
+    if refusal is not None:
+        item.user_properties.append(("llmserve_benchmark", json.dumps(refusal, default=str)))
+        item.config.stash[STATE_KEY].outcomes.append(refusal)
+    if message:
+        pytest.fail(message, pytrace=False)
 
 
 @pytest.fixture
@@ -511,7 +558,10 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, exitstatu
 
     boots = read_boots(state.run_dir)
     outcomes = list(state.outcomes)
-    for report in terminalreporter.getreports("passed") + terminalreporter.getreports("failed"):
+    # Every report that may carry an outcome: skipped (no baseline for this environment) and set-up
+    # errors (refused before any boot) too.
+    reports = [r for kind in ("passed", "failed", "skipped", "error") for r in terminalreporter.getreports(kind)]
+    for report in reports:
         for name, value in getattr(report, "user_properties", []):
             if name == "llmserve_benchmark":
                 outcome = json.loads(value)

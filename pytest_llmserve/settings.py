@@ -97,7 +97,10 @@ OPTIONS: tuple[Option, ...] = (
     Option("allow_confounded", "flag", "compare against a baseline whose context differs in more than the variable "
                                        "under test (reported)"),
     Option("benchmark_json", "string", "also write results as pytest-benchmark compatible JSON to this path"),
+    Option("inconclusive", "string", "what a benchmark verdict still inconclusive after max_rounds does: "
+                                     "warn (default: reported, the test passes with a warning) or fail"),
 )
+INCONCLUSIVE_POLICIES = ("warn", "fail")
 OPTIONS_BY_NAME = {option.name: option for option in OPTIONS}
 
 EMBEDDED_DEFAULT_SOURCE = "<no configuration: embedded default>"
@@ -119,6 +122,7 @@ class Settings:
     allow_confounded: bool
     bench_json: Path | None
     suite: bool
+    inconclusive: str  # "warn" or "fail" (INCONCLUSIVE_POLICIES)
     #: A configuration file or any llmserve setting was given: the plugin is in use before collection
     #: (see :mod:`pytest_llmserve.plugin` for what it does only then).
     configured: bool
@@ -230,6 +234,10 @@ def resolve_settings(rootdir: Path, sources: Sources,
     if bench.max_rounds < bench.rounds:
         raise ConfigError(f"llmserve max_rounds = {bench.max_rounds} is below rounds = {bench.rounds}")
     baseline_dir, results_dir, bench_json = get("baseline_dir"), get("results_dir"), get("benchmark_json")
+    inconclusive = get("inconclusive")
+    if inconclusive and str(inconclusive[0]).strip().lower() not in INCONCLUSIVE_POLICIES:
+        raise ConfigError(f"{inconclusive[1]} = {inconclusive[0]!r}: must be one of "
+                          f"{', '.join(INCONCLUSIVE_POLICIES)}")
     return Settings(
         rootdir=rootdir,
         cfg=cfg,
@@ -243,6 +251,7 @@ def resolve_settings(rootdir: Path, sources: Sources,
         allow_confounded=_flag(get("allow_confounded")),
         bench_json=Path(str(bench_json[0])) if bench_json else None,
         suite=_flag(get("suite")),
+        inconclusive=str(inconclusive[0]).strip().lower() if inconclusive else "warn",
         configured=from_file or any(sources.lookup(option) is not None for option in OPTIONS),
     )
 

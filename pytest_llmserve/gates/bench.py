@@ -1,38 +1,60 @@
 """The benchmark gate: rounds of a fixed workload, the stored baseline, and the statistical verdict.
 
 One round = one run of the workload (every request streamed, tokens counted from the server's usage).
-A round that is invalid (failed requests, wrong lengths, negative TPOT, empty ITL) is never a number:
-the gate fails with the reasons. The verdict (:func:`pytest_llmserve.verdicts.stats.decide`) needs significance
-AND a median change beyond the tolerance; with too little evidence it runs more rounds, up to a bound.
+A round that is invalid (failed requests, wrong lengths, negative TPOT, empty ITL, tokens without text,
+collapse in a sampled output) is never a number: the gate records the reasons and fails. The verdict
+(:func:`pytest_llmserve.verdicts.stats.decide`) needs significance AND a median change beyond the tolerance;
+with too little evidence it runs more rounds, up to ``max_rounds``, then "inconclusive" is reported by the
+policy ``inconclusive = warn | fail`` (a warning, or a failure).
+
+A figure always: with no baseline, or a refused comparison, the rounds still run and the outcome carries
+their figures, the reason, and the one command that records a baseline for this context. What can be
+refused from the configuration alone (an unreadable baseline file; a context that differs in server
+arguments, environment, model or workload) is decided by :func:`preflight_refusal` before any boot.
+A benchmark of a server whose correctness checks failed in this run (:func:`record_correctness_failure`)
+never passes.
 
 Baselines: a file per (test, server, workload) under ``baselines/`` holding every sample and the full
 context. A comparison whose context differs in more than the declared variable is refused with the
 differing keys; a baseline recorded on other hardware (or another Python/plugin version) is reported as
-"no baseline for this environment" and skipped, so a newcomer's first run on another machine is not a
-failure but an invitation to record one.
+"no baseline for this environment" and skipped, after measuring, so a newcomer's first run on another
+machine is not a failure but shows its figure and an invitation to record one. Saving takes at least
+:data:`SAVE_MIN_ROUNDS` rounds, more while the CI of the median is wider than the tolerance.
 """
 
 from __future__ import annotations
 
+import json
+import os
 import time
 import uuid
-from collections.abc import Callable
+import warnings
+from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pytest_llmserve.config import LLMServeConfig, ServerSpec, Workload
 from pytest_llmserve.metrics import higher_is_better
+from pytest_llmserve.settings import INCONCLUSIVE_POLICIES
 
 if TYPE_CHECKING:
     from pytest_llmserve.server.handle import RunningServer
     from pytest_llmserve.server.pool import ServerPool
     from pytest_llmserve.settings import BenchSpec, Settings
+    from pytest_llmserve.verdicts.comparability import Comparability
 
 ENVIRONMENT_KEYS = ("hardware", "python", "plugin_version")
 SAVE_MIN_ROUNDS = 5  # at 5 vs 3+ samples an exact one-sided Mann-Whitney test can reach p < 0.05
+CORRECTNESS_FAILURES_FILE = "correctness-failures.jsonl"
 
 
+class InconclusiveWarning(UserWarning):
+    """A benchmark verdict was inconclusive after the most rounds allowed (policy ``warn``)."""
+
+
+class BaselineSpreadWarning(UserWarning):
+    """A baseline was saved although its own spread is wider than the gate's tolerance."""
 
 
 def round_samples(result: Any) -> dict[str, float]:
@@ -43,6 +65,186 @@ def round_samples(result: Any) -> dict[str, float]:
             if isinstance(value, int | float) and math.isfinite(value)}
 
 
+def unit_of(metric: str) -> str:
+    """The metric's unit as reports print it (``tok/s``, ``ms``); empty for an unknown metric."""
+    from pytest_llmserve.metrics import METRICS
+
+    known = METRICS.get(metric)
+    return known.unit.replace("tokens/s", "tok/s") if known is not None else ""
+
+
+def figure_line(metric: str, values: list[float]) -> str:
+    """``output_throughput: median 108.5 tok/s over 3 rounds (107.9..109.0, CV 0.5%)``."""
+    from pytest_llmserve.verdicts import stats
+
+    if not values:
+        return f"{metric}: no valid round"
+    s = stats.summarize(values)
+    unit = unit_of(metric)
+    unit = f" {unit}" if unit else ""
+    return (f"{metric}: median {s.median:.2f}{unit} over {s.n} round{'s' if s.n != 1 else ''} "
+            f"({s.min:.2f}..{s.max:.2f}, CV {s.cv:.1%})")
+
+
+def environment_only(comp: Comparability) -> bool:
+    """The comparison differs only in where it ran (hardware, Python, plugin version): no baseline exists for
+    this environment, which is an invitation to record one rather than a refusal of a change."""
+    return bool(comp.confounders) and all(
+        any(d.key == k or d.key.startswith(k + ".") for k in ENVIRONMENT_KEYS) for d in comp.confounders)
+
+
+def median_half_width(values: list[float]) -> float:
+    """Half the width of the 95 % bootstrap CI of the median, relative to the median (0.03 = ±3 %)."""
+    from pytest_llmserve.verdicts import stats
+
+    low, high = stats.median_ci(values)
+    median = stats.summarize(values).median
+    return (high - low) / 2 / abs(median) if median else float("inf")
+
+
+def accept_command(results_dir: Path, store_dir: Path, test_id: str) -> str:
+    """The command that turns this run's figures into the baseline of its context (replacing the record of
+    the other context: explicit, and the old file stays in version control)."""
+    import shlex
+
+    latest = results_dir / "latest" / "results.json"
+    return (f"llmserve baselines accept --replace {shlex.quote(str(latest))} --dir {shlex.quote(str(store_dir))} "
+            f"-k {shlex.quote(test_id)}")
+
+
+def save_command(invocation: Sequence[str], *, nodeid: str, test_name: str, server_name: str,
+                 suite: bool) -> str:
+    """``pytest <this run's --llmserve-* options> --llmserve-save-baseline <this benchmark>``: the one
+    command that records a baseline for this benchmark in this context."""
+    import shlex
+
+    kept: list[str] = []
+    args = list(invocation)
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        name = arg.split("=", 1)[0]
+        if arg.startswith("--llmserve-") and name not in ("--llmserve-save-baseline", "--llmserve-server"):
+            kept.append(arg)
+            option = next((o for o in _options() if o.flag == name), None)
+            if "=" not in arg and option is not None and option.kind != "flag" and i + 1 < len(args):
+                kept.append(args[i + 1])
+                i += 1
+        elif name == "--llmserve-server" and "=" not in arg:
+            i += 1  # its value: the command names this benchmark's server itself
+        i += 1
+    if suite:
+        selection = ["--llmserve-server=" + server_name, "-k", test_name]
+    else:
+        selection = [nodeid]
+    return shlex.join(["pytest", *kept, "--llmserve-save-baseline", *selection])
+
+
+def _options() -> Any:
+    from pytest_llmserve.settings import OPTIONS
+
+    return OPTIONS
+
+
+# --------------------------------------------------------------------------- correctness registry
+# A benchmark of a server whose correctness checks failed in this run must not pass. The checks may run in
+# another xdist worker than the benchmark, so failures go to a file in the run directory every process
+# of the run shares (one JSON line each, appended with O_APPEND: small writes do not interleave).
+
+
+def record_correctness_failure(run_dir: Path, server_id: str, test_id: str, summary: str) -> None:
+    """Note that a correctness check of ``server_id`` failed in this run."""
+    line = json.dumps({"server": server_id, "test": test_id, "summary": summary[:500]}) + "\n"
+    run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    fd = os.open(run_dir / CORRECTNESS_FAILURES_FILE, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    try:
+        os.write(fd, line.encode("utf-8"))
+    finally:
+        os.close(fd)
+
+
+def correctness_failures(run_dir: Path, server_id: str) -> list[dict[str, str]]:
+    """The correctness failures of ``server_id`` recorded in this run (first line of each)."""
+    try:
+        text = (run_dir / CORRECTNESS_FAILURES_FILE).read_text(encoding="utf-8")
+    except OSError:
+        return []
+    found = []
+    for line in text.splitlines():
+        try:
+            item = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(item, dict) and item.get("server") == server_id:
+            found.append({k: str(item.get(k, "")) for k in ("server", "test", "summary")})
+    return found
+
+
+# --------------------------------------------------------------------------- before the boot
+
+
+def preflight_refusal(*, spec: ServerSpec, cfg: LLMServeConfig, options: BenchSpec, store_dir: Path,
+                      key_test: str, test_id: str, save: bool, allow_confounded: bool,
+                      results_dir: Path) -> dict[str, Any] | None:
+    """What can be refused from the configuration alone, before any server boots; None when nothing.
+
+    * a baseline file that cannot be read (truncated, corrupt, another schema): never measured against,
+      never written (``--llmserve-save-baseline`` refuses too, leaving the file byte-identical);
+    * a comparison whose context differs in more than the variable under test in a key known before the
+      boot (server arguments and environment, model, workload); only where it ran (hardware, Python,
+      plugin) is not refused: that run measures and reports "no baseline for this environment";
+    * a save whose context differs from the stored one (appending would mix incomparable samples).
+
+    The engine version is known only after the boot: it is taken as the baseline's here, and compared then.
+    Returns the gate's outcome dict (``verdict`` "refused" or "error", ``message``).
+    """
+    from pytest_llmserve.errors import BaselineError
+    from pytest_llmserve.evidence.environment import build_context
+    from pytest_llmserve.store.baselines import BaselineStore, BenchKey
+    from pytest_llmserve.verdicts.comparability import comparability, diff_context
+
+    wl = cfg.workload(options.workload, where=test_id)
+    key = BenchKey(test=options.baseline_test or key_test, server=options.baseline_server or spec.id,
+                   workload=wl.name)
+    store = BaselineStore(store_dir)
+    hib = options.higher_is_better if options.higher_is_better is not None else higher_is_better(options.metric)
+    outcome: dict[str, Any] = {"test": test_id, "server": spec.id, "workload": wl.name, "metric": options.metric,
+                               "higher_is_better": hib, "tolerance": options.tolerance,
+                               "baseline_file": str(store.path_for(key)), "key": key.as_dict(), "current": None,
+                               "baseline": None, "rounds": 0, "seconds": 0.0, "before_boot": True}
+    try:
+        doc = store.load(key)
+    except BaselineError as exc:
+        outcome.update(verdict="error", error=f"baseline unreadable: {exc}", message=(
+            f"{test_id}: refused before any boot: {exc}\nNothing was measured and the file was not written."))
+        return outcome
+    if doc is None:
+        return None
+    context = build_context(spec, wl, engine_version=doc.context.get("engine_version"))
+    outcome["context"] = context
+    if save:
+        diffs = diff_context(doc.context, context)
+        if not diffs:
+            return None
+        listing = "\n".join(f"  - {d.describe()}" for d in diffs)
+        outcome.update(verdict="error", error="save refused: the stored baseline has another context", message=(
+            f"{test_id}: --llmserve-save-baseline refused before any boot: {store.path_for(key)} holds "
+            f"samples of another context, and appending would mix incomparable samples:\n{listing}\n"
+            f"Nothing was measured and the file was not written. To record this context instead, run without "
+            f"--llmserve-save-baseline, then: {accept_command(results_dir, store_dir, test_id)}"))
+        return outcome
+    comp = comparability(doc.context, context, options.variable, allow_confounded)
+    if comp.ok or environment_only(comp):
+        return None
+    outcome.update(verdict="refused", comparability=comp.to_dict(), message=(
+        f"{test_id}: {comp.message}\nbaseline: {store.path_for(key)}\nDecided from the configuration before any "
+        "boot: no server was started for this benchmark."))
+    return outcome
+
+
+# --------------------------------------------------------------------------- the gate
+
+
 class BenchGate:
     """Bound to one server and one test; ``run()`` measures, compares and records."""
 
@@ -50,7 +252,9 @@ class BenchGate:
                  results_dir: Path, save: bool, allow_confounded: bool, test_id: str, key_test: str | None = None,
                  record: Callable[[dict[str, Any]], None], fail: Callable[[str], None],
                  pool: ServerPool | None = None,
-                 skip: Callable[[str], None] | None = None, say: Callable[[str], None] | None = None) -> None:
+                 skip: Callable[[str], None] | None = None, say: Callable[[str], None] | None = None,
+                 inconclusive: str = "warn", record_command: str | None = None,
+                 correctness_failed: Callable[[str], list[dict[str, str]]] | None = None) -> None:
         self.server = server
         self.cfg = cfg
         self.options = options
@@ -66,6 +270,11 @@ class BenchGate:
         self.skip = skip
         self.pool = pool
         self.say = say or (lambda msg: None)
+        if inconclusive not in INCONCLUSIVE_POLICIES:
+            raise ValueError(f"inconclusive = {inconclusive!r}: must be one of {', '.join(INCONCLUSIVE_POLICIES)}")
+        self.inconclusive = inconclusive
+        self.record_command = record_command or shlex_join(["pytest", "--llmserve-save-baseline", test_id])
+        self.correctness_failed = correctness_failed or (lambda server_id: [])
 
     @property
     def spec(self) -> ServerSpec:
@@ -86,8 +295,11 @@ class BenchGate:
             pass
         return None
 
-    def measure(self, workload: Workload, rounds: int, prompts: Any = None) -> tuple[list[dict[str, float]], Any]:
-        """Run ``rounds`` rounds; raise via ``fail`` on an invalid round."""
+    def measure(self, workload: Workload, rounds: int, prompts: Any = None,
+                outcome: dict[str, Any] | None = None,
+                done: list[dict[str, float]] | None = None) -> tuple[list[dict[str, float]], Any]:
+        """Run ``rounds`` rounds. An invalid round is never a number: the outcome is recorded with its reasons
+        (and the valid rounds before it), then ``fail`` ends the test."""
         from pytest_llmserve.load.prompts import build_prompts
 
         client = self.server.client()
@@ -95,17 +307,36 @@ class BenchGate:
             prompts = build_prompts(workload, tokenize=client.tokenize)
         samples: list[dict[str, float]] = []
         last = None
+        earlier = list(done or [])
         for i in range(rounds):
-            self.say(f"{self.spec.id}: round {i + 1}/{rounds} of workload {workload.name}")
-            last = run_round(self.server, workload, prompts, f"benchmark round {i + 1} on {self.spec.id}", self.fail)
+            number = len(earlier) + i + 1
+            what = f"benchmark round {number} on {self.spec.id}"
+            self.say(f"{self.spec.id}: round {number} of workload {workload.name}")
+
+            def invalid(message: str) -> None:
+                failures = self.correctness_failed(self.spec.id)
+                if failures:  # the likelier explanation of a round that measured nothing
+                    message += f"\n{_correctness_text(failures)}"
+                if outcome is not None:
+                    if failures:
+                        outcome["correctness_failed"] = failures
+                    series = _series(earlier + samples)
+                    outcome.update(verdict="error", error=message.split("\n", 1)[0] + " "
+                                   + " | ".join(_reasons(message)), current=series, rounds=len(earlier + samples),
+                                   message=message)
+                    self._finish(outcome)
+                self.fail(message)
+
+            last = run_round(self.server, workload, prompts, what, invalid)
             samples.append(round_samples(last))
         return samples, last
 
     def run(self, workload: str | None = None) -> dict[str, Any]:
+        from pytest_llmserve.errors import BaselineError
         from pytest_llmserve.evidence.environment import build_context
         from pytest_llmserve.store.baselines import BaselineStore, BenchKey
         from pytest_llmserve.verdicts import stats
-        from pytest_llmserve.verdicts.comparability import comparability
+        from pytest_llmserve.verdicts.comparability import comparability, diff_context
 
         opts = self.options
         wl = self.cfg.workload(workload or opts.workload, where=self.test_id)
@@ -116,50 +347,73 @@ class BenchGate:
         key = BenchKey(test=opts.baseline_test or self.key_test,
                        server=opts.baseline_server or spec.id, workload=wl.name)
         store = BaselineStore(self.store_dir)
+        path = store.path_for(key)
         outcome: dict[str, Any] = {"test": self.test_id, "server": spec.id, "workload": wl.name, "metric": metric,
                                    "higher_is_better": hib, "tolerance": opts.tolerance,
-                                   "baseline_file": str(store.path_for(key)), "context": context,
-                                   "key": key.as_dict()}
+                                   "baseline_file": str(path), "context": context,
+                                   "key": key.as_dict(), "inconclusive_policy": self.inconclusive}
         started = time.monotonic()
-        if self.save:
-            rounds = max(opts.rounds, SAVE_MIN_ROUNDS)
-            samples, last = self.measure(wl, rounds)
-            series = _series(samples)
-            store.save(key, context, series, metric=metric, higher_is_better=hib, run_id=uuid.uuid4().hex[:12],
-                       info={"test": self.test_id, "cross_check": _cross(last)})
-            outcome.update(verdict="saved", current=series, baseline=None, rounds=rounds,
-                           message=f"saved {rounds} rounds as a new baseline record in {store.path_for(key)}",
-                           seconds=time.monotonic() - started, cross_check=_cross(last))
-            self._finish(outcome)
-            return outcome
-        doc = store.load(key)
-        if doc is None:
-            samples, last = self.measure(wl, opts.rounds)
-            series = _series(samples)
-            outcome.update(verdict="no-baseline", current=series, baseline=None, rounds=len(samples),
-                           message=f"no baseline at {store.path_for(key)}; record one with --llmserve-save-baseline",
-                           seconds=time.monotonic() - started, cross_check=_cross(last))
-            self._finish(outcome)
-            return outcome
-        comp = comparability(doc.context, context, opts.variable, self.allow_confounded)
-        outcome["comparability"] = comp.to_dict()
-        if not comp.ok:
-            env_only = all(any(d.key == k or d.key.startswith(k + ".") for k in ENVIRONMENT_KEYS)
-                           for d in comp.confounders)
-            outcome.update(verdict="refused", current=None, baseline=None, rounds=0, message=comp.message,
+        # The stored file is read before anything is measured: an unreadable one is refused at once, for a
+        # comparison and for a save alike (which would refuse to write it only after all its rounds).
+        try:
+            doc = store.load(key)
+        except BaselineError as exc:
+            outcome.update(verdict="error", error=f"baseline unreadable: {exc}", current=None, baseline=None,
+                           rounds=0, message=f"{exc}\nNothing was measured and the file was not written.",
                            seconds=time.monotonic() - started)
             self._finish(outcome)
-            if env_only and self.skip is not None:
-                self.skip(f"no baseline for this environment in {store.path_for(key)} (recorded elsewhere):\n"
-                          f"{comp.message}")
-            self.fail(f"{self.test_id}: {comp.message}\nbaseline: {store.path_for(key)}")
+            self.fail(f"{self.test_id}: {outcome['message']}")
+            return outcome
+        if self.save:
+            if doc is not None and (diffs := diff_context(doc.context, context)):
+                listing = "\n".join(f"  - {d.describe()}" for d in diffs)
+                message = (f"--llmserve-save-baseline refused: {path} holds samples of another context, and "
+                           f"appending would mix incomparable samples:\n{listing}\nNothing was measured. To "
+                           f"record this context instead, run without --llmserve-save-baseline, then: "
+                           f"{accept_command(self.results_dir, self.store_dir, self.test_id)}")
+                outcome.update(verdict="error", error="save refused: the stored baseline has another context",
+                               current=None, baseline=None, rounds=0, message=message,
+                               seconds=time.monotonic() - started)
+                self._finish(outcome)
+                self.fail(f"{self.test_id}: {message}")
+                return outcome
+            return self._save(store, key, context, wl, metric, hib, outcome, started)
+        comp = comparability(doc.context, context, opts.variable, self.allow_confounded) if doc else None
+        if comp is not None:
+            outcome["comparability"] = comp.to_dict()
+        samples, last = self.measure(wl, opts.rounds, outcome=outcome)
+        outcome["cross_check"] = _cross(last)
+        if doc is None or comp is None:
+            series = _series(samples)
+            figure = figure_line(metric, series.get(metric, []))
+            outcome.update(verdict="no-baseline", current=series, baseline=None, rounds=len(samples),
+                           message=f"{figure}; no baseline at {path}; record one with: {self.record_command}",
+                           seconds=time.monotonic() - started)
+            self.say(f"{spec.id}: {figure} (no baseline; record one with: {self.record_command})")
+            self._conclude(outcome)
+            return outcome
+        if not comp.ok:
+            series = _series(samples)
+            figure = figure_line(metric, series.get(metric, []))
+            here = environment_only(comp)
+            command = accept_command(self.results_dir, self.store_dir, self.test_id)
+            reason = (f"no baseline for this environment in {path} (recorded elsewhere)" if here
+                      else "comparison refused")
+            message = (f"{figure}\n{reason}:\n{comp.message}\nbaseline: {path}\n"
+                       f"record a baseline for this context: {command}")
+            outcome.update(verdict="refused", current=series, baseline=None, rounds=len(samples),
+                           message=message, seconds=time.monotonic() - started)
+            self.say(f"{spec.id}: {figure} ({reason})")
+            self._conclude(outcome)
+            if here and self.skip is not None:
+                self.skip(message)
+            self.fail(f"{self.test_id}: {message}")
             return outcome
         base_samples = doc.samples(metric)
-        samples, last = self.measure(wl, opts.rounds)
         verdict = stats.decide(base_samples, [s[metric] for s in samples], higher_is_better=hib,
                                tolerance=opts.tolerance, alpha=opts.alpha, metric=metric)
         while stats.needs_more_rounds(verdict, len(samples), opts.max_rounds):
-            more, last = self.measure(wl, 1)
+            more, last = self.measure(wl, 1, outcome=outcome, done=samples)
             samples.extend(more)
             verdict = stats.decide(base_samples, [s[metric] for s in samples], higher_is_better=hib,
                                    tolerance=opts.tolerance, alpha=opts.alpha, metric=metric)
@@ -167,7 +421,7 @@ class BenchGate:
         outcome.update(verdict=verdict.outcome, verdict_detail=verdict.to_dict(), current=series,
                        baseline={m: v for m, v in doc.latest.samples.items()}, rounds=len(samples),
                        message=verdict.reason, seconds=time.monotonic() - started, cross_check=_cross(last))
-        self._finish(outcome)
+        self._conclude(outcome)
         if verdict.outcome == "regressed":
             base_s = stats.summarize(base_samples)
             cur_s = stats.summarize(series[metric])
@@ -177,12 +431,96 @@ class BenchGate:
                 f"  now:      median {cur_s.median:.3f} over {cur_s.n} rounds {_fmt(series[metric])}\n"
                 f"  change:   {verdict.change:+.1%} (tolerance {opts.tolerance:.0%}, good direction "
                 f"{'up' if hib else 'down'})\n  {verdict.reason}\n  comparison: {comp.label}\n"
-                f"  baseline file: {store.path_for(key)}")
+                f"  baseline file: {path}")
+        if verdict.outcome == "inconclusive":
+            message = (f"{self.test_id}: INCONCLUSIVE after {len(samples)} rounds (max_rounds {opts.max_rounds}): "
+                       f"{verdict.reason}\n  {figure_line(metric, series[metric])}; baseline "
+                       f"{figure_line(metric, base_samples)}\n  policy inconclusive = {self.inconclusive}"
+                       + (" (--llmserve-inconclusive=fail makes this a failure)" if self.inconclusive == "warn"
+                          else ""))
+            self.say(message.splitlines()[0])
+            if self.inconclusive == "fail":
+                self.fail(message)
+            warnings.warn(InconclusiveWarning(message), stacklevel=2)
         return outcome
+
+    def _save(self, store: Any, key: Any, context: dict[str, Any], wl: Workload, metric: str, hib: bool,
+              outcome: dict[str, Any], started: float) -> dict[str, Any]:
+        """Measure a new baseline record: at least SAVE_MIN_ROUNDS rounds, more (up to max_rounds) while the
+        CI of the gated metric's median is wider than the tolerance; saved with a warning if it stays so."""
+        opts = self.options
+        rounds = max(opts.rounds, SAVE_MIN_ROUNDS)
+        cap = max(opts.max_rounds, rounds)
+        samples, last = self.measure(wl, rounds, outcome=outcome)
+        width = median_half_width([s[metric] for s in samples])
+        while width > opts.tolerance and len(samples) < cap:
+            self.say(f"{self.spec.id}: the baseline's median is known to ±{width:.1%}, wider than the tolerance "
+                     f"±{opts.tolerance:.0%}: one more round")
+            more, last = self.measure(wl, 1, outcome=outcome, done=samples)
+            samples.extend(more)
+            width = median_half_width([s[metric] for s in samples])
+        series = _series(samples)
+        figure = figure_line(metric, series[metric])
+        outcome.update(current=series, baseline=None, rounds=len(samples), cross_check=_cross(last),
+                       baseline_ci_half_width=width)
+        failures = self.correctness_failed(self.spec.id)
+        if failures:
+            outcome.update(verdict="error", error=_correctness_text(failures), seconds=time.monotonic() - started,
+                           message=f"{figure}; not saved: {_correctness_text(failures)}")
+            self._finish(outcome)
+            self.fail(f"{self.test_id}: {figure}\nnot saved as a baseline: {_correctness_text(failures)}")
+            return outcome
+        spread_warning = None
+        if width > opts.tolerance:
+            spread_warning = (f"baseline saved with a wide spread: the 95% CI of the {metric} median is ±{width:.1%} "
+                              f"after {len(samples)} rounds (max_rounds {cap}), wider than the tolerance "
+                              f"±{opts.tolerance:.0%}; comparisons against it will often be inconclusive "
+                              "(a loaded machine? record it again when the machine is quiet)")
+        store.save(key, context, series, metric=metric, higher_is_better=hib, run_id=uuid.uuid4().hex[:12],
+                   info={"test": self.test_id, "cross_check": _cross(last), "ci_half_width": width,
+                         **({"warning": spread_warning} if spread_warning else {})})
+        message = f"{figure}; saved {len(samples)} rounds as a new baseline record in {store.path_for(key)}"
+        if spread_warning:
+            message += f"\nWARNING: {spread_warning}"
+        outcome.update(verdict="saved", message=message, seconds=time.monotonic() - started,
+                       **({"warning": spread_warning} if spread_warning else {}))
+        self.say(message.replace("\n", " "))
+        self._finish(outcome)
+        if spread_warning:
+            warnings.warn(BaselineSpreadWarning(f"{self.test_id}: {spread_warning}"), stacklevel=2)
+        return outcome
+
+    def _conclude(self, outcome: dict[str, Any]) -> None:
+        """Record the outcome; a server whose correctness checks failed in this run gets no pass."""
+        failures = self.correctness_failed(self.spec.id)
+        if failures:
+            outcome["correctness_failed"] = failures
+            outcome["error"] = _correctness_text(failures)
+        self._finish(outcome)
+        if failures:
+            figure = figure_line(outcome["metric"], (outcome.get("current") or {}).get(outcome["metric"], []))
+            self.fail(f"{self.test_id}: {figure}\nnot a pass: {_correctness_text(failures)}")
 
     def _finish(self, outcome: dict[str, Any]) -> None:
         self.results_dir.mkdir(parents=True, exist_ok=True)
         self.record(outcome)
+
+
+def _correctness_text(failures: list[dict[str, str]]) -> str:
+    first = failures[0]
+    more = f" and {len(failures) - 1} more" if len(failures) > 1 else ""
+    return (f"the correctness checks of server {first['server']} failed earlier in this run "
+            f"({first['test']}{more}: {first['summary'].splitlines()[0] if first['summary'] else ''})")
+
+
+def _reasons(message: str) -> list[str]:
+    return [line.strip()[2:] for line in message.splitlines() if line.strip().startswith("- ")]
+
+
+def shlex_join(parts: Sequence[str]) -> str:
+    import shlex
+
+    return shlex.join(list(parts))
 
 
 def run_round(server: RunningServer, workload: Workload, prompts: Any, what: str, fail: Callable[[str], Any]) -> Any:
@@ -229,14 +567,18 @@ def render_outcomes(outcomes: list[dict[str, Any]], settings: Settings, wall_s: 
     """Terminal table plus the paths of the written reports."""
     from pytest_llmserve.report.outcome import as_outcomes
     from pytest_llmserve.report.plots import matplotlib_missing
-    from pytest_llmserve.report.session import write_all
+    from pytest_llmserve.report.session import new_run_dir, point_latest, write_all
     from pytest_llmserve.report.text import format_table
 
     items = as_outcomes(outcomes)
     lines = [format_table(items)]
     no_plots = matplotlib_missing()
-    paths = write_all(items, settings.results_dir, bench_json=settings.bench_json, plots=no_plots is None)
+    run_dir = new_run_dir(settings.results_dir)  # never over an earlier run's reports
+    paths = write_all(items, run_dir, bench_json=settings.bench_json, plots=no_plots is None,
+                      run_id=run_dir.name)
+    latest = point_latest(settings.results_dir, run_dir)
     lines += [f"report: {p}" for p in paths]
+    lines.append(f"report: {latest} -> {run_dir.name}")
     if no_plots:
         lines.append(f"report: {no_plots}")
     lines.append(f"suite wall time {wall_s:.1f} s, of which server boots {boot_s:.1f} s")

@@ -53,6 +53,11 @@ class RequestRecord:
     error: str | None = None
     finish_reason: str | None = None
     process: int = 0
+    # Only for the few sampled requests of a round (load.transport.TEXT_SAMPLES): the generated text, each
+    # content chunk's text, and the count of null/non-finite logprobs (None: no logprobs were returned).
+    text: str | None = None
+    token_texts: list[str] | None = None
+    bad_logprobs: int | None = None
 
     @property
     def ok(self) -> bool:
@@ -177,11 +182,55 @@ def invalid_reasons(records: Sequence[RequestRecord], workload: Workload, *,
         reasons.append(f"{len(zero)} of {len(ok)} requests have TPOT = 0 (all chunks in one read): the "
                        "stream was buffered (by a proxy, or the server did not stream): "
                        + _examples([f"request {r.index}" for r in zero]))
+    # Tokens without text: NaN logits decode to a special token (empty text) at every step, and the
+    # server still answers 200 with the requested number of tokens; such a round measures nothing.
+    textless = [r for r in ok if (r.output_tokens or 0) >= 2 and r.chunks > 0 and r.empty_chunks >= r.chunks]
+    if textless:
+        reasons.append(f"{len(textless)} of {len(ok)} requests generated tokens but no text (every content chunk "
+                       "empty: NaN logits decode to an empty special token; see the correctness checks): "
+                       + _examples([f"request {r.index}: {r.output_tokens} tokens, 0 characters"
+                                    for r in textless]))
+    reasons += sample_findings(ok)
     starts = min(r.start for r in records)
     ends = max(r.end for r in records)
     if ends - starts <= 0:
         reasons.append(f"duration {ends - starts!r} s is not positive")
     return reasons
+
+
+def sample_findings(records: Sequence[RequestRecord]) -> list[str]:
+    """What is wrong with the text of the sampled requests (those that kept it): non-finite logprobs where
+    the server returned logprobs, and decode collapse by the coherence oracle
+    (:func:`pytest_llmserve.verdicts.oracles.coherence_findings`, with :data:`SAMPLE_THRESHOLDS`)."""
+    from pytest_llmserve.evidence.client import Completion, TokenLogprob
+    from pytest_llmserve.verdicts.oracles import coherence_findings
+
+    out: list[str] = []
+    for r in records:
+        if r.text is None:
+            continue
+        if r.bad_logprobs:
+            out.append(f"sampled request {r.index}: {r.bad_logprobs} null or non-finite logprob(s) in the stream")
+        if not r.text.strip():
+            continue  # the empty-text check above reports it once, with the others
+        tokens = [TokenLogprob(piece, None) for piece in r.token_texts or []]
+        sample = Completion(request={"prompt": f"benchmark request {r.index}"}, status=200, text=r.text,
+                            tokens=tokens, completion_tokens=r.output_tokens)
+        for finding in coherence_findings(sample, _sample_thresholds()):
+            out.append(f"sampled request {r.index}: decode collapse: {finding.message}")
+    return out
+
+
+def _sample_thresholds() -> Any:
+    from pytest_llmserve.verdicts.oracles import CoherenceThresholds
+
+    # The workload's prompts are seeded word lists, and a healthy small model's greedy continuation of one
+    # often loops (SmolLM2-135M on vLLM CPU: " to the day of the day of the day ...", 4 distinct tokens,
+    # top token 33 %, 4-gram 33 %, compression 9.8x in 64 tokens). So only hard collapse counts here: byte
+    # garbage, one token repeated (a run, most of the output, a period-1 or -2 loop), fewer than two
+    # distinct tokens. The full coherence limits are the correctness suite's (decode_check.coherent()).
+    return CoherenceThresholds(max_compression_ratio=30.0, max_top_ngram_ratio=0.6, max_top_token_ratio=0.6,
+                               max_token_run=24, min_distinct_tokens=2, min_distinct_ratio=0.03)
 
 
 @dataclass(slots=True)

@@ -33,6 +33,7 @@ from pytest_llmserve.load.transport import (
     Transport,
     fetch_text,
     make_transport,
+    parser_for,
     request_body,
 )
 
@@ -130,7 +131,7 @@ async def _execute(base_url: str, model: str, prompts: Sequence[WorkloadPrompt],
     tally = [0, 0, 0]  # done, failed, tokens of finished timed requests
 
     async def one(index: int, body: bytes) -> RequestRecord:
-        parser = StreamParser()
+        parser = parser_for(index)  # a plain StreamParser, or one that keeps the text of a sampled request
         active.add(parser)
         start = perf()
         try:

@@ -26,8 +26,8 @@ from pytest_llmserve.config import Workload
 from pytest_llmserve.load.metrics import RequestRecord
 from pytest_llmserve.load.prompts import WorkloadPrompt
 
-__all__ = ["DEFAULT_TIMEOUT_S", "HttpxTransport", "LeanTransport", "StreamParser", "Transport", "fetch_text",
-           "make_transport", "request_body"]
+__all__ = ["DEFAULT_TIMEOUT_S", "TEXT_SAMPLES", "HttpxTransport", "LeanTransport", "StreamParser",
+           "TextKeepingParser", "Transport", "fetch_text", "make_transport", "parser_for", "request_body"]
 
 Transport = Literal["lean", "httpx"]
 
@@ -232,6 +232,75 @@ class StreamParser:
             ttft=(self.first - start) if ok_times else None, e2e=(self.last - start) if ok_times else None,
             itl=self.itl, output_tokens=self.completion_tokens, prompt_tokens=self.prompt_tokens,
             chunks=self.chunks, empty_chunks=self.empty_chunks, error=error, finish_reason=self.finish_reason)
+
+
+class TextKeepingParser(StreamParser):
+    """A :class:`StreamParser` that also keeps the stream's bytes, for the few sampled requests of a round
+    whose generated text is judged (:func:`pytest_llmserve.load.metrics.sample_findings`).
+
+    Keeping costs one list append per read; the bytes are decoded once, in :meth:`record`, after the
+    request's end time was taken, so the timings of this and every other request are those of a plain
+    StreamParser.
+    """
+
+    __slots__ = ("raw",)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.raw: list[bytes] = []
+
+    def feed(self, data: bytes, ts: float) -> None:
+        if data:
+            self.raw.append(data)
+        StreamParser.feed(self, data, ts)
+
+    def record(self, index: int, start: float, end: float, wall_offset: float) -> RequestRecord:
+        rec = StreamParser.record(self, index, start, end, wall_offset)
+        rec.text, rec.token_texts, rec.bad_logprobs = decode_stream_text(b"".join(self.raw))
+        self.raw = []
+        return rec
+
+
+def decode_stream_text(stream: bytes) -> tuple[str, list[str], int | None]:
+    """The generated text of an SSE stream of completions (or chat) chunks, each content chunk's text
+    (one decode step: a token, or several under speculative decoding), and how many returned logprobs
+    were null or not finite (None when the stream carried no logprobs)."""
+    pieces: list[str] = []
+    bad: int | None = None
+    for line in stream.split(b"\n"):
+        line = line.strip()
+        if line[:5] != b"data:" or line[5:].strip() == _DONE:
+            continue
+        try:
+            event = json.loads(line[5:])
+        except ValueError:
+            continue
+        choices = event.get("choices") if isinstance(event, dict) else None
+        if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+            continue
+        choice = choices[0]
+        text = choice.get("text")
+        if text is None and isinstance(choice.get("delta"), dict):
+            text = choice["delta"].get("content")
+        if choice.get("finish_reason") is not None and not text:
+            continue  # a finish marker, not a decode step
+        pieces.append(text if isinstance(text, str) else "")
+        logprobs = choice.get("logprobs")
+        if isinstance(logprobs, dict) and "token_logprobs" in logprobs:
+            values = logprobs.get("token_logprobs") or []
+            bad = (bad or 0) + sum(1 for v in values if not isinstance(v, int | float) or v != v
+                                   or v in (float("inf"), float("-inf")))
+    return "".join(pieces), pieces, bad
+
+
+# The timed requests whose text a round keeps and judges (global request indices, so one client process
+# keeps them however the requests are spread): two are enough to see collapse, and cost nothing.
+TEXT_SAMPLES = 2
+
+
+def parser_for(index: int) -> StreamParser:
+    """The parser of timed request ``index``: a :class:`TextKeepingParser` for the sampled few."""
+    return TextKeepingParser() if 0 <= index < TEXT_SAMPLES else StreamParser()
 
 
 class _Dechunker:

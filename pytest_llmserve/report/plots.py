@@ -19,6 +19,14 @@ from pytest_llmserve.report.outcome import BenchOutcome
 PLOTS_EXTRA = "pytest-llmserve[plots]"
 
 
+def axis_label(metric: str) -> str:
+    """``output_throughput (tok/s)``, ``median_ttft_ms (ms)``: a metric with its unit."""
+    from pytest_llmserve.metrics import METRICS
+
+    known = METRICS.get(metric)
+    return f"{metric} ({known.unit.replace('tokens/s', 'tok/s')})" if known is not None else metric
+
+
 def matplotlib_missing() -> str | None:
     """None when matplotlib can be imported, else why there are no plots and which extra to install."""
     if importlib.util.find_spec("matplotlib") is not None:
@@ -76,7 +84,7 @@ def plot_throughput_vs_concurrency(
         ax.errorbar(xs, med, yerr=[lo, hi], marker="o", capsize=3, label=server)
     ax.set_xscale("log", base=2)
     ax.set_xlabel("concurrency")
-    ax.set_ylabel(chosen)
+    ax.set_ylabel(axis_label(chosen))
     ax.set_title(f"{chosen} vs concurrency (median, min..max over rounds)")
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize="small")
@@ -137,21 +145,42 @@ def plot_samples(
     return _save(fig, path)
 
 
+def ab_sides(outcome: BenchOutcome) -> tuple[str, str] | None:
+    """The A and B configuration ids of an A/B outcome (its key's server is ``"A|B"``), else None."""
+    a, sep, b = outcome.key.server.partition("|")
+    return (a, b) if sep else None
+
+
 def plot_ab(outcome: BenchOutcome, path: str | os.PathLike[str]) -> Path | None:
-    """Baseline vs current samples of the gated metric; None when either side has none."""
+    """Baseline (or A) vs current (or B) samples of the gated metric; None when either side has none."""
     current = outcome.samples.get(outcome.metric) or []
     if not outcome.baseline_samples or not current:
         return None
     title = f"{outcome.name} {outcome.workload}"
     if outcome.verdict is not None:
         title += f": {outcome.verdict.outcome} ({outcome.verdict.raw_change * 100:+.1f}%)"
+    sides = ab_sides(outcome)
+    names = (f"A: {sides[0]}", f"B: {sides[1]}") if sides else ("baseline", "now")
     return plot_samples(
-        {"baseline": outcome.baseline_samples, "now": current}, path, title=title, ylabel=outcome.metric
+        {names[0]: outcome.baseline_samples, names[1]: current}, path, title=title,
+        ylabel=axis_label(outcome.metric),
     )
 
 
-def _file_stem(o: BenchOutcome) -> str:
-    return o.key.filename[: -len(".json")]
+def _slug(text: str) -> str:
+    import re
+
+    return re.sub(r"[^A-Za-z0-9._=-]+", "_", text).strip("._-")[:60] or "x"
+
+
+def comparison_plot_name(o: BenchOutcome) -> str:
+    """What a comparison plot compares, as its file name: ``baseline-vs-current-<test>-<server>-<hash>.png``
+    or ``<A>-vs-<B>-<test>-<hash>.png`` (the key's hash keeps names unique)."""
+    test = _slug(o.key.test.rsplit("::", 1)[-1].split("[", 1)[0])
+    sides = ab_sides(o)
+    if sides:
+        return f"{_slug(sides[0])}-vs-{_slug(sides[1])}-{test}-{o.key.digest}.png"
+    return f"baseline-vs-current-{test}-{_slug(o.server_id)}-{o.key.digest}.png"
 
 
 def write_plots(outcomes: Sequence[BenchOutcome], out_dir: str | os.PathLike[str]) -> list[Path]:
@@ -168,7 +197,7 @@ def write_plots(outcomes: Sequence[BenchOutcome], out_dir: str | os.PathLike[str
     if cdf:
         written.append(cdf)
     for o in outcomes:
-        ab = plot_ab(o, out / f"ab-{_file_stem(o)}.png")
+        ab = plot_ab(o, out / comparison_plot_name(o))
         if ab:
             written.append(ab)
     return written

@@ -1,9 +1,17 @@
 """Every report of a session in one call: results JSON, Markdown and text summaries, pytest-benchmark JSON,
-plots, and the GitHub Actions job summary."""
+plots, and the GitHub Actions job summary; and where they go.
+
+Each run's reports go to a directory of their own, ``<results_dir>/runs/<UTC time>-<random>/``
+(:func:`new_run_dir`), never over an earlier run's; ``<results_dir>/latest`` points at the newest (a
+relative symlink, or, where symlinks cannot be made, a ``latest.txt`` holding the directory's path
+relative to ``results_dir``: :func:`point_latest`, :func:`latest_run_dir`)."""
 
 from __future__ import annotations
 
+import contextlib
+import datetime as _dt
 import os
+import uuid
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -47,3 +55,56 @@ def write_all(
         with open(step_summary, "a", encoding="utf-8") as fh:
             fh.write(markdown)
     return written
+
+
+RUNS_DIR = "runs"
+LATEST = "latest"
+LATEST_TXT = "latest.txt"
+
+
+def new_run_dir(results_dir: str | os.PathLike[str]) -> Path:
+    """A new, empty directory for this run's reports: ``<results_dir>/runs/<UTC time>-<random>``."""
+    stamp = _dt.datetime.now(_dt.UTC).strftime("%Y%m%dT%H%M%SZ")
+    runs = Path(results_dir) / RUNS_DIR
+    runs.mkdir(parents=True, exist_ok=True)
+    while True:
+        path = runs / f"{stamp}-{uuid.uuid4().hex[:6]}"
+        try:
+            path.mkdir()  # never an existing one: two runs in the same second get different names
+        except FileExistsError:
+            continue
+        return path
+
+
+def point_latest(results_dir: str | os.PathLike[str], run_dir: str | os.PathLike[str]) -> Path:
+    """Make ``<results_dir>/latest`` point at ``run_dir`` (atomically replaced); where a symlink cannot be
+    made, write ``latest.txt`` instead. Returns the pointer written."""
+    root = Path(results_dir)
+    target = os.path.relpath(run_dir, root)
+    link = root / LATEST
+    tmp = root / f".{LATEST}.{uuid.uuid4().hex[:8]}.tmp"
+    try:
+        os.symlink(target, tmp, target_is_directory=True)
+        if link.exists() and not link.is_symlink():
+            raise OSError(f"{link} exists and is not a symlink")  # a user's own file or directory: keep it
+        os.replace(tmp, link)
+    except (OSError, NotImplementedError):
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        text = root / LATEST_TXT
+        text.write_text(target + "\n", encoding="utf-8")
+        return text
+    with contextlib.suppress(OSError):
+        (root / LATEST_TXT).unlink()  # a stale fallback would contradict the link
+    return link
+
+
+def latest_run_dir(results_dir: str | os.PathLike[str]) -> Path | None:
+    """The newest run's report directory, by the ``latest`` pointer; None when there is none."""
+    root = Path(results_dir)
+    link = root / LATEST
+    if link.is_symlink() or link.is_dir():
+        return link.resolve()
+    with contextlib.suppress(OSError):
+        return (root / (root / LATEST_TXT).read_text(encoding="utf-8").strip()).resolve()
+    return None

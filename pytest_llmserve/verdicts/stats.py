@@ -146,6 +146,22 @@ def summarize(samples: Sequence[float]) -> Summary:
     )
 
 
+def median_ci(samples: Sequence[float], *, confidence: float = 0.95, n_resamples: int = DEFAULT_RESAMPLES,
+              seed: int = 0) -> tuple[float, float]:
+    """Seeded percentile-bootstrap CI of the median of one set of samples (how well a baseline knows it)."""
+    values = _check_samples(samples, "median_ci")
+    if len(values) == 1:
+        return values[0], values[0]
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    data = np.asarray(values, dtype=float)
+    medians = np.median(data[rng.integers(0, data.size, size=(n_resamples, data.size))], axis=1)
+    tail = (1.0 - confidence) / 2.0 * 100.0
+    low, high = np.percentile(medians, [tail, 100.0 - tail])
+    return float(low), float(high)
+
+
 def min_attainable_p(n_baseline: int, n_current: int) -> float:
     """Smallest one-sided p an exact Mann-Whitney test can give: 1 / C(n + m, n) (complete separation)."""
     return 1.0 / math.comb(n_baseline + n_current, n_baseline)

@@ -251,7 +251,7 @@ def test_plots(tmp_path: Path) -> None:
     names = sorted(p.name for p in written)
     assert "output_throughput-vs-concurrency.png" in names
     assert "latency-cdf.png" in names
-    assert sum(name.startswith("ab-") for name in names) == 3
+    assert sum(name.startswith("baseline-vs-current-") for name in names) == 3
     for path in written:
         assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         assert path.stat().st_size > 1000
@@ -324,7 +324,7 @@ def test_write_all_from_gate_dicts(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     paths = write_all(items, tmp_path / "results", bench_json=tmp_path / "bench.json", github_summary=True)
     names = {p.name for p in paths}
     assert {"results.json", "summary.md", "summary.txt", "bench.json"} <= names
-    assert any(name.startswith("ab-") for name in names)
+    assert any(name.startswith("baseline-vs-current-test_throughput-") for name in names)
     _, back = read_results_json(tmp_path / "results" / "results.json")
     assert [o.status for o in back] == ["regressed", "regressed"]
     assert back[0].key.test == "tests/test_perf.py::test_throughput"
@@ -352,7 +352,8 @@ def test_without_matplotlib_the_other_reports_are_written_and_the_extra_is_named
     settings = SimpleNamespace(results_dir=tmp_path / "results", bench_json=None)
     text = render_outcomes(items, settings, wall_s=3.0, boot_s=1.0)  # type: ignore[arg-type]  # duck-typed
     assert "install the plots extra: pip install 'pytest-llmserve[plots]'" in text
-    assert (tmp_path / "results" / "results.json").exists() and not (tmp_path / "results" / "plots").exists()
+    latest = tmp_path / "results" / "latest"  # this run's own directory, by the latest pointer
+    assert (latest / "results.json").exists() and not (latest / "plots").exists()
     assert text.splitlines()[2].startswith("test_throughput[srv]  smoke") and "REGRESSED" in text
     with pytest.raises(ImportError, match=r"pytest-llmserve\[plots\]"):
         write_plots([outcome()], tmp_path / "plots")
