@@ -5,6 +5,7 @@ found in SGLang 0.5.23 and 0.5.15 sources that no recorded log has yet."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 from pytest_llmserve.config import CudaGraphSpec, ServerSpec
@@ -183,3 +184,25 @@ def test_sglang_gets_a_port_its_derived_grpc_port_fits_beside() -> None:
     assert adapter_named("sglang").highest_port == 55535
     for _ in range(20):
         assert 1024 < procs.free_port("127.0.0.1", highest=55535) <= 55535
+
+
+def test_real_sglang_run_on_the_real_model_proves_graph_use_for_every_batch_size() -> None:
+    """The built-in suite on the H200 (SGLang 0.5.15, SmolLM2-135M-Instruct bf16, --decode-log-interval 1 added by the
+    adapter): every decode step of 1..8 running requests replayed a graph; the 60 steps at 9 (above the largest
+    captured size, the suite's bs=9-above-max-8 case) ran eager, as they must."""
+    facts = parse_sglang_log(recorded("real_sglang_0.5.15_h200_smollm2_graphs_interval1.log"))
+    assert facts.captured_batch_sizes == (1, 2, 4, 8)
+    assert facts.graph_use_by_size[9] == {"on": 0, "off": 60}
+    assert all(use["off"] == 0 and use["on"] > 0 for size, use in facts.graph_use_by_size.items() if size <= 8)
+    assert set(facts.graph_use_by_size) >= {1, 2, 3, 4, 5, 8}  # captured sizes and padded ones in between
+    spec = ServerSpec(name="s", engine="sglang", model="/m", attention_backend="triton", cuda_graph=GRAPHS_1_8,
+                      mem_fraction=0.3, seed=0)
+    result = checks("sglang", spec, facts)
+    used = result["cuda_graph.used_in_decode"]
+    assert used.status == "pass" and "60 step(s) above the largest captured size 8 not counted" in used.note
+    # The same log with one in-range step (3 running requests) turned eager is caught.
+    original = recorded("real_sglang_0.5.15_h200_smollm2_graphs_interval1.log")
+    log = re.sub(r"(#running-req: 3, #token: \d+, token usage: [\d.]+, cuda graph: )True", r"\1False", original, count=1)
+    assert log != original
+    broken = checks("sglang", spec, parse_sglang_log(log))["cuda_graph.used_in_decode"]
+    assert broken.status == "fail" and "bs 3: 1 step(s)" in broken.observed
