@@ -38,6 +38,9 @@ class EngineAdapter(ABC):
     server_info_path: str | None = None
     #: Prefix of the engine's Prometheus metric names ("vllm:"), to recognise an attached server's engine.
     metrics_prefix: str | None = None
+    #: Log lines (engine, pattern, meaning) and Prometheus counters by which the engine reports NaN.
+    nan_log_patterns: tuple[tuple[str, re.Pattern[str], str], ...] = ()
+    nan_counters: tuple[str, ...] = ()
     #: The highest port the server may be given (an engine that derives other ports from it needs headroom).
     highest_port: int = 65535
     #: A line only this engine writes, to recognise its log (``llmserve facts`` without ``--engine``).

@@ -15,6 +15,13 @@ class ExternalAdapter(EngineAdapter):
     name = "external"
     launches = False
 
+    def __init__(self) -> None:
+        # The engine behind a URL is unknown: its NaN counters may be any engine's.
+        from pytest_llmserve.engines import ADAPTERS, adapter_named
+
+        self.nan_counters = tuple(counter for engine in ADAPTERS if engine not in ("external", "command")
+                                  for counter in adapter_named(engine).nan_counters)
+
     def launch_plan(self, spec: ServerSpec, host: str, port: int) -> LaunchPlan:
         assert spec.url
         model = spec.served_model_name or spec.model or _first_model(spec.url, spec.api_key) or "default"

@@ -20,6 +20,7 @@ from typing import Any
 
 __all__ = [
     "DecodeBatch",
+    "NanLogPattern",
     "ServerFacts",
     "as_bool",
     "as_float",
@@ -36,6 +37,9 @@ __all__ = [
     "split_top_level",
 ]
 
+
+#: A log line that reports NaN: (engine, pattern, what it means). Engines declare theirs; the oracles scan for them.
+NanLogPattern = tuple[str, "re.Pattern[str]", str]
 
 # At most this many evidence lines are kept per fact (first and last half): a decode line every
 # 40 iterations for an hour would otherwise make reports unreadable.

@@ -86,7 +86,9 @@ class DecodeCheck:
         """Greedy requests with logprobs; NaN evidence from responses, metrics and the server log."""
         offset = len(self.server.log_text())
         with self._client() as client:
-            report = oracles.run_nan_check(client, self.spec.id, read_log=self._log_since(offset))
+            adapter = self.server.adapter
+            report = oracles.run_nan_check(client, self.spec.id, read_log=self._log_since(offset),
+                                           log_patterns=adapter.nan_log_patterns, nan_counters=adapter.nan_counters)
         return self._conclude(report)
 
     def known_answers(self, probes: Sequence[oracles.KnownAnswer] | None = None) -> DecodeCheck:

@@ -25,6 +25,7 @@ from typing import Any, Literal, TypeVar
 
 from pytest_llmserve.errors import RequestError
 from pytest_llmserve.evidence.client import Completion, LLMClient, TokenLogprob
+from pytest_llmserve.evidence.facts import NanLogPattern
 
 Severity = Literal["error", "warning"]
 _T = TypeVar("_T")
@@ -48,25 +49,12 @@ _NAN_BODY_RE = re.compile(
     re.IGNORECASE,
 )
 
-# Engine log lines that report NaN. (engine, pattern, what it means)
-NAN_LOG_PATTERNS: tuple[tuple[str, re.Pattern[str], str], ...] = (
-    ("vllm", re.compile(r"Corrupted:\s*([1-9][\d,]*)\s*reqs"),
-     "vLLM counted requests with NaN in the logits (VLLM_COMPUTE_NANS_IN_LOGITS=1)"),
-    ("vllm", re.compile(re.escape(JSON_NAN_ERROR)),
-     "a response held NaN/inf and could not be serialized (vLLM answers HTTP 400)"),
-    ("sglang", re.compile(r"Detected errors during sampling! NaN in the logits"),
-     "SGLang --enable-nan-detection saw NaN in the logits (0.5.9)"),
-    ("sglang", re.compile(r"NaN detected in \S"),
-     "SGLANG_SANITIZE_NAN_LOGITS replaced NaN logits before sampling (the output is garbage)"),
-    ("sglang", re.compile(r"NaN detected!"),
-     "SGLang's NaN assert fired (SGLANG_ENABLE_NAN_LOGITS_CHECK / SGLANG_ENABLE_ASYNC_ASSERT)"),
-    ("sglang", re.compile(re.escape(SGLANG_NAN_FINISH)),
-     "SGLang finished a request because the sampled token id was out of range (NaN logits)"),
+# Log lines that report NaN whatever the engine: (source, pattern, what it means). Each engine's own lines and NaN
+# counters are in its folder (engines/<engine>/facts.py) and reach these functions through its adapter.
+GENERIC_NAN_LOG_PATTERNS: tuple[NanLogPattern, ...] = (
     ("torch", re.compile(r"probability tensor contains either `?inf`?, `?nan`? or element < 0"),
      "torch.multinomial was given NaN/inf probabilities"),
 )
-# Prometheus counters of NaN requests: vllm:corrupted_requests ("Requests with NaNs in logits").
-NAN_METRICS = ("vllm:corrupted_requests",)
 
 # A greedy token whose logprob is this far below the best alternative was not the argmax: the logprobs
 # belong to other logits than the ones sampled from (e.g. rows mixed up inside a batch).
@@ -373,17 +361,19 @@ def response_findings(c: Completion, *, probe: str = "", text_symptoms: bool = T
             + transport_findings(c, probe=probe))
 
 
-def nan_in_log(lines: Iterable[str], *, limit_per_pattern: int = 3) -> list[Finding]:
-    """NaN reports in engine log lines (vLLM and SGLang patterns in :data:`NAN_LOG_PATTERNS`)."""
+def nan_in_log(lines: Iterable[str], patterns: Sequence[NanLogPattern] = (), *,
+               limit_per_pattern: int = 3) -> list[Finding]:
+    """NaN reports in server log lines: the engine's ``patterns`` and :data:`GENERIC_NAN_LOG_PATTERNS`."""
+    all_patterns = (*patterns, *GENERIC_NAN_LOG_PATTERNS)
     hits: dict[int, list[tuple[int, str]]] = {}
     for number, line in enumerate(lines, 1):
-        for index, (_, pattern, _) in enumerate(NAN_LOG_PATTERNS):
+        for index, (_, pattern, _) in enumerate(all_patterns):
             if pattern.search(line):
                 hits.setdefault(index, []).append((number, line.rstrip()[:400]))
                 break
     findings: list[Finding] = []
     for index, found in sorted(hits.items()):
-        engine, _, meaning = NAN_LOG_PATTERNS[index]
+        engine, _, meaning = all_patterns[index]
         shown = "\n".join(f"    line {n}: {text}" for n, text in found[:limit_per_pattern])
         more = f"\n    ... {len(found) - limit_per_pattern} more" if len(found) > limit_per_pattern else ""
         findings.append(Finding("nan", "error", f"{engine} log reports NaN ({len(found)} line(s)): "
@@ -399,11 +389,11 @@ def _metric_totals(text: str, names: Sequence[str]) -> dict[str, float]:
     return {name: value for name, value in totals.items() if value is not None}
 
 
-def nan_in_metrics(after: str, before: str | None = None) -> list[Finding]:
+def nan_in_metrics(after: str, before: str | None = None, counters: Sequence[str] = ()) -> list[Finding]:
     """NaN counters on the Prometheus page (``vllm:corrupted_requests``; needs VLLM_COMPUTE_NANS_IN_LOGITS=1):
     an increase since ``before``, or any non-zero value when there is no ``before``."""
-    now = _metric_totals(after, NAN_METRICS)
-    then = _metric_totals(before, NAN_METRICS) if before is not None else {}
+    now = _metric_totals(after, counters)
+    then = _metric_totals(before, counters) if before is not None else {}
     findings = []
     for name, value in sorted(now.items()):
         delta = value - then.get(name, 0.0)
@@ -939,7 +929,8 @@ def _transport_failure(exc: RequestError, probe: str) -> Finding:
 
 def run_nan_check(client: LLMClient, server_id: str, *, prompts: Sequence[ProbePrompt] = DEFAULT_NAN_PROMPTS,
                   max_tokens: int = 32, logprobs: int = DEFAULT_LOGPROBS,
-                  read_log: Callable[[], Iterable[str]] | None = None) -> OracleReport:
+                  read_log: Callable[[], Iterable[str]] | None = None,
+                  log_patterns: Sequence[NanLogPattern] = (), nan_counters: Sequence[str] = ()) -> OracleReport:
     """Greedy requests with logprobs on each prompt, a one-token request, and the engine's own
     NaN counters (/metrics before and after) and log lines (``read_log``: the lines written since the
     check began, e.g. from the server's log file)."""
@@ -969,9 +960,9 @@ def run_nan_check(client: LLMClient, server_id: str, *, prompts: Sequence[ProbeP
                                  probe="nan-check[max_tokens=1]")])
     after = client.metrics_text()
     if after is not None:
-        report.add(nan_in_metrics(after, before))
+        report.add(nan_in_metrics(after, before, nan_counters))
     if read_log is not None:
-        report.add(nan_in_log(read_log()))
+        report.add(nan_in_log(read_log(), log_patterns))
     return report
 
 

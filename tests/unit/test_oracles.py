@@ -11,6 +11,7 @@ from typing import Any
 import httpx
 import pytest
 
+from pytest_llmserve.engines import adapter_named
 from pytest_llmserve.errors import RequestError
 from pytest_llmserve.evidence.client import Completion, LLMClient, TokenLogprob
 from pytest_llmserve.verdicts.oracles import (
@@ -252,24 +253,28 @@ def test_nan_in_log_lines() -> None:
         "ValueError: Out of range float values are not JSON compliant: nan",
         "INFO: 127.0.0.1 - \"POST /v1/completions HTTP/1.1\" 200 OK",
     ]
-    found = nan_in_log(lines)
+    patterns = adapter_named("vllm").nan_log_patterns + adapter_named("sglang").nan_log_patterns
+    found = nan_in_log(lines, patterns)
     text = "\n".join(f.message for f in found)
     assert len(found) == 5
     assert "line 3" in text
     assert "line 2:" not in text
     assert "SGLANG_SANITIZE_NAN_LOGITS" in text
     assert "torch.multinomial" in text
-    assert nan_in_log(lines[:2] + lines[-1:]) == []
+    assert nan_in_log(lines[:2] + lines[-1:], patterns) == []
+    assert len(nan_in_log(lines)) == 1  # without an engine's patterns only the generic torch line
 
 
 def test_nan_in_metrics_counts_increase() -> None:
     before = ('# HELP vllm:corrupted_requests_total Corrupted requests\n'
               'vllm:corrupted_requests_total{engine="0",model_name="m"} 1.0\n')
     after = before.replace("} 1.0", "} 4.0")
-    assert "rose by 3" in nan_in_metrics(after, before)[0].message
-    assert nan_in_metrics(before, before) == []
-    assert nan_in_metrics('vllm:corrupted_requests_total{engine="0"} 0.0\n') == []
-    assert nan_in_metrics("vllm:num_requests_running 3\n") == []
+    counters = adapter_named("vllm").nan_counters
+    assert "rose by 3" in nan_in_metrics(after, before, counters)[0].message
+    assert nan_in_metrics(before, before, counters) == []
+    assert nan_in_metrics('vllm:corrupted_requests_total{engine="0"} 0.0\n', counters=counters) == []
+    assert nan_in_metrics("vllm:num_requests_running 3\n", counters=counters) == []
+    assert adapter_named("external").nan_counters == counters  # an attached server is checked for every engine's
 
 
 # --------------------------------------------------------------------------------------------------
@@ -606,7 +611,9 @@ def test_run_nan_check_healthy_and_every_request_asks_for_logprobs() -> None:
 def test_run_nan_check_catches_400_metrics_and_log() -> None:
     server = FakeServer(nan_prompts=("The three primary colors are",), corrupted_after=2.0)
     report = run_nan_check(client_for(server), "default[eager=off]",
-                           read_log=lambda: ["Detected errors during sampling! NaN in the logits."])
+                           read_log=lambda: ["Detected errors during sampling! NaN in the logits."],
+                           log_patterns=adapter_named("sglang").nan_log_patterns,
+                           nan_counters=adapter_named("vllm").nan_counters)
     assert not report.ok
     message = report.message("default[eager=off]")
     assert "nan-check FAILED on server default[eager=off]" in message

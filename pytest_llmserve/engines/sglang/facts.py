@@ -11,6 +11,7 @@ from typing import Any
 
 from pytest_llmserve.evidence.facts import (
     DecodeBatch,
+    NanLogPattern,
     ServerFacts,
     as_bool,
     as_float,
@@ -25,6 +26,18 @@ from pytest_llmserve.evidence.facts import (
     split_top_level,
 )
 from pytest_llmserve.evidence.prometheus import MetricSamples, metric_line
+
+# NaN as SGLang reports it in its log: (engine, pattern, meaning).
+NAN_LOG_PATTERNS: tuple[NanLogPattern, ...] = (
+    ("sglang", re.compile(r"Detected errors during sampling! NaN in the logits"),
+     "SGLang --enable-nan-detection saw NaN in the logits (0.5.9)"),
+    ("sglang", re.compile(r"NaN detected in \S"),
+     "SGLANG_SANITIZE_NAN_LOGITS replaced NaN logits before sampling (the output is garbage)"),
+    ("sglang", re.compile(r"NaN detected!"),
+     "SGLang's NaN assert fired (SGLANG_ENABLE_NAN_LOGITS_CHECK / SGLANG_ENABLE_ASYNC_ASSERT)"),
+    ("sglang", re.compile(re.escape("NaN happened")),
+     "SGLang finished a request because the sampled token id was out of range (NaN logits)"),
+)
 
 _SGL_TS = re.compile(r"^\s*\[(\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2})")
 # 0.5.9 / 0.5.15: server_args=ServerArgs(model_path='...', ...); 0.5.23: server_args={'model_path': '...', ...}.

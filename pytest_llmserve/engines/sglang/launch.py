@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from pytest_llmserve.engines.base import EngineAdapter, LaunchPlan
+from pytest_llmserve.engines.sglang.facts import NAN_LOG_PATTERNS as SGLANG_NAN_LOG_PATTERNS
 from pytest_llmserve.errors import ConfigError, ServerStartError
 
 if TYPE_CHECKING:
@@ -515,6 +516,7 @@ class SGLangAdapter(EngineAdapter):
     name = "sglang"
     generation_counter = "sglang:generation_tokens_total"
     metrics_prefix = "sglang:"
+    nan_log_patterns = SGLANG_NAN_LOG_PATTERNS
     # 0.5.15 opens a gRPC port at --port + 10000 and refuses to start when that is above 65535 (seen on the H200:
     # "SGLANG_GRPC_PORT (66707) must be between 1 and 65535").
     highest_port = 55535

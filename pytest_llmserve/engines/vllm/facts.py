@@ -9,6 +9,7 @@ from datetime import datetime
 from typing import Any
 
 from pytest_llmserve.evidence.facts import (
+    NanLogPattern,
     ServerFacts,
     as_bool,
     as_float,
@@ -22,6 +23,15 @@ from pytest_llmserve.evidence.facts import (
     split_lines,
 )
 from pytest_llmserve.evidence.prometheus import MetricSamples, metric_line
+
+# NaN as vLLM reports it: (engine, pattern, meaning) lines and the Prometheus counter of NaN requests.
+NAN_LOG_PATTERNS: tuple[NanLogPattern, ...] = (
+    ("vllm", re.compile(r"Corrupted:\s*([1-9][\d,]*)\s*reqs"),
+     "vLLM counted requests with NaN in the logits (VLLM_COMPUTE_NANS_IN_LOGITS=1)"),
+    ("vllm", re.compile(re.escape("Out of range float values are not JSON compliant")),
+     "a response held NaN/inf and could not be serialized (vLLM answers HTTP 400)"),
+)
+NAN_COUNTERS = ("vllm:corrupted_requests",)  # "Requests with NaNs in logits"
 
 _VLLM_TS = re.compile(r"\b(?:DEBUG|INFO|WARNING|ERROR|CRITICAL)\s+(\d\d-\d\d \d\d:\d\d:\d\d)\b")
 _VLLM_CONFIG = re.compile(r"Initializing an? (?:V1 )?LLM engine \(v?([^)]*)\) with config: (.*)$")

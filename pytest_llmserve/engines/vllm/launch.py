@@ -26,6 +26,8 @@ from typing import TYPE_CHECKING, Any
 
 from pytest_llmserve.config import ServerSpec
 from pytest_llmserve.engines.base import EngineAdapter, LaunchPlan
+from pytest_llmserve.engines.vllm.facts import NAN_COUNTERS as VLLM_NAN_COUNTERS
+from pytest_llmserve.engines.vllm.facts import NAN_LOG_PATTERNS as VLLM_NAN_LOG_PATTERNS
 from pytest_llmserve.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -36,6 +38,8 @@ class VLLMAdapter(EngineAdapter):
     name = "vllm"
     generation_counter = "vllm:generation_tokens_total"
     metrics_prefix = "vllm:"
+    nan_log_patterns = VLLM_NAN_LOG_PATTERNS
+    nan_counters = VLLM_NAN_COUNTERS
     log_signature = re.compile(
         r"vLLM API server version|Initializing an? (?:V1 )?LLM engine|[█▀▄\s]+version \d|Starting vLLM")
 
