@@ -567,10 +567,15 @@ def preflight_gpus(
     result.devices = [g.index for g in used]
     ignored = set(ignore_pids)
     for gpu in used:
+        # This run's own servers (an A/B keeps two up) are not what makes a GPU unclean: their memory is counted
+        # as free for the check, the rest must be.
+        ours = sum(p.used_memory_mib or 0 for p in snap.processes if p.pid in ignored
+                   and (p.gpu_index == gpu.index or (p.gpu_index is None and p.gpu_uuid == gpu.uuid)))
         need_mib = max(min_free_mib or 0, int(gpu.memory_total_mib * min_free_fraction))
-        if gpu.memory_free_mib < need_mib:
+        if gpu.memory_free_mib + ours < need_mib:
             result.problems.append(
                 f"{gpu.describe()}: less than the {need_mib} MiB free needed to boot {spec.id} on a clean GPU"
+                + (f" ({ours} MiB held by this run's other servers counted as free)" if ours else "")
             )
     holders = [
         p
