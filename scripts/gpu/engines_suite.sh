@@ -146,7 +146,7 @@ case "$call" in
     # The memory-fraction confounder: c4 saved vllm-eager's throughput baseline at 0.3; compare a run at 0.35.
     need "$RUN/baselines" "the baselines saved in call c4"
     write_config "$RUN/vllm-mem-0.35" 0.35
-    run_pytest mem-compare "$RUN/vllm-mem-0.35" 150 -m gpu --llmserve-suite --llmserve-server vllm-eager \
+    [ "${SKIP_MEM:-0}" = 1 ] || run_pytest mem-compare "$RUN/vllm-mem-0.35" 150 -m gpu --llmserve-suite --llmserve-server vllm-eager \
       -k throughput --llmserve-baseline-dir "$RUN/baselines" | tee "$RUN/mem-compare.out"
     if grep -q "refused" "$RUN/mem-compare.out" && grep -q "mem_fraction" "$RUN/mem-compare.out"; then
       say "EXPECTED: the comparison at mem_fraction 0.35 against the 0.3 baseline was refused with the diff"
