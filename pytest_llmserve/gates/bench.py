@@ -27,7 +27,7 @@ from pytest_llmserve.metrics import higher_is_better
 if TYPE_CHECKING:
     from pytest_llmserve.server.handle import RunningServer
     from pytest_llmserve.server.pool import ServerPool
-    from pytest_llmserve.settings import BenchSpec, Settings
+    from pytest_llmserve.settings import BenchSpec
 
 ENVIRONMENT_KEYS = ("hardware", "python", "plugin_version")
 SAVE_MIN_ROUNDS = 5  # at 5 vs 3+ samples an exact one-sided Mann-Whitney test can reach p < 0.05
@@ -223,24 +223,6 @@ def _cross(result: Any) -> Any:
 
 def _fmt(values: list[float]) -> str:
     return "[" + ", ".join(f"{v:.2f}" for v in values) + "]"
-
-
-def render_outcomes(outcomes: list[dict[str, Any]], settings: Settings, wall_s: float, boot_s: float) -> str:
-    """Terminal table plus the paths of the written reports."""
-    from pytest_llmserve.report.outcome import as_outcomes
-    from pytest_llmserve.report.plots import matplotlib_missing
-    from pytest_llmserve.report.session import write_all
-    from pytest_llmserve.report.text import format_table
-
-    items = as_outcomes(outcomes)
-    lines = [format_table(items)]
-    no_plots = matplotlib_missing()
-    paths = write_all(items, settings.results_dir, bench_json=settings.bench_json, plots=no_plots is None)
-    lines += [f"report: {p}" for p in paths]
-    if no_plots:
-        lines.append(f"report: {no_plots}")
-    lines.append(f"suite wall time {wall_s:.1f} s, of which server boots {boot_s:.1f} s")
-    return "\n".join(lines)
 
 
 class ABRunner:
