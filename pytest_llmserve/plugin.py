@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from pytest_llmserve import xdist_hooks
+from pytest_llmserve import report_hooks, xdist_hooks
 from pytest_llmserve.config import LLMServeConfig, ServerSpec
 from pytest_llmserve.errors import ConfigError, LLMServeError, ServerError
 from pytest_llmserve.gates.accounting import Accounting
@@ -46,6 +46,7 @@ if TYPE_CHECKING:
     from pytest_llmserve.evidence.client import LLMClient
     from pytest_llmserve.gates.bench import ABRunner, BenchGate
     from pytest_llmserve.gates.decode import DecodeCheck
+    from pytest_llmserve.report.checks import CheckOutcome
     from pytest_llmserve.server.handle import RunningServer
     from pytest_llmserve.server.pool import ServerPool
 
@@ -392,6 +393,9 @@ def decode_check(llm_server: RunningServer, request: pytest.FixtureRequest) -> D
         finally:
             pool.max_alive = before
 
+    node = request.node
+    assert isinstance(node, pytest.Item)
+
     def fail(message: str) -> None:
         # Noted for the run's benchmarks of this server (any xdist worker): their figures are not a pass.
         from pytest_llmserve.gates.bench import record_correctness_failure
@@ -399,7 +403,8 @@ def decode_check(llm_server: RunningServer, request: pytest.FixtureRequest) -> D
         record_correctness_failure(config.stash[STATE_KEY].run_dir, current.id, request.node.nodeid, message)
         _fail(message)
 
-    return DecodeCheck(llm_server, fail=fail, skip=_skip, reference_server=reference_server)
+    return DecodeCheck(llm_server, fail=fail, skip=_skip, reference_server=reference_server,
+                       verbose=config.option.verbose, record=report_hooks.oracle_recorder(node))
 
 
 @pytest.fixture
@@ -536,6 +541,9 @@ def _skip(message: str) -> None:
 def pytest_runtest_makereport(item: pytest.Item,
                               call: pytest.CallInfo[None]) -> Generator[None, pytest.TestReport, pytest.TestReport]:
     report = yield
+    if STATE_KEY in item.config.stash:
+        spec = item.stash.get(SPEC_KEY, None) or _item_spec(item)
+        report_hooks.record_verdict(item, call, report, spec.id if spec else None, SUITE_DIR)
     if report.failed and SPEC_KEY in item.stash:
         pool = item.config.stash[STATE_KEY].pool
         if pool is not None:
@@ -557,17 +565,8 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, exitstatu
     from pytest_llmserve.server.pool import read_boots
 
     boots = read_boots(state.run_dir)
-    outcomes = list(state.outcomes)
-    # Every report that may carry an outcome: skipped (no baseline for this environment) and set-up
-    # errors (refused before any boot) too.
-    reports = [r for kind in ("passed", "failed", "skipped", "error") for r in terminalreporter.getreports(kind)]
-    for report in reports:
-        for name, value in getattr(report, "user_properties", []):
-            if name == "llmserve_benchmark":
-                outcome = json.loads(value)
-                if outcome not in outcomes:
-                    outcomes.append(outcome)
-    if not boots and not outcomes:
+    outcomes, checks = _session_verdicts(terminalreporter, state)
+    if not boots and not outcomes and not checks:
         return
     terminalreporter.section("llmserve")
     wall = time.monotonic() - state.session_start
@@ -587,11 +586,22 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, exitstatu
         from pytest_llmserve.gates.accounting import format_report
 
         terminalreporter.write_line("time: " + format_report(state.accounting.report()))
-    if outcomes:
-        from pytest_llmserve.gates.bench import render_outcomes
+    from pytest_llmserve.report.session import render_session
 
-        for line in render_outcomes(outcomes, settings, wall, boot_s).splitlines():
-            terminalreporter.write_line(line)
+    for line in render_session(outcomes, checks, settings.results_dir, bench_json=settings.bench_json,
+                               wall_s=wall, boot_s=boot_s).splitlines():
+        terminalreporter.write_line(line)
+
+
+def _session_verdicts(terminalreporter: pytest.TerminalReporter,
+                      state: RunState) -> tuple[list[dict[str, Any]], list[CheckOutcome]]:
+    """Every benchmark record and check row of the session: from the reports (which, under xdist, come
+    from the workers) and the benchmark records made in this process."""
+    reports = [report for category in terminalreporter.stats.values() for report in category]
+    benches, checks = report_hooks.collected(reports)
+    outcomes = list(state.outcomes)
+    outcomes += [record for record in benches if record not in outcomes]
+    return outcomes, checks
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

@@ -41,7 +41,7 @@ from pytest_llmserve.settings import INCONCLUSIVE_POLICIES
 if TYPE_CHECKING:
     from pytest_llmserve.server.handle import RunningServer
     from pytest_llmserve.server.pool import ServerPool
-    from pytest_llmserve.settings import BenchSpec, Settings
+    from pytest_llmserve.settings import BenchSpec
     from pytest_llmserve.verdicts.comparability import Comparability
 
 ENVIRONMENT_KEYS = ("hardware", "python", "plugin_version")
@@ -561,28 +561,6 @@ def _cross(result: Any) -> Any:
 
 def _fmt(values: list[float]) -> str:
     return "[" + ", ".join(f"{v:.2f}" for v in values) + "]"
-
-
-def render_outcomes(outcomes: list[dict[str, Any]], settings: Settings, wall_s: float, boot_s: float) -> str:
-    """Terminal table plus the paths of the written reports."""
-    from pytest_llmserve.report.outcome import as_outcomes
-    from pytest_llmserve.report.plots import matplotlib_missing
-    from pytest_llmserve.report.session import new_run_dir, point_latest, write_all
-    from pytest_llmserve.report.text import format_table
-
-    items = as_outcomes(outcomes)
-    lines = [format_table(items)]
-    no_plots = matplotlib_missing()
-    run_dir = new_run_dir(settings.results_dir)  # never over an earlier run's reports
-    paths = write_all(items, run_dir, bench_json=settings.bench_json, plots=no_plots is None,
-                      run_id=run_dir.name)
-    latest = point_latest(settings.results_dir, run_dir)
-    lines += [f"report: {p}" for p in paths]
-    lines.append(f"report: {latest} -> {run_dir.name}")
-    if no_plots:
-        lines.append(f"report: {no_plots}")
-    lines.append(f"suite wall time {wall_s:.1f} s, of which server boots {boot_s:.1f} s")
-    return "\n".join(lines)
 
 
 class ABRunner:

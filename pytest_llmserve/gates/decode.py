@@ -3,14 +3,17 @@
     decode_check.no_nan().coherent().cuda_graph_sizes_covered()
 
 Each method runs one oracle (:mod:`pytest_llmserve.verdicts.oracles`) and calls ``fail`` with a message that says
-what was sent, what came back and which server configuration it was. ``skip`` is called when a check
-cannot apply or its evidence does not exist (an *unverifiable* fact is never reported as a pass).
+what was sent, what came back and which server configuration it was: the first findings, each shortened,
+and a count of the rest (every finding in full with ``verbose >= 2``, pytest's ``-vv``). ``skip`` is called
+when a check cannot apply or its evidence does not exist (an *unverifiable* fact is never reported as a
+pass). Before either, ``record`` gets the oracle's verdict and its full evidence, which the plugin puts in
+the check's row of results.json.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Literal
 
 from pytest_llmserve.config import LLMServeConfig, ServerSpec
 from pytest_llmserve.errors import ConfigError, LLMServeError
@@ -38,15 +41,32 @@ def resolve_reference_spec(cfg: LLMServeConfig, reference: str | ServerSpec) -> 
                       f"{', '.join(s.id for s in specs)}; from {cfg.source})")
 
 
+OracleVerdict = Literal["pass", "fail", "unverifiable", "skipped"]
+
+
+def oracle_record(check: str, verdict: OracleVerdict, *, first_finding: str | None = None,
+                  findings: Sequence[oracles.Finding] = (), detail: str | None = None) -> dict[str, Any]:
+    """What one oracle run leaves for the reports (JSON-plain: it crosses xdist workers)."""
+    return {"check": check, "verdict": verdict, "first_finding": first_finding,
+            "findings": [f.to_dict() for f in findings], "detail": detail}
+
+
 class DecodeCheck:
-    """Oracles for one server. ``fail``/``skip`` raise (pytest.fail / pytest.skip in the plugin)."""
+    """Oracles for one server. ``fail``/``skip`` raise (pytest.fail / pytest.skip in the plugin).
+
+    ``verbose``: pytest's verbosity; from 2 (``-vv``) a failure shows every finding in full.
+    ``record``: called with :func:`oracle_record` of each oracle run, before ``fail``/``skip``.
+    """
 
     def __init__(self, server: Any, fail: Callable[[str], None], skip: Callable[[str], None] | None = None, *,
                  long_decode_tokens: int = 256, batch_tokens: int = 32,
-                 reference_server: Callable[[str | ServerSpec], Any] | None = None) -> None:
+                 reference_server: Callable[[str | ServerSpec], Any] | None = None, verbose: int = 0,
+                 record: Callable[[dict[str, Any]], None] | None = None) -> None:
         self.server = server
-        self.fail = fail
-        self.skip = skip or fail
+        self._fail = fail
+        self._skip = skip or fail
+        self.verbose = verbose
+        self.record = record or (lambda entry: None)
         self.long_decode_tokens = long_decode_tokens
         self.batch_tokens = batch_tokens
         # Turns a spec id / ServerSpec into a running server (the plugin's pool, keeping this one alive).
@@ -63,12 +83,35 @@ class DecodeCheck:
         self.server.ensure_alive()
         return self.server.client()
 
+    def fail(self, message: str, *, check: str = "decode-check", detail: str | None = None,
+             findings: Sequence[oracles.Finding] = ()) -> None:
+        """Record the failure (with ``detail``, the full evidence, when the message is shortened), then fail."""
+        from pytest_llmserve.report.checks import one_line
+
+        self.record(oracle_record(check, "fail", first_finding=one_line(message), findings=findings,
+                                  detail=detail or message))
+        self._fail(message)
+
+    def skip(self, message: str, *, check: str = "decode-check", unverifiable: bool = False) -> None:
+        """Record why the check did not run (``unverifiable``: its evidence does not exist), then skip."""
+        from pytest_llmserve.report.checks import one_line
+
+        self.record(oracle_record(check, "unverifiable" if unverifiable else "skipped",
+                                  first_finding=one_line(message), detail=message))
+        self._skip(message)
+
     def _conclude(self, report: oracles.OracleReport, extra: str = "") -> DecodeCheck:
         self.reports.append(report)
-        if not report.ok:
-            self.server.ensure_alive()  # a dead server is the better explanation, with its log tail
-            self.fail(report.message(self.spec.id) + f"\n{self.server.describe()}"
-                      + (f"\n{extra}" if extra else ""))
+        if report.ok:
+            self.record(oracle_record(report.check, "pass", findings=report.findings))
+            return self
+        self.server.ensure_alive()  # a dead server is the better explanation, with its log tail
+        where = f"\n{self.server.describe()}" + (f"\n{extra}" if extra else "")
+        full = report.message(self.spec.id, full=True) + where
+        shown = full if self.verbose >= 2 else report.message(self.spec.id) + where
+        self.record(oracle_record(report.check, "fail", first_finding=report.first_finding(),
+                                  findings=report.findings, detail=full))
+        self._fail(shown)
         return self
 
     def _exact(self) -> bool:
@@ -125,12 +168,12 @@ class DecodeCheck:
         if isinstance(reference, (str, ServerSpec)):
             if self.reference_server is None:
                 self.fail(f"{self.spec.id}: decode_check.matches({reference!r}) needs a running server here "
-                          "(no configuration to boot a reference from)")
+                          "(no configuration to boot a reference from)", check="differential")
             try:
                 ref_server = self.reference_server(reference)  # type: ignore[misc]
             except LLMServeError as exc:
                 self.fail(f"{self.spec.id}: the reference configuration {reference!r} is not available: "
-                          f"{exc}")
+                          f"{exc}", check="differential")
         ref_spec = getattr(ref_server, "spec_for_checks", None) or ref_server.spec
         if exact is None:
             exact = self._exact() and bool(ref_server.adapter.deterministic_flag_on(ref_spec))
@@ -171,16 +214,16 @@ class DecodeCheck:
         if not graphs:
             if captured:
                 self.fail(f"{spec.id}: CUDA graphs are off in the configuration but the server captured "
-                          f"batch sizes {list(captured)}\n{self.server.describe()}")
+                          f"batch sizes {list(captured)}\n{self.server.describe()}", check="cuda-graph coverage")
             self.skip(f"{spec.id}: CUDA graphs are off in this configuration (the server reports "
                       f"{'none captured' if captured is not None else 'nothing about graphs'}); "
-                      "the concurrent batch cases ran as test_batch_size")
+                      "the concurrent batch cases ran as test_batch_size", check="cuda-graph coverage")
             return self
         configured = spec.cuda_graph.batch_sizes if spec.cuda_graph else None
         if not captured:
             if configured is None:
                 self.skip(f"{spec.id}: unverifiable: the server did not report which batch sizes it captured "
-                          "and none were configured")
+                          "and none were configured", check="cuda-graph coverage", unverifiable=True)
             plan = oracles.coverage_plan(None, configured)
             source = "configured sizes (the server did not report captured sizes: unverifiable)"
         else:
@@ -209,10 +252,16 @@ class DecodeCheck:
         table = "\n".join(f"  {r.status.upper():<13} {r.name}: requested {r.requested}; observed {r.observed}"
                           for r in results)
         if failed:
-            self.fail(f"config is not execution on {spec.id}: {len(failed)} mismatch(es)\n{table}\n\n"
-                      + "\n\n".join(r.message for r in failed) + f"\n{self.server.describe()}")
+            self.fail(f"config is not execution on {spec.id}: {len(failed)} mismatch(es): "
+                      f"{', '.join(r.name for r in failed)}\n{table}\n\n"
+                      + "\n\n".join(r.message for r in failed) + f"\n{self.server.describe()}",
+                      check="config-is-execution")
         if not results:
-            self.skip(f"{spec.id}: nothing to verify (attached server: no log; nothing requested)")
+            self.skip(f"{spec.id}: nothing to verify (attached server: no log; nothing requested)",
+                      check="config-is-execution", unverifiable=True)
         if unverifiable:
-            self.skip(f"{spec.id}: UNVERIFIABLE (the server does not report these; not a pass):\n{table}")
+            self.skip(f"{spec.id}: UNVERIFIABLE (the server does not report these; not a pass): "
+                      f"{', '.join(r.name for r in unverifiable)}\n{table}",
+                      check="config-is-execution", unverifiable=True)
+        self.record(oracle_record("config-is-execution", "pass", detail=table))
         return self

@@ -10,7 +10,14 @@
                      "comparability": {...} | null, "error": str | null, "context": {...},
                      "concurrency": int | null, "request_latencies_s": {name: [...]}, "note": ...,
                      "baseline_path": ..., "run_id": ..., "saved": bool,
-                     "key": {"test", "server", "workload"}}, ...]}
+                     "key": {"test", "server", "workload"}}, ...],
+     "checks": [{"test_id", "check", "server_id", "verdict": "pass|fail|error|unverifiable|skipped",
+                 "kind": "correctness|benchmark", "first_finding", "findings": [...], "message", "detail",
+                 "oracles": [...], "duration_s"}, ...],
+     "summary": {"headline": "3 FAILED (2 correctness, 1 benchmark) · 12 passed · ...", "counts": {...}}}
+
+``checks`` holds every check that is not a measured benchmark (see :mod:`pytest_llmserve.report.checks`);
+a file without it (written before checks were reported) reads as having none.
 
 A bare JSON list of the gate's outcome dicts is read as well (``"format": "gate-outcomes"``).
 """
@@ -26,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from pytest_llmserve.errors import BaselineError
+from pytest_llmserve.report.checks import CheckOutcome, headline, headline_counts
 from pytest_llmserve.report.outcome import BenchOutcome, outcome_from_gate
 from pytest_llmserve.store.baselines import atomic_write_text, utc_timestamp
 
@@ -33,7 +41,8 @@ RESULTS_FORMAT = "pytest-llmserve-results"
 RESULTS_SCHEMA = 1
 
 
-def results_document(outcomes: Sequence[BenchOutcome], *, run_id: str | None = None) -> dict[str, Any]:
+def results_document(outcomes: Sequence[BenchOutcome], checks: Sequence[CheckOutcome] = (), *,
+                     run_id: str | None = None) -> dict[str, Any]:
     from pytest_llmserve import __version__
 
     return {
@@ -42,17 +51,20 @@ def results_document(outcomes: Sequence[BenchOutcome], *, run_id: str | None = N
         "created_at": utc_timestamp(),
         "run_id": run_id or uuid.uuid4().hex[:12],
         "plugin_version": __version__,
+        "summary": {"headline": headline(checks, outcomes), "counts": headline_counts(checks, outcomes)},
         "benchmarks": [o.to_dict() for o in outcomes],
+        "checks": [c.to_dict() for c in checks],
     }
 
 
 def write_results_json(
-    path: str | os.PathLike[str], outcomes: Sequence[BenchOutcome], *, run_id: str | None = None
+    path: str | os.PathLike[str], outcomes: Sequence[BenchOutcome], checks: Sequence[CheckOutcome] = (), *,
+    run_id: str | None = None
 ) -> Path:
     """Write the results of a session (atomically); ``llmserve baselines accept`` reads this file."""
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
-    doc = finite_json(results_document(outcomes, run_id=run_id))
+    doc = finite_json(results_document(outcomes, checks, run_id=run_id))
     atomic_write_text(p, json.dumps(doc, indent=2, allow_nan=False) + "\n")
     return p
 
@@ -90,6 +102,21 @@ def read_results_json(path: str | os.PathLike[str]) -> tuple[dict[str, Any], lis
             raise BaselineError(f"{p}: benchmarks[{i}] is malformed ({exc!r})") from None
     header = {k: v for k, v in data.items() if k != "benchmarks"}
     return header, outcomes
+
+
+def read_check_outcomes(path: str | os.PathLike[str]) -> list[CheckOutcome]:
+    """The check rows of a results file (none in a file written before checks were reported)."""
+    header, _ = read_results_json(path)
+    rows = header.get("checks") or []
+    if not isinstance(rows, list):
+        raise BaselineError(f"{path}: 'checks' must be a list")
+    checks = []
+    for i, item in enumerate(rows):
+        try:
+            checks.append(CheckOutcome.from_dict(item))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise BaselineError(f"{path}: checks[{i}] is malformed ({exc!r})") from None
+    return checks
 
 
 def finite_json(value: Any) -> Any:

@@ -17,16 +17,31 @@ from pathlib import Path
 from typing import Any
 
 from pytest_llmserve.report.benchmark_json import write_pytest_benchmark_json
+from pytest_llmserve.report.checks import CheckOutcome, as_checks, headline
 from pytest_llmserve.report.json import write_results_json
 from pytest_llmserve.report.outcome import BenchOutcome, as_outcomes
 from pytest_llmserve.report.plots import write_plots
-from pytest_llmserve.report.text import format_markdown, format_table
+from pytest_llmserve.report.text import format_check_lines, format_markdown, format_table
+
+GITHUB_STEP_SUMMARY = "GITHUB_STEP_SUMMARY"
+
+
+def format_text_summary(outcomes: Iterable[BenchOutcome], checks: Iterable[CheckOutcome] = ()) -> str:
+    """summary.txt and the terminal's llmserve section: the headline, each check that did not pass
+    (with its first finding), then the benchmark table."""
+    benches, rows = list(outcomes), list(checks)
+    lines = [f"llmserve: {headline(rows, benches)}"]
+    lines += format_check_lines(rows)
+    if benches:
+        lines.append(format_table(benches))
+    return "\n".join(lines)
 
 
 def write_all(
     outcomes: Iterable[BenchOutcome | Mapping[str, Any]],
     results_dir: str | os.PathLike[str],
     *,
+    checks: Iterable[CheckOutcome | Mapping[str, Any]] = (),
     bench_json: str | os.PathLike[str] | None = None,
     plots: bool = True,
     github_summary: bool = False,
@@ -34,26 +49,28 @@ def write_all(
 ) -> list[Path]:
     """Every report of a session under ``results_dir``; returns the paths written.
 
-    ``results.json`` (the format ``llmserve baselines accept`` reads), ``summary.md``, ``summary.txt``,
-    PNG plots under ``plots/``, pytest-benchmark JSON at ``bench_json`` when given, and the Markdown
-    appended to ``$GITHUB_STEP_SUMMARY`` when ``github_summary`` is set and that variable is.
+    ``results.json`` (the format ``llmserve baselines accept`` reads; one row per check and per
+    benchmark), ``summary.md``, ``summary.txt``, PNG plots under ``plots/``, pytest-benchmark JSON at
+    ``bench_json`` when given, and the Markdown appended (never overwritten: earlier steps wrote there
+    too) to ``$GITHUB_STEP_SUMMARY`` when ``github_summary`` is set and that variable is.
     """
     items = as_outcomes(outcomes)
+    rows = as_checks(checks)
     out = Path(results_dir)
     out.mkdir(parents=True, exist_ok=True)
-    written = [write_results_json(out / "results.json", items, run_id=run_id)]
-    markdown = format_markdown(items)
+    written = [write_results_json(out / "results.json", items, rows, run_id=run_id)]
+    markdown = format_markdown(items, rows)
     (out / "summary.md").write_text(markdown, encoding="utf-8")
-    (out / "summary.txt").write_text(format_table(items) + "\n", encoding="utf-8")
+    (out / "summary.txt").write_text(format_text_summary(items, rows) + "\n", encoding="utf-8")
     written += [out / "summary.md", out / "summary.txt"]
-    if bench_json is not None:
+    if bench_json is not None and items:
         written.append(write_pytest_benchmark_json(bench_json, items))
-    if plots:
+    if plots and items:
         written += write_plots(items, out / "plots")
-    step_summary = os.environ.get("GITHUB_STEP_SUMMARY")
+    step_summary = os.environ.get(GITHUB_STEP_SUMMARY)
     if github_summary and step_summary:
         with open(step_summary, "a", encoding="utf-8") as fh:
-            fh.write(markdown)
+            fh.write(markdown + "\n")
     return written
 
 
@@ -108,3 +125,25 @@ def latest_run_dir(results_dir: str | os.PathLike[str]) -> Path | None:
     with contextlib.suppress(OSError):
         return (root / (root / LATEST_TXT).read_text(encoding="utf-8").strip()).resolve()
     return None
+
+
+def render_session(outcomes: Iterable[BenchOutcome | Mapping[str, Any]],
+                   checks: Iterable[CheckOutcome | Mapping[str, Any]], results_dir: Path, *,
+                   bench_json: Path | None, wall_s: float, boot_s: float, run_id: str | None = None) -> str:
+    """Write every report of the session (the job summary included) and return the terminal's lines:
+    the headline, the checks that did not pass, the benchmark table, the paths written."""
+    from pytest_llmserve.report.plots import matplotlib_missing
+
+    items, rows = as_outcomes(outcomes), as_checks(checks)
+    no_plots = matplotlib_missing() if items else None
+    run_dir = new_run_dir(results_dir)  # never over an earlier run's reports
+    paths = write_all(items, run_dir, checks=rows, bench_json=bench_json, plots=no_plots is None,
+                      github_summary=True, run_id=run_id or run_dir.name)
+    latest = point_latest(results_dir, run_dir)
+    lines = [format_text_summary(items, rows)]
+    lines += [f"report: {p}" for p in paths]
+    lines.append(f"report: {latest} -> {run_dir.name}")
+    if no_plots:
+        lines.append(f"report: {no_plots}")
+    lines.append(f"suite wall time {wall_s:.1f} s, of which server boots {boot_s:.1f} s")
+    return "\n".join(lines)

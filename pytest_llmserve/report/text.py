@@ -1,10 +1,11 @@
-"""Benchmark outcomes as text: the terminal table and the Markdown summary for CI job pages."""
+"""A run's verdicts as text: the terminal tables and the Markdown summary for CI job pages."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
 
+from pytest_llmserve.report.checks import CheckOutcome, headline
 from pytest_llmserve.report.outcome import BenchOutcome
 from pytest_llmserve.verdicts.stats import Summary
 
@@ -17,6 +18,20 @@ STATUS_LABELS: dict[str, str] = {
     "error": "ERROR",
     "no-baseline": "no baseline",
     "saved": "saved as baseline",
+}
+CHECK_LABELS: dict[str, str] = {
+    "pass": "pass",
+    "fail": "FAIL",
+    "error": "ERROR",
+    "unverifiable": "unverifiable",
+    "skipped": "skipped",
+}
+CHECK_ICONS: dict[str, str] = {
+    "pass": "✅",
+    "fail": "❌",
+    "error": "⚠️",
+    "unverifiable": "❔",
+    "skipped": "⏭️",
 }
 STATUS_ICONS: dict[str, str] = {
     "pass": "✅",
@@ -138,21 +153,47 @@ def _md(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", "<br>")
 
 
-def format_markdown(outcomes: Sequence[BenchOutcome], *, title: str = "pytest-llmserve benchmarks") -> str:
-    """Markdown for a CI job summary (e.g. appended to ``$GITHUB_STEP_SUMMARY``)."""
-    lines = [f"### {title}", ""]
-    if not outcomes:
-        return "\n".join(lines + ["No benchmarks ran.", ""])
-    counts: dict[str, int] = {}
-    for o in outcomes:
-        counts[o.status] = counts.get(o.status, 0) + 1
-    lines.append(
-        ", ".join(
-            f"{STATUS_ICONS.get(s, '')} {n} {STATUS_LABELS.get(s, s)}" for s, n in sorted(counts.items())
-        )
-    )
-    lines += [
-        "",
+def _check_order(c: CheckOutcome) -> int:
+    """Failures first, then what was not verified, then the rest (stable within each)."""
+    return 0 if c.failed else 1 if c.verdict == "unverifiable" else 2
+
+
+def format_check_lines(checks: Sequence[CheckOutcome]) -> list[str]:
+    """One line per check that did not pass (verdict, check, server, first finding), failures first."""
+    rows = [[CHECK_LABELS.get(c.verdict, c.verdict), c.check, c.server_id or "-", c.first_finding or ""]
+            for c in sorted(checks, key=_check_order) if c.verdict != "pass"]
+    return aligned_columns(rows) if rows else []
+
+
+def format_markdown(outcomes: Sequence[BenchOutcome], checks: Sequence[CheckOutcome] = (), *,
+                    title: str = "pytest-llmserve") -> str:
+    """Markdown for a CI job summary (e.g. appended to ``$GITHUB_STEP_SUMMARY``): the headline that counts
+    every verdict on the first line, then one row per check and one per benchmark."""
+    lines = [f"### {title}: {headline(checks, outcomes)}", ""]
+    if checks:
+        lines += ["#### Checks", "", "| | check | server | verdict | first finding |", "|---|---|---|---|---|"]
+        for c in sorted(checks, key=_check_order):
+            cells = [CHECK_ICONS.get(c.verdict, ""), f"`{c.check}`", c.server_id or "-",
+                     CHECK_LABELS.get(c.verdict, c.verdict) + (" (benchmark)" if c.kind == "benchmark" else ""),
+                     c.first_finding or ""]
+            lines.append("| " + " | ".join(_md(cell) for cell in cells) + " |")
+        explained = [c for c in sorted(checks, key=_check_order) if c.verdict != "pass" and c.message]
+        if explained:
+            lines += ["", "<details><summary>Check details</summary>", ""]
+            for c in explained:
+                lines += [f"**{_md(c.check)}** on {_md(c.server_id or '-')}", "", "```", c.message or "", "```", ""]
+            lines.append("</details>")
+        lines.append("")
+    if outcomes:
+        lines += ["#### Benchmarks", ""] + _benchmarks_markdown(outcomes)
+    elif not checks:
+        lines.append("Nothing ran.")
+    return "\n".join(lines).rstrip("\n") + "\n"
+
+
+def _benchmarks_markdown(outcomes: Sequence[BenchOutcome]) -> list[str]:
+    # The counts are in the headline; the table holds each benchmark's figures.
+    lines = [
         "| | benchmark | server | workload | metric | baseline | now | change | 95% CI | p | verdict |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
@@ -181,4 +222,4 @@ def format_markdown(outcomes: Sequence[BenchOutcome], *, title: str = "pytest-ll
             lines.append("")
             lines += ["```", *explanation, "```", ""]
         lines.append("</details>")
-    return "\n".join(lines) + "\n"
+    return lines

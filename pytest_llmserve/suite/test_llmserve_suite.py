@@ -22,7 +22,9 @@ pytestmark = pytest.mark.llmserve_server("*")
 def test_boots_and_generates(llm_server: RunningServer, llm_client: LLMClient) -> None:
     """The server is up and answers a real generation of exactly the requested length."""
     out = llm_client.complete("Hello, my name is", 8, ignore_eos=True)
-    assert out.ok, f"{llm_server.describe()}\n{out.describe()}"
+    # The failure's first line is what went wrong (the reports show it as the first finding).
+    assert out.ok, (f"a plain completion failed: HTTP {out.status}: {out.error}\n{out.describe().splitlines()[0]}\n"
+                    f"{llm_server.describe()}")
     assert out.completion_tokens == 8, f"{llm_server.describe()}: asked for 8 tokens\n{out.describe()}"
 
 

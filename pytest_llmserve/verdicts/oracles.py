@@ -71,6 +71,27 @@ _EMPTY_TEXT_MIN_TOKENS = 8
 # findings and reports
 # --------------------------------------------------------------------------------------------------
 
+# The default failure message is short enough to read in a CI log: the first findings, each cut to a few
+# screen lines; ``-vv`` and the results file hold all of them in full.
+BRIEF_FINDINGS = 3
+BRIEF_TOKENS = 3
+BRIEF_MESSAGE_CHARS = 320
+BRIEF_CONTEXT_CHARS = 160
+
+
+def _cut(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _cut_middle(text: str, limit: int) -> str:
+    """``text`` cut to ``limit`` characters in its middle: a finding states what is wrong first and
+    often says how to read its evidence last (e.g. which side's tokens come first)."""
+    if len(text) <= limit:
+        return text
+    tail = limit // 3
+    return text[: limit - tail - 5] + " ... " + text[-tail:]
+
+
 @dataclass(frozen=True, slots=True)
 class TokenAt:
     """One generated token at its position, with its logprob and top alternatives, as evidence."""
@@ -103,14 +124,25 @@ class Finding:
     request: str = ""  # Completion.describe(): what was sent and what came back
     probe: str = ""  # which probe or request, e.g. "long-decode[story]" or "bs=3-padded-to-4 #2/3"
 
-    def render(self) -> str:
+    def render(self, *, brief: bool = False) -> str:
+        """The finding with its evidence. ``brief``: the message and each line of context cut to one
+        screen line, the first :data:`BRIEF_TOKENS` offending tokens (the default failure message);
+        otherwise everything (``-vv``, and the results' full evidence)."""
         head = f"[{self.oracle}] {self.severity}" + (f" in {self.probe}" if self.probe else "")
-        lines = [f"{head}: {self.message}"]
-        if self.request:
-            lines.extend("    " + line for line in self.request.splitlines())
-        if self.tokens:
+        lines = [f"{head}: {_cut_middle(self.message, BRIEF_MESSAGE_CHARS) if brief else self.message}"]
+        context = self.request.splitlines()
+        if brief:
+            # What was sent and what came back; the first tokens are repeated by the offending tokens.
+            context = [_cut(line, BRIEF_CONTEXT_CHARS) for line in context
+                       if not (self.tokens and line.startswith("first tokens"))]
+        lines.extend("    " + line for line in context)
+        tokens = self.tokens[:BRIEF_TOKENS] if brief else self.tokens
+        if tokens:
             lines.append("    offending tokens (#position token logprob [top alternatives]):")
-            lines.extend("      " + t.render() for t in self.tokens)
+            lines.extend("      " + _cut(t.render(), BRIEF_CONTEXT_CHARS) if brief else "      " + t.render()
+                         for t in tokens)
+            if len(tokens) < len(self.tokens):
+                lines.append(f"      ... {len(self.tokens) - len(tokens)} more")
         return "\n".join(lines)
 
     def to_dict(self) -> dict[str, Any]:
@@ -147,10 +179,12 @@ class OracleReport:
         self.completions.extend(other.completions)
         return self
 
-    def message(self, server_id: str | None = None, limit: int = 5) -> str:
+    def message(self, server_id: str | None = None, limit: int | None = BRIEF_FINDINGS, *,
+                full: bool = False) -> str:
         """A failure message: the server configuration (``server_id``, else the one recorded by the
-        orchestrator), then the first ``limit`` errors and warnings, each with what was sent, what
-        came back and the offending tokens."""
+        orchestrator), then the first ``limit`` distinct errors and warnings, each with what was sent,
+        what came back and the offending tokens, and a count of the rest. Concise by default (each
+        finding's context cut to a few lines); ``full`` shows every finding with all its evidence."""
         server_id = server_id or self.server_id or "<unnamed server>"
         errors, warnings = self.errors, self.warnings
         verdict = "FAILED" if errors else "passed"
@@ -161,16 +195,26 @@ class OracleReport:
         groups: dict[tuple[str, str, str], list[Finding]] = {}
         for f in errors + warnings:
             groups.setdefault((f.oracle, f.severity, f.message), []).append(f)
-        shown = list(groups.values())[:limit]
+        every = list(groups.values())
+        shown = every if full or limit is None else every[:limit]
         for group in shown:
-            lines.append(group[0].render())
+            lines.append(group[0].render(brief=not full))
             if len(group) > 1:
                 others = ", ".join(f.probe or "?" for f in group[1:6]) + (", ..." if len(group) > 6 else "")
                 lines.append(f"    (the same in {len(group) - 1} more: {others})")
-        hidden = sum(len(g) for g in list(groups.values())[limit:])
+        hidden = sum(len(g) for g in every[len(shown):])
         if hidden:
-            lines.append(f"... and {hidden} more finding(s)")
+            lines.append(f"... and {hidden} more finding(s) (all of them, in full: -vv, or this check's row "
+                         "in results.json)")
         return "\n".join(lines)
+
+    def first_finding(self) -> str | None:
+        """The first error (else warning) on one line: oracle, probe and message."""
+        ranked = self.errors or self.warnings
+        if not ranked:
+            return None
+        first = ranked[0]
+        return f"[{first.oracle}]" + (f" {first.probe}" if first.probe else "") + f": {first.message}"
 
 
 def _fmt(value: float | None) -> str:

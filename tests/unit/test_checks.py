@@ -9,6 +9,7 @@ import httpx
 import pytest
 
 from pytest_llmserve.config import LLMServeConfig, ServerSpec
+from pytest_llmserve.engines import adapter_named
 from pytest_llmserve.errors import ConfigError
 from pytest_llmserve.evidence.client import LLMClient
 from pytest_llmserve.gates.decode import DecodeCheck, resolve_reference_spec
@@ -16,6 +17,10 @@ from tests.unit.test_oracles import FakeServer
 
 
 class Adapter:
+    # The fakes speak vLLM's counters and SGLang's log lines.
+    nan_log_patterns = adapter_named("sglang").nan_log_patterns
+    nan_counters = adapter_named("vllm").nan_counters
+
     def deterministic_flag_on(self, spec: ServerSpec) -> bool:
         return spec.deterministic
 

@@ -615,7 +615,7 @@ def test_run_nan_check_catches_400_metrics_and_log() -> None:
                            log_patterns=adapter_named("sglang").nan_log_patterns,
                            nan_counters=adapter_named("vllm").nan_counters)
     assert not report.ok
-    message = report.message("default[eager=off]")
+    message = report.message("default[eager=off]", full=True)  # all four channels, not the first three
     assert "nan-check FAILED on server default[eager=off]" in message
     assert "HTTP 400" in message
     assert "rose by 2" in message
@@ -645,7 +645,9 @@ def test_message_folds_identical_findings_and_counts_the_hidden_ones() -> None:
     assert "x FAILED on server s: 14 error(s)" in message
     assert "(the same in 7 more: p1, p2, p3, p4, p5, ...)" in message
     assert "distinct 0" in message and "distinct 1" in message and "distinct 2" not in message
-    assert message.endswith("... and 4 more finding(s)")
+    assert message.endswith("... and 4 more finding(s) (all of them, in full: -vv, or this check's row in "
+                            "results.json)")
+    assert "distinct 5" in report.message(full=True) and "more finding" not in report.message(full=True)
 
 
 def test_run_differential_agrees_and_catches_a_divergence_and_a_broken_reference() -> None:

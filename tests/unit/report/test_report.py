@@ -126,7 +126,7 @@ def test_terminal_table() -> None:
 def test_markdown_summary() -> None:
     refused = comparability(context(), context(mem_fraction=0.5), None, False)
     md = format_markdown([outcome(), outcome("test_p[a|b]", comparability=refused, verdict=None)])
-    assert md.startswith("### pytest-llmserve benchmarks")
+    assert md.startswith("### pytest-llmserve: 1 FAILED (1 benchmark) · 1 benchmark comparison refused\n")
     assert "| ❌ | `test_throughput` | srv | smoke | output_throughput ↑ |" in md
     assert "test_p[a\\|b]" in md  # pipes escaped
     assert "⛔" in md
@@ -341,19 +341,17 @@ def test_write_all_from_gate_dicts(tmp_path: Path, monkeypatch: pytest.MonkeyPat
 def test_without_matplotlib_the_other_reports_are_written_and_the_extra_is_named(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from types import SimpleNamespace
-
-    from pytest_llmserve.gates.bench import render_outcomes
+    from pytest_llmserve.report.session import render_session
 
     for name in ["matplotlib", *(m for m in sys.modules if m.startswith("matplotlib."))]:
         monkeypatch.setitem(sys.modules, name, None)  # imports fail, as when the extra is not installed
     v = decide(BASE, DROP, higher_is_better=True, tolerance=0.05)
     items = [gate_dict("regressed", verdict_detail=v.to_dict(), baseline={"output_throughput": BASE})]
-    settings = SimpleNamespace(results_dir=tmp_path / "results", bench_json=None)
-    text = render_outcomes(items, settings, wall_s=3.0, boot_s=1.0)  # type: ignore[arg-type]  # duck-typed
+    text = render_session(items, [], tmp_path / "results", bench_json=None, wall_s=3.0, boot_s=1.0)
     assert "install the plots extra: pip install 'pytest-llmserve[plots]'" in text
     latest = tmp_path / "results" / "latest"  # this run's own directory, by the latest pointer
     assert (latest / "results.json").exists() and not (latest / "plots").exists()
-    assert text.splitlines()[2].startswith("test_throughput[srv]  smoke") and "REGRESSED" in text
+    assert text.splitlines()[0] == "llmserve: 1 FAILED (1 benchmark)"
+    assert text.splitlines()[3].startswith("test_throughput[srv]  smoke") and "REGRESSED" in text
     with pytest.raises(ImportError, match=r"pytest-llmserve\[plots\]"):
         write_plots([outcome()], tmp_path / "plots")

@@ -1,0 +1,93 @@
+"""DecodeCheck records each oracle's verdict with its full evidence, and fails with a concise message
+(every finding in full from ``verbose >= 2``, pytest's ``-vv``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from pytest_llmserve.config import ServerSpec
+from pytest_llmserve.gates.decode import DecodeCheck
+from pytest_llmserve.verdicts.oracles import DEFAULT_NAN_PROMPTS
+from tests.unit.test_checks import Failed, FakeHandle, fail
+from tests.unit.test_oracles import FakeServer
+
+NAN_EVERYWHERE = tuple(p.text for p in DEFAULT_NAN_PROMPTS)
+
+
+class LoggedHandle(FakeHandle):
+    """A FakeHandle with a server log (that reports NaN once the check has begun) and no facts."""
+
+    log_reads = 0
+    nan_in_log = False
+
+    def log_text(self) -> str:
+        self.log_reads += 1
+        return "" if self.log_reads == 1 or not self.nan_in_log else "Detected errors during sampling! NaN in the logits.\n"
+
+    def facts(self) -> None:
+        return None
+
+
+class Skipped(Exception):
+    pass
+
+
+def skip(message: str) -> None:
+    raise Skipped(message)
+
+
+def checker(server: FakeServer, verbose: int = 0) -> tuple[DecodeCheck, list[dict[str, Any]]]:
+    records: list[dict[str, Any]] = []
+    handle = LoggedHandle(ServerSpec(name="nan"), server)
+    handle.nan_in_log = bool(server.nan_prompts)
+    check = DecodeCheck(handle, fail=fail, skip=skip, verbose=verbose, record=records.append)
+    return check, records
+
+
+def test_a_passing_oracle_is_recorded_as_a_pass() -> None:
+    check, records = checker(FakeServer())
+    check.no_nan().deterministic()
+    assert [(r["check"], r["verdict"]) for r in records] == [("nan-check", "pass"), ("determinism", "pass")]
+
+
+def test_a_failure_is_concise_and_its_record_holds_everything() -> None:
+    server = FakeServer(nan_prompts=NAN_EVERYWHERE, corrupted_after=3.0)
+    check, records = checker(server)
+    with pytest.raises(Failed) as failed:
+        check.no_nan()
+    message = str(failed.value)
+    (record,) = records
+    assert record["verdict"] == "fail" and record["check"] == "nan-check"
+    assert record["first_finding"].startswith("[nan] nan-check[")
+    assert "HTTP 400 whose body reports NaN/inf" in record["first_finding"]
+    report = check.reports[-1]
+    assert len(record["findings"]) == len(report.findings)  # every finding, structured
+    assert record["findings"][0]["request"].startswith("sent: ")
+    full = record["detail"]
+    assert full.startswith("nan-check FAILED on server nan") and "more finding(s)" not in full
+    # The message shows the first three distinct findings and counts the rest; the full text is longer.
+    assert message.startswith("nan-check FAILED on server nan")
+    assert sum(1 for line in message.splitlines() if line.startswith("[")) == 3
+    assert "more finding(s) (all of them, in full: -vv, or this check's row in results.json)" in message
+    assert "first tokens (token:logprob)" not in message  # the offending tokens stand for them
+    assert len(message.splitlines()) < len(full.splitlines())
+    assert max(len(line) for line in message.splitlines()) <= 340
+    assert "server nan at http://fake (log: /logs/nan.log)" in message  # where to look, always
+
+    verbose, verbose_records = checker(FakeServer(nan_prompts=NAN_EVERYWHERE, corrupted_after=3.0), verbose=2)
+    with pytest.raises(Failed) as everything:
+        verbose.no_nan()
+    assert str(everything.value) == verbose_records[0]["detail"]  # -vv: the full evidence in the failure
+
+
+def test_skips_say_whether_the_evidence_is_missing_or_the_check_does_not_apply() -> None:
+    check, records = checker(FakeServer())
+    with pytest.raises(Skipped, match="CUDA graphs are off"):
+        check.cuda_graph_sizes_covered()
+    assert records[-1]["verdict"] == "skipped" and records[-1]["check"] == "cuda-graph coverage"
+    with pytest.raises(Skipped):
+        check.skip("the server does not report its attention backend", unverifiable=True)
+    assert records[-1]["verdict"] == "unverifiable"
+    assert records[-1]["first_finding"] == "the server does not report its attention backend"
