@@ -50,7 +50,7 @@ def test_the_suite_on_the_nan_checkpoint_reports_every_failure(
     result = pytester.runpytest_subprocess("--llmserve-suite", "--llmserve-workload=tiny", "--llmserve-rounds=1",
                                            "-p", "no:cacheprovider", f"--junitxml={junit}", timeout=900)
     out = result.stdout.str()
-    results_dir = pytester.path / "llmserve-results"
+    results_dir = pytester.path / "llmserve-results" / "latest"  # this run's own report directory
     doc = json.loads((results_dir / "results.json").read_text(encoding="utf-8"))
     checks = {row["test_id"].rsplit("::", 1)[-1]: row for row in doc["checks"]}
     correctness = [row for row in checks.values() if row["kind"] == "correctness"]
