@@ -191,6 +191,21 @@ def _add_suite(config: pytest.Config) -> None:
         config.args[:] = suite  # only the suite, not the rootdir's testpaths
 
 
+# Node ids of the built-in suite start with this instead of a path: the suite files lie in the installed
+# package, outside the rootdir, where pytest would give them an empty path (``::test_boots_and_generates[a]``).
+SUITE_NODEID_PREFIX = "llmserve-suite"
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_pycollect_makemodule(module_path: Path, parent: pytest.Collector) -> pytest.Module | None:
+    """Built-in suite modules as ``llmserve-suite/<file>::test_x[server]``. Baseline keys do not change:
+    they are built from the file's name and the function's (see :func:`llm_bench`)."""
+    if module_path.parent != SUITE_DIR or not module_path.name.startswith("test_llmserve_"):
+        return None
+    return pytest.Module.from_parent(parent, path=module_path,
+                                     nodeid=f"{SUITE_NODEID_PREFIX}/{module_path.name}")
+
+
 def _pool(config: pytest.Config) -> ServerPool:
     state = config.stash[STATE_KEY]
     if state.pool is None:
@@ -246,30 +261,44 @@ def _selected_specs(settings: Settings, names: tuple[str, ...] | None) -> list[S
     return out
 
 
-def _marker_servers(metafunc: pytest.Metafunc) -> tuple[str, ...] | None:
-    definition = metafunc.definition
-    marker = definition.get_closest_marker("llmserve_server")
+def marker_server_names(marker: pytest.Mark | None, cfg: LLMServeConfig) -> tuple[str, ...] | None:
+    """The server names of an ``llmserve_server`` marker (None: no marker), each a configured server or
+    ``'*'``; a :class:`ConfigError` listing what is allowed otherwise."""
     if marker is None:
         return None
-    names = tuple(str(a) for a in marker.args)
-    if not names:
-        raise pytest.UsageError(f"{definition.nodeid}: @pytest.mark.llmserve_server needs at least one server name")
-    return names
+    known = f"configured servers: {', '.join(s.name for s in cfg.servers)} or '*'; from {cfg.source}"
+    if marker.kwargs:
+        given = ", ".join(f"{key}={value!r}" for key, value in marker.kwargs.items())
+        raise ConfigError(f"unknown keyword argument(s) {given}: it takes no keywords, only server names "
+                          f"as positional arguments, e.g. llmserve_server('a', 'b') ({known})")
+    if not marker.args:
+        raise ConfigError(f"needs at least one server name ({known})")
+    names: list[str] = []
+    for arg in marker.args:
+        if not isinstance(arg, str):
+            raise ConfigError(f"{arg!r} is not a server name: pass names as separate strings ({known})")
+        if arg != "*" and arg not in {s.name for s in cfg.servers}:
+            raise ConfigError(f"unknown server {arg!r} ({known})")
+        names.append(arg)
+    return tuple(names)
+
+
+# Usage errors found while parametrizing: raised from pytest_collection_modifyitems as one UsageError
+# (a UsageError raised inside pytest_generate_tests becomes a collection error with a traceback).
+MARKER_PROBLEMS_KEY = pytest.StashKey[list[str]]()
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "llm_server" not in metafunc.fixturenames:
         return
     settings = metafunc.config.stash[SETTINGS_KEY]
-    names = _marker_servers(metafunc)
     try:
-        if names:
-            for name in names:
-                if name != "*":
-                    settings.cfg.server(name)
-        specs = _selected_specs(settings, names)
+        names = marker_server_names(metafunc.definition.get_closest_marker("llmserve_server"), settings.cfg)
     except ConfigError as exc:
-        raise pytest.UsageError(f"{metafunc.definition.nodeid}: marker llmserve_server: {exc}") from None
+        metafunc.config.stash.setdefault(MARKER_PROBLEMS_KEY, []).append(
+            f"{metafunc.definition.nodeid}: marker llmserve_server: {exc}")
+        return
+    specs = _selected_specs(settings, names)
     # Parametrization comes from configuration only (never a live server), so every xdist worker
     # collects the same items in the same order.
     if "llmserve_batch_case" in metafunc.fixturenames:
@@ -299,11 +328,31 @@ def _benchmark_spec(item: pytest.Item, settings: Settings) -> BenchSpec:
     try:
         return bench_spec(settings, args, kwargs, where=f"{item.nodeid}: marker llmserve_benchmark")
     except ConfigError as exc:
-        raise pytest.UsageError(str(exc)) from None
+        raise pytest.UsageError(f"pytest-llmserve: {exc}") from None
+
+
+def _marker_problems(config: pytest.Config, items: list[pytest.Item]) -> list[str]:
+    """Every bad llmserve marker of the run (server names found while parametrizing, benchmark arguments
+    checked here), so that a typo costs no server boot and all of them are shown at once."""
+    settings = config.stash[SETTINGS_KEY]
+    problems: list[str] = list(config.stash.get(MARKER_PROBLEMS_KEY, None) or ())
+    for item in items:
+        marker = item.get_closest_marker("llmserve_benchmark")
+        if marker is not None:
+            try:
+                bench_spec(settings, tuple(marker.args), dict(marker.kwargs),
+                           where=f"{item.nodeid}: marker llmserve_benchmark")
+            except ConfigError as exc:
+                if str(exc) not in problems:  # once per test function, not per parametrization
+                    problems.append(str(exc))
+    return problems
 
 
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
     settings = config.stash[SETTINGS_KEY]
+    problems = _marker_problems(config, items)
+    if problems:
+        raise pytest.UsageError("\n".join(f"pytest-llmserve: {problem}" for problem in problems))
     if any(_is_llmserve_item(item) for item in items):
         _start_using(config)
     if not config.option.collectonly and any(item.get_closest_marker("gpu") for item in items):
@@ -317,8 +366,6 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
     order: dict[str, int] = {s.id: i for i, s in enumerate(settings.cfg.all_specs())}
     for item in items:
         bench_marker = item.get_closest_marker("llmserve_benchmark")
-        if bench_marker is not None:
-            _benchmark_spec(item, settings)  # at collection, so a typo in a marker costs no server boot
         if bench_marker or "llm_ab" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.xdist_group("llmserve-bench"))
 
