@@ -46,7 +46,7 @@ if TYPE_CHECKING:
     from pytest_llmserve.evidence.client import LLMClient
     from pytest_llmserve.gates.bench import ABRunner, BenchGate
     from pytest_llmserve.gates.decode import DecodeCheck
-    from pytest_llmserve.server.handle import RunningServer
+    from pytest_llmserve.server.handle import RunningServer, ServerHandle
     from pytest_llmserve.server.pool import ServerPool
 
 # The built-in suite: every test_llmserve_*.py file here (named one by one, so the user's python_files
@@ -528,19 +528,50 @@ def _skip(message: str) -> None:
 
 # ---------------------------------------------------------------------------- reporting and teardown
 
+def _item_server(item: pytest.Item) -> ServerHandle | None:
+    """The launched server this item's test ran against, if any."""
+    spec = item.stash.get(SPEC_KEY, None)
+    pool = item.config.stash[STATE_KEY].pool
+    if spec is None or pool is None:
+        return None
+    for handle in pool.handles.values():
+        if handle.spec.id == spec.id and handle.log_path:
+            return handle
+    return None
+
+
+def server_death_failure(death: str, error: str) -> str:
+    """A test's failure when its server died under it, in the style of the tests after it (whose
+    ``llm_server`` setup fails with ``death``): who died and how, the test's own error in one line, then
+    the log's last lines once; the traceback into the client would only show where the socket closed."""
+    head, _, tail = death.partition("\n")
+    first = error.strip().splitlines()[0] if error.strip() else "?"
+    return f"{head}\nthe test failed with: {first}" + (f"\n{tail}" if tail else "")
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item: pytest.Item,
                               call: pytest.CallInfo[None]) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    server = _item_server(item) if call.excinfo is not None and call.when == "call" else None
+    death = server.death_report() if server is not None else None
+    if death is not None and call.excinfo is not None and not call.excinfo.errisinstance(pytest.skip.Exception):
+        try:
+            pytest.fail(server_death_failure(death, f"{call.excinfo.typename}: {call.excinfo.value}"),
+                        pytrace=False)
+        except pytest.fail.Exception:
+            call.excinfo = pytest.ExceptionInfo.from_current()
     report = yield
-    if report.failed and SPEC_KEY in item.stash:
-        pool = item.config.stash[STATE_KEY].pool
-        if pool is not None:
-            for handle in pool.handles.values():
-                if handle.spec.id == item.stash[SPEC_KEY].id and handle.log_path:
-                    # A request error is often a dead server: then say so, with the log's last lines.
-                    death = handle.death_report()
-                    report.sections.append(("llmserve: server died", death) if death
-                                           else ("llmserve server log", f"{handle.describe()}"))
+    if report.failed and death is None and call.when == "call":
+        server = _item_server(item)
+        if server is not None and server.log_path is not None:
+            # The server is up: its last lines often say why a request failed.
+            from pytest_llmserve.server.handle import LOG_TAIL_LINES, read_tail, redact_text, secret_values
+
+            # Masked as in a death report: some engines print their arguments, an API key included.
+            tail = redact_text(read_tail(server.log_path),
+                               secret_values(server.spec, server.plan.argv if server.plan else None))
+            report.sections.append(("llmserve server log",
+                                    f"{server.describe()}\n--- last {LOG_TAIL_LINES} lines ---\n{tail}"))
     return report
 
 

@@ -513,6 +513,7 @@ class SGLangAdapter(EngineAdapter):
     """``python -m sglang.launch_server`` with flags mapped to the installed version."""
 
     name = "sglang"
+    env_prefixes = ("SGLANG_", "SGL_", "FLASHINFER_")
     generation_counter = "sglang:generation_tokens_total"
     metrics_prefix = "sglang:"
     log_signature = re.compile(r"server_args=(?:ServerArgs\(|\{)|The server is fired up and ready to roll")

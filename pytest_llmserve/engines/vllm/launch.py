@@ -34,6 +34,7 @@ if TYPE_CHECKING:
 
 class VLLMAdapter(EngineAdapter):
     name = "vllm"
+    env_prefixes = ("VLLM_",)
     generation_counter = "vllm:generation_tokens_total"
     metrics_prefix = "vllm:"
     log_signature = re.compile(
