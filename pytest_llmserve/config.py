@@ -25,6 +25,11 @@ Shape of the file (all tables optional)::
     input_len = 256
     output_len = 256
     request_rate = "inf"
+
+    [tool.llmserve.bench]              # the project's benchmark defaults (see pytest_llmserve.settings)
+    workload = "saturated"
+    tolerance = 0.05
+    rounds = 3
 """
 
 from __future__ import annotations
@@ -227,6 +232,9 @@ class LLMServeConfig:
     default_server: str
     source: str
     matrices: Mapping[str, tuple[ServerSpec, ...]] = field(default_factory=dict)
+    #: ``[tool.llmserve.bench]`` as written (keys checked here, values by :mod:`pytest_llmserve.settings`,
+    #: which applies them with the same rules as the ini keys and options of the same names).
+    bench: Mapping[str, Any] = field(default_factory=dict)
 
     def server(self, name: str) -> ServerSpec:
         for spec in self.servers:
@@ -259,6 +267,7 @@ class LLMServeConfig:
 _SERVER_KEYS = {f.name for f in fields(ServerSpec)} - {"name", "source", "variant"}
 _WORKLOAD_KEYS = {f.name for f in fields(Workload)} - {"name"}
 _TOP_KEYS = {"servers", "matrix", "workloads", "default_server", "bench"}
+BENCH_KEYS = tuple(f.name for f in fields(BenchDefaults))
 
 
 def find_config_file(rootdir: Path) -> tuple[Path, dict[str, Any]] | None:
@@ -323,8 +332,13 @@ def config_from_table(table: Mapping[str, Any], source: str, default_factory: An
             raise ConfigError(f"{source}: {where} names no configured server {name!r} "
                               f"(configured: {', '.join(names)})")
         matrices[name] = expand_matrix(by_name[name], _table(body, where, source), source)
+    bench = _table(table.get("bench", {}), "[tool.llmserve.bench]", source)
+    for key, value in bench.items():
+        if key not in BENCH_KEYS:
+            raise ConfigError(f"{source}: [tool.llmserve.bench] unknown key {key!r} = {value!r} "
+                              f"(known keys: {', '.join(sorted(BENCH_KEYS))})")
     return LLMServeConfig(servers=tuple(servers), workloads=workloads, default_server=default_server,
-                          source=source, matrices=matrices)
+                          source=source, matrices=matrices, bench=dict(bench))
 
 
 def _table(value: Any, where: str, source: str) -> dict[str, Any]:

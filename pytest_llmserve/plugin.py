@@ -47,7 +47,7 @@ if TYPE_CHECKING:
     from pytest_llmserve.gates.bench import ABRunner, BenchGate
     from pytest_llmserve.gates.decode import DecodeCheck
     from pytest_llmserve.report.checks import CheckOutcome
-    from pytest_llmserve.server.handle import RunningServer
+    from pytest_llmserve.server.handle import RunningServer, ServerHandle
     from pytest_llmserve.server.pool import ServerPool
 
 # The built-in suite: every test_llmserve_*.py file here (named one by one, so the user's python_files
@@ -194,6 +194,21 @@ def _add_suite(config: pytest.Config) -> None:
         config.args[:] = suite  # only the suite, not the rootdir's testpaths
 
 
+# Node ids of the built-in suite start with this instead of a path: the suite files lie in the installed
+# package, outside the rootdir, where pytest would give them an empty path (``::test_boots_and_generates[a]``).
+SUITE_NODEID_PREFIX = "llmserve-suite"
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_pycollect_makemodule(module_path: Path, parent: pytest.Collector) -> pytest.Module | None:
+    """Built-in suite modules as ``llmserve-suite/<file>::test_x[server]``. Baseline keys do not change:
+    they are built from the file's name and the function's (see :func:`llm_bench`)."""
+    if module_path.parent != SUITE_DIR or not module_path.name.startswith("test_llmserve_"):
+        return None
+    return pytest.Module.from_parent(parent, path=module_path,
+                                     nodeid=f"{SUITE_NODEID_PREFIX}/{module_path.name}")
+
+
 def _pool(config: pytest.Config) -> ServerPool:
     state = config.stash[STATE_KEY]
     if state.pool is None:
@@ -249,30 +264,44 @@ def _selected_specs(settings: Settings, names: tuple[str, ...] | None) -> list[S
     return out
 
 
-def _marker_servers(metafunc: pytest.Metafunc) -> tuple[str, ...] | None:
-    definition = metafunc.definition
-    marker = definition.get_closest_marker("llmserve_server")
+def marker_server_names(marker: pytest.Mark | None, cfg: LLMServeConfig) -> tuple[str, ...] | None:
+    """The server names of an ``llmserve_server`` marker (None: no marker), each a configured server or
+    ``'*'``; a :class:`ConfigError` listing what is allowed otherwise."""
     if marker is None:
         return None
-    names = tuple(str(a) for a in marker.args)
-    if not names:
-        raise pytest.UsageError(f"{definition.nodeid}: @pytest.mark.llmserve_server needs at least one server name")
-    return names
+    known = f"configured servers: {', '.join(s.name for s in cfg.servers)} or '*'; from {cfg.source}"
+    if marker.kwargs:
+        given = ", ".join(f"{key}={value!r}" for key, value in marker.kwargs.items())
+        raise ConfigError(f"unknown keyword argument(s) {given}: it takes no keywords, only server names "
+                          f"as positional arguments, e.g. llmserve_server('a', 'b') ({known})")
+    if not marker.args:
+        raise ConfigError(f"needs at least one server name ({known})")
+    names: list[str] = []
+    for arg in marker.args:
+        if not isinstance(arg, str):
+            raise ConfigError(f"{arg!r} is not a server name: pass names as separate strings ({known})")
+        if arg != "*" and arg not in {s.name for s in cfg.servers}:
+            raise ConfigError(f"unknown server {arg!r} ({known})")
+        names.append(arg)
+    return tuple(names)
+
+
+# Usage errors found while parametrizing: raised from pytest_collection_modifyitems as one UsageError
+# (a UsageError raised inside pytest_generate_tests becomes a collection error with a traceback).
+MARKER_PROBLEMS_KEY = pytest.StashKey[list[str]]()
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "llm_server" not in metafunc.fixturenames:
         return
     settings = metafunc.config.stash[SETTINGS_KEY]
-    names = _marker_servers(metafunc)
     try:
-        if names:
-            for name in names:
-                if name != "*":
-                    settings.cfg.server(name)
-        specs = _selected_specs(settings, names)
+        names = marker_server_names(metafunc.definition.get_closest_marker("llmserve_server"), settings.cfg)
     except ConfigError as exc:
-        raise pytest.UsageError(f"{metafunc.definition.nodeid}: marker llmserve_server: {exc}") from None
+        metafunc.config.stash.setdefault(MARKER_PROBLEMS_KEY, []).append(
+            f"{metafunc.definition.nodeid}: marker llmserve_server: {exc}")
+        return
+    specs = _selected_specs(settings, names)
     # Parametrization comes from configuration only (never a live server), so every xdist worker
     # collects the same items in the same order.
     if "llmserve_batch_case" in metafunc.fixturenames:
@@ -302,11 +331,31 @@ def _benchmark_spec(item: pytest.Item, settings: Settings) -> BenchSpec:
     try:
         return bench_spec(settings, args, kwargs, where=f"{item.nodeid}: marker llmserve_benchmark")
     except ConfigError as exc:
-        raise pytest.UsageError(str(exc)) from None
+        raise pytest.UsageError(f"pytest-llmserve: {exc}") from None
+
+
+def _marker_problems(config: pytest.Config, items: list[pytest.Item]) -> list[str]:
+    """Every bad llmserve marker of the run (server names found while parametrizing, benchmark arguments
+    checked here), so that a typo costs no server boot and all of them are shown at once."""
+    settings = config.stash[SETTINGS_KEY]
+    problems: list[str] = list(config.stash.get(MARKER_PROBLEMS_KEY, None) or ())
+    for item in items:
+        marker = item.get_closest_marker("llmserve_benchmark")
+        if marker is not None:
+            try:
+                bench_spec(settings, tuple(marker.args), dict(marker.kwargs),
+                           where=f"{item.nodeid}: marker llmserve_benchmark")
+            except ConfigError as exc:
+                if str(exc) not in problems:  # once per test function, not per parametrization
+                    problems.append(str(exc))
+    return problems
 
 
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
     settings = config.stash[SETTINGS_KEY]
+    problems = _marker_problems(config, items)
+    if problems:
+        raise pytest.UsageError("\n".join(f"pytest-llmserve: {problem}" for problem in problems))
     if any(_is_llmserve_item(item) for item in items):
         _start_using(config)
     if not config.option.collectonly and any(item.get_closest_marker("gpu") for item in items):
@@ -320,8 +369,6 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
     order: dict[str, int] = {s.id: i for i, s in enumerate(settings.cfg.all_specs())}
     for item in items:
         bench_marker = item.get_closest_marker("llmserve_benchmark")
-        if bench_marker is not None:
-            _benchmark_spec(item, settings)  # at collection, so a typo in a marker costs no server boot
         if bench_marker or "llm_ab" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.xdist_group("llmserve-bench"))
 
@@ -537,22 +584,53 @@ def _skip(message: str) -> None:
 
 # ---------------------------------------------------------------------------- reporting and teardown
 
+def _item_server(item: pytest.Item) -> ServerHandle | None:
+    """The launched server this item's test ran against, if any."""
+    spec = item.stash.get(SPEC_KEY, None)
+    pool = item.config.stash[STATE_KEY].pool
+    if spec is None or pool is None:
+        return None
+    for handle in pool.handles.values():
+        if handle.spec.id == spec.id and handle.log_path:
+            return handle
+    return None
+
+
+def server_death_failure(death: str, error: str) -> str:
+    """A test's failure when its server died under it, in the style of the tests after it (whose
+    ``llm_server`` setup fails with ``death``): who died and how, the test's own error in one line, then
+    the log's last lines once; the traceback into the client would only show where the socket closed."""
+    head, _, tail = death.partition("\n")
+    first = error.strip().splitlines()[0] if error.strip() else "?"
+    return f"{head}\nthe test failed with: {first}" + (f"\n{tail}" if tail else "")
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item: pytest.Item,
                               call: pytest.CallInfo[None]) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    server = _item_server(item) if call.excinfo is not None and call.when == "call" else None
+    death = server.death_report() if server is not None else None
+    if death is not None and call.excinfo is not None and not call.excinfo.errisinstance(pytest.skip.Exception):
+        try:
+            pytest.fail(server_death_failure(death, f"{call.excinfo.typename}: {call.excinfo.value}"),
+                        pytrace=False)
+        except pytest.fail.Exception:
+            call.excinfo = pytest.ExceptionInfo.from_current()
     report = yield
     if STATE_KEY in item.config.stash:
         spec = item.stash.get(SPEC_KEY, None) or _item_spec(item)
         report_hooks.record_verdict(item, call, report, spec.id if spec else None, SUITE_DIR)
-    if report.failed and SPEC_KEY in item.stash:
-        pool = item.config.stash[STATE_KEY].pool
-        if pool is not None:
-            for handle in pool.handles.values():
-                if handle.spec.id == item.stash[SPEC_KEY].id and handle.log_path:
-                    # A request error is often a dead server: then say so, with the log's last lines.
-                    death = handle.death_report()
-                    report.sections.append(("llmserve: server died", death) if death
-                                           else ("llmserve server log", f"{handle.describe()}"))
+    if report.failed and death is None and call.when == "call":
+        server = _item_server(item)
+        if server is not None and server.log_path is not None:
+            # The server is up: its last lines often say why a request failed.
+            from pytest_llmserve.server.handle import LOG_TAIL_LINES, read_tail, redact_text, secret_values
+
+            # Masked as in a death report: some engines print their arguments, an API key included.
+            tail = redact_text(read_tail(server.log_path),
+                               secret_values(server.spec, server.plan.argv if server.plan else None))
+            report.sections.append(("llmserve server log",
+                                    f"{server.describe()}\n--- last {LOG_TAIL_LINES} lines ---\n{tail}"))
     return report
 
 

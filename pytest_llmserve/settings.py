@@ -2,15 +2,23 @@
 
 Every setting has three spellings: an ini key (``llmserve_tolerance`` in ``[tool.pytest.ini_options]``
 or pytest.ini), an environment variable (``PYTEST_LLMSERVE_TOLERANCE``) and a command-line option
-(``--llmserve-tolerance``), with one help text (:data:`OPTIONS`). Precedence, lowest first::
+(``--llmserve-tolerance``), with one help text (:data:`OPTIONS`). The benchmark defaults
+(:data:`pytest_llmserve.config.BENCH_KEYS`: workload, metric, tolerance, rounds, max_rounds, alpha) may
+also be written in the configuration file's ``[tool.llmserve.bench]`` table. Precedence, lowest first::
 
-    ini  <  environment (PYTEST_LLMSERVE_*)  <  command line (--llmserve-*)  <  the test's marker
+    ini  <  [tool.llmserve.bench]  <  environment (PYTEST_LLMSERVE_*)  <  command line (--llmserve-*)  <  marker
 
-as pytest-timeout does. The first three are resolved once per run into a frozen :class:`Settings`;
-the marker (``llmserve_benchmark(...)``) is applied per test by :func:`bench_spec`, which turns its
-arguments into a frozen :class:`BenchSpec`. Every bad value raises :class:`ConfigError` naming the
-value and where it came from (``--llmserve-tolerance = 'lots': must be a number``,
+as pytest-timeout does for its three. The bench table outranks the ini because it sits beside the servers
+and workloads it gates (and a ``--llmserve-config`` file chosen for a run brings its own defaults); the
+environment and the command line are per-run overrides, the marker is per test. The first four are
+resolved once per run into a frozen :class:`Settings`; the marker (``llmserve_benchmark(...)``) is
+applied per test by :func:`bench_spec`, which turns its arguments into a frozen :class:`BenchSpec`.
+
+Each value obeys one rule whatever its source (a tolerance is a fraction below 1 on the command line as
+in a marker), and every bad value raises :class:`ConfigError` naming the value, where it came from and
+what is allowed (``--llmserve-tolerance = 2: must be a fraction below 1 (0.05 = 5%)``,
 ``$PYTEST_LLMSERVE_ROUNDS = '0': ...``, ``ini llmserve_max_rounds = 0: ...``,
+``pyproject.toml: [tool.llmserve.bench] tolerance = -7: ...``,
 ``tests/test_x.py::test_y: marker llmserve_benchmark tolerance = 2: ...``).
 
 Only the ``PYTEST_LLMSERVE_*`` variables named in :data:`OPTIONS` are settings; the others
@@ -30,6 +38,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from pytest_llmserve.config import (
+    BENCH_KEYS,
     BenchDefaults,
     LLMServeConfig,
     ServerSpec,
@@ -189,7 +198,10 @@ def _load(rootdir: Path, got: tuple[Any, str] | None,
         raise ConfigError(f"{where} = {value!r}: no such file")
     found = find_config_file(path.parent) if path.name in ("pyproject.toml", "llmserve.toml") else None
     if found is None or found[0].resolve() != path.resolve():
-        data = tomllib.loads(path.read_text())
+        try:
+            data = tomllib.loads(path.read_text(encoding="utf-8"))
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"{where} = {value!r}: not valid TOML: {exc}") from None
         table = data.get("tool", {}).get("llmserve", data)
         return config_from_table(table, str(path), default_factory), True
     return config_from_table(found[1], str(found[0]), default_factory), True
@@ -219,20 +231,10 @@ def resolve_settings(rootdir: Path, sources: Sources,
         cfg = replace(cfg, servers=(attach,), default_server="external", matrices={})
         servers = ("external",)
 
-    workload = get("workload")
-    if workload:
-        cfg.workload(str(workload[0]), where=workload[1])
-    metric = get("metric")
-    tolerance, rounds, max_rounds = get("tolerance"), get("rounds"), get("max_rounds")
-    bench = BenchDefaults(
-        workload=str(workload[0]) if workload else _DEFAULTS.workload,
-        metric=str(metric[0]) if metric else _DEFAULTS.metric,
-        tolerance=parse_positive_float(*tolerance) if tolerance else _DEFAULTS.tolerance,
-        rounds=parse_positive_int(*rounds) if rounds else _DEFAULTS.rounds,
-        max_rounds=parse_positive_int(*max_rounds) if max_rounds else _DEFAULTS.max_rounds,
-    )
+    bench, bench_where = _bench_defaults(cfg, sources)
     if bench.max_rounds < bench.rounds:
-        raise ConfigError(f"llmserve max_rounds = {bench.max_rounds} is below rounds = {bench.rounds}")
+        raise ConfigError(f"{bench_where['max_rounds']} = {bench.max_rounds} is below "
+                          f"{bench_where['rounds']} = {bench.rounds}: max_rounds must be >= rounds")
     baseline_dir, results_dir, bench_json = get("baseline_dir"), get("results_dir"), get("benchmark_json")
     inconclusive = get("inconclusive")
     if inconclusive and str(inconclusive[0]).strip().lower() not in INCONCLUSIVE_POLICIES:
@@ -284,25 +286,62 @@ def bench_spec(settings: Settings, args: tuple[Any, ...] = (), kwargs: Mapping[s
 
 
 def _bench_value(settings: Settings, key: str, value: Any, where: str) -> Any:
-    if key == "workload":
-        settings.cfg.workload(str(value), where=where)
-        return str(value)
-    if key in ("tolerance", "alpha"):
-        number = parse_positive_float(value, f"{where} {key}")
-        if number >= 1:
-            raise ConfigError(f"{where} {key} = {value!r}: must be a fraction below 1 (0.05 = 5%)")
-        return number
-    if key in ("rounds", "max_rounds"):
-        return parse_positive_int(value, f"{where} {key}")
+    if key in BENCH_KEYS:
+        return parse_bench_default(settings.cfg, key, value, f"{where} {key}")
     if key == "higher_is_better":
         if not isinstance(value, bool):
             raise ConfigError(f"{where} higher_is_better = {value!r}: must be True or False")
         return value
-    if key == "metric":
-        from pytest_llmserve.metrics import is_known
-
-        if not is_known(str(value)):
-            raise ConfigError(f"{where} metric = {value!r}: unknown metric")
-        return str(value)
     # variable, baseline_server, baseline_test: names
     return None if value is None else str(value)
+
+
+def parse_fraction(value: Any, where: str) -> float:
+    """A tolerance or significance level: a number in (0, 1), whichever source it came from."""
+    number = parse_positive_float(value, where)
+    if number >= 1:
+        raise ConfigError(f"{where} = {value!r}: must be a fraction below 1 (0.05 = 5%)")
+    return number
+
+
+def parse_bench_default(cfg: LLMServeConfig, key: str, value: Any, where: str) -> Any:
+    """One benchmark default (a :data:`~pytest_llmserve.config.BENCH_KEYS` name) by the rule every source
+    shares; ``where`` names the source and key, e.g. ``--llmserve-tolerance``."""
+    if key == "workload":
+        cfg.workload(str(value), where=where)
+        return str(value)
+    if key == "metric":
+        from pytest_llmserve.metrics import METRICS, is_known
+
+        if not is_known(str(value)):
+            flat = [name for name in METRICS if not name.endswith("_ms")]
+            raise ConfigError(f"{where} = {value!r}: unknown metric (known: {', '.join(flat)} and the "
+                              "latencies <mean|median|p90|p99|std>_<ttft|tpot|itl|e2e>_ms)")
+        return str(value)
+    if key in ("tolerance", "alpha"):
+        return parse_fraction(value, where)
+    if key in ("rounds", "max_rounds"):
+        return parse_positive_int(value, where)
+    raise ConfigError(f"{where}: not a benchmark setting (known: {', '.join(BENCH_KEYS)})")
+
+
+def _bench_defaults(cfg: LLMServeConfig, sources: Sources) -> tuple[BenchDefaults, dict[str, str]]:
+    """The run's benchmark defaults (ini < [tool.llmserve.bench] < environment < command line), and
+    where each came from (for messages that compare two of them)."""
+    values: dict[str, Any] = {}
+    where: dict[str, str] = {}
+    for key in BENCH_KEYS:
+        got: tuple[Any, str] | None = None
+        option = OPTIONS_BY_NAME.get(key)
+        if option is not None:
+            got = sources.lookup(option)
+            if got is not None and got[1].startswith("ini ") and key in cfg.bench:
+                got = None  # the bench table outranks the ini
+        if got is None and key in cfg.bench:
+            got = cfg.bench[key], f"{cfg.source}: [tool.llmserve.bench] {key}"
+        if got is not None:
+            values[key] = parse_bench_default(cfg, key, got[0], got[1])
+            where[key] = got[1]
+        else:
+            where[key] = f"the default {key}"
+    return replace(_DEFAULTS, **values), where

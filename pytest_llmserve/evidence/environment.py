@@ -1,11 +1,12 @@
 """The environment a benchmark ran in, as plain JSON data that can be stored and compared.
 
-:func:`build_context` gathers everything that must match for two runs to be comparable: the engine and
-its version, the model, the server arguments, the hardware (:func:`hardware_context`: CPU model and
-count; GPU name, count, driver and CUDA version read through :mod:`pytest_llmserve.server.gpu`), the
-workload, the plugin and the Python version. Before it is returned the context is made portable (paths
-under the plugin's cache are written ``<cache>/...``) and safe to store (secrets become ``***``,
-:func:`redact_context`).
+:func:`build_context` gathers everything that must match for two runs to be comparable: the engine and its
+version, the model, the server arguments, the hardware (:func:`hardware_context`: CPU model and count; GPU
+name, count, driver and CUDA version read through :mod:`pytest_llmserve.server.gpu`), the workload, the
+plugin and the Python version, and the environment variables a launched server inherits from the shell and
+its engine reads (:func:`engine_environment`, under ``engine_env``). Before it is returned the context is
+made portable (paths under the plugin's cache are written ``<cache>/...``) and safe to store (secrets become
+``***``, :func:`redact_context`).
 """
 
 from __future__ import annotations
@@ -105,6 +106,54 @@ def python_label() -> str:
     return f"{platform.python_implementation()} {major}.{minor}"
 
 
+# --------------------------------------------------------------------------- inherited environment
+
+# Variables that say where things are, or which of the host's devices a server gets, not how it runs:
+# they differ between users and CI runners of one set-up (the devices' model and count are in "hardware").
+_PLACE_ONLY_ENV = frozenset({"CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", "NVIDIA_DRIVER_CAPABILITIES",
+                             "CUDA_DEVICE_ORDER"})
+_PLACE_ONLY_SUFFIXES = ("_HOME", "_CACHE", "_CACHE_DIR", "_CACHE_ROOT", "_CONFIG_ROOT", "_DIR", "_PATH")
+
+
+def engine_env_prefixes(engine: str) -> tuple[str, ...]:
+    """Prefixes of the variables a server of ``engine`` reads: the libraries' (:data:`GENERIC_ENV_PREFIXES`)
+    and the engine's own (its adapter's ``env_prefixes``); every engine's for ``command``, which may run
+    any of them; none for an engine that launches nothing (``external``: the shell here is not its shell)."""
+    from pytest_llmserve.engines import ADAPTERS, adapter_named
+    from pytest_llmserve.engines.base import GENERIC_ENV_PREFIXES
+
+    if engine not in ADAPTERS:
+        return GENERIC_ENV_PREFIXES
+    adapter = adapter_named(engine)
+    if not adapter.launches:
+        return ()
+    own = adapter.env_prefixes
+    if engine == "command":
+        own = tuple(prefix for name in ADAPTERS for prefix in adapter_named(name).env_prefixes)
+    return tuple(dict.fromkeys(GENERIC_ENV_PREFIXES + own))
+
+
+def engine_environment(spec: ServerSpec, environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The variables of ``environ`` (default: this process's) that a launched ``spec`` server inherits and
+    its engine reads, by prefix (``VLLM_CPU_KVCACHE_SPACE``, ``OMP_NUM_THREADS``...), secrets as ``***``.
+
+    Left out: those the spec's own ``env`` sets (they override the shell's and are in ``server_args``) and
+    those that only name a place or a device (:data:`_PLACE_ONLY_ENV`, ``*_HOME``, ``*_CACHE_DIR``...).
+    """
+    prefixes = engine_env_prefixes(spec.engine)
+    if not prefixes:
+        return {}
+    environ = os.environ if environ is None else environ
+    own = {name for name, _ in spec.env}
+    out: dict[str, str] = {}
+    for name in sorted(environ):
+        if (not name.startswith(prefixes) or name in own or name in _PLACE_ONLY_ENV
+                or name.endswith(_PLACE_ONLY_SUFFIXES)):
+            continue
+        out[name] = REDACTED if is_secret_name(name) else environ[name]
+    return out
+
+
 # --------------------------------------------------------------------------- the context
 
 
@@ -125,11 +174,13 @@ def build_context(
     plugin_version: str | None = None,
     python: str | None = None,
     extra: Mapping[str, Any] | None = None,
+    environ: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     """Everything that must match for two benchmark runs to be comparable.
 
     ``hardware`` defaults to :func:`hardware_context`, ``plugin_version`` to this package's version,
-    ``python`` to :func:`python_label`. ``extra`` adds keys (they take part in comparisons).
+    ``python`` to :func:`python_label`, ``environ`` (the shell the server inherits) to ``os.environ``.
+    ``extra`` adds keys (they take part in comparisons).
     """
     if plugin_version is None:
         from pytest_llmserve import __version__ as plugin_version
@@ -143,6 +194,9 @@ def build_context(
         "plugin_version": plugin_version,
         "python": python or python_label(),
     }
+    inherited = engine_environment(spec, environ)
+    if inherited:  # only when there is one, so that baselines recorded without such variables still compare
+        ctx["engine_env"] = inherited
     if extra:
         ctx.update(extra)
     return redact_context(portable_paths(ctx))

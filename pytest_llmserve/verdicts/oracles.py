@@ -671,13 +671,61 @@ DEFAULT_KNOWN_ANSWERS: tuple[KnownAnswer, ...] = (
 )
 
 
+def answer_departure(text: str, expected: Sequence[str]) -> tuple[int, str, int] | None:
+    """Where ``text`` leaves the expected answer it came closest to, as (character offset of the first
+    character that no longer matches, that expected string, how many of its characters matched).
+
+    The closest answer is the one with the longest prefix (case-insensitive) found in ``text``: "Pari"
+    in "...is Parix." departs from "paris" at the "x". A prefix shorter than half the answer (at least 3
+    characters) is chance ("to" in "tokyo"), so an answer without one, or too short to have one, gives None.
+    """
+    low = text.lower()
+    best: tuple[int, str, int] | None = None
+    for want in expected:
+        w = want.lower()
+        shortest = max(3, (len(w) + 1) // 2)
+        for n in range(len(w) - 1, shortest - 1, -1):  # the longest proper prefix first
+            at = low.find(w[:n])
+            if at >= 0:
+                if best is None or n > best[2]:
+                    best = (at + n, want, n)
+                break
+    return best
+
+
+def _token_index_at(tokens: Sequence[TokenLogprob], text: str, offset: int) -> int | None:
+    """The index of the token that holds character ``offset`` of ``text``; None when the tokens do not
+    spell the text (then positions would be guesses)."""
+    if "".join(t.token for t in tokens) != text:
+        return None
+    end = 0
+    for i, t in enumerate(tokens):
+        end += len(t.token)
+        if offset < end:
+            return i
+    return len(tokens) - 1 if tokens else None
+
+
 def known_answer_findings(probe: KnownAnswer, c: Completion) -> list[Finding]:
+    """A wrong known answer: the answer's text, the expected strings and, where the answer began one of
+    them, where it departs, with the tokens around that point as evidence (none otherwise: the first
+    tokens of a wrong answer are not, as such, the offending ones)."""
     if not c.ok or probe.matches(c.text):
         return []
-    evidence = [TokenAt.of(i, t) for i, t in enumerate(c.tokens[:8])]
-    return [_finding("known-answer", "error", f"expected one of {list(probe.must_contain)} "
-                     f"(case-insensitive) in the answer, got {c.text[:200]!r}", c, evidence,
-                     f"known-answer[{probe.label}]")]
+    message = f"expected one of {list(probe.must_contain)} (case-insensitive) in the answer, got {c.text[:200]!r}"
+    evidence: list[TokenAt] = []
+    departure = answer_departure(c.text, probe.must_contain)
+    if departure is None:
+        message += "; no expected answer is begun in it"
+    else:
+        offset, want, matched = departure
+        then = repr(c.text[offset:offset + 12]) if offset < len(c.text) else "the end of the answer"
+        message += (f"; it departs from {want!r} at character {offset}: {c.text[offset - matched:offset]!r} "
+                    f"then {then} instead of {want[matched:]!r}")
+        index = _token_index_at(c.tokens, c.text, offset)
+        if index is not None:
+            evidence = [TokenAt.of(i, c.tokens[i]) for i in range(max(0, index - 2), min(len(c.tokens), index + 3))]
+    return [_finding("known-answer", "error", message, c, evidence, f"known-answer[{probe.label}]")]
 
 
 def _first_difference(a: Sequence[TokenLogprob], b: Sequence[TokenLogprob]) -> int | None:
@@ -1230,7 +1278,7 @@ __all__ = [
     "DEFAULT_BATCH_PROMPTS", "DEFAULT_NAN_PROMPTS", "DEFAULT_THRESHOLDS", "NO_GRAPH_SIZES", "BatchCase",
     "CoherenceThresholds", "Finding", "KnownAnswer", "OracleReport", "ProbePrompt", "TokenAt", "batch_prompts",
     "check_logprobs_close", "coherence_findings", "coherence_metrics", "compare_runs", "coverage_plan",
-    "determinism_findings", "exact_equal_findings", "known_answer_findings", "logprob_consistency",
+    "answer_departure", "determinism_findings", "exact_equal_findings", "known_answer_findings", "logprob_consistency",
     "nan_evidence", "nan_in_log", "nan_in_metrics", "response_findings", "run_batch_case",
     "run_batch_reference", "run_determinism", "run_differential", "run_known_answers", "run_long_decode",
     "run_nan_check", "send_prompts", "transport_findings",

@@ -59,8 +59,10 @@ def test_bad_marker_argument_names_the_test(pytester: pytest.Pytester) -> None:
             pass
     """)
     result = pytester.runpytest("--collect-only")
-    result.stdout.fnmatch_lines(["*test_bad_marker_argument_names_the_test.py::test_srv: marker llmserve_server: "
-                                 "unknown server 'missing'*"])
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*test_bad_marker_argument_names_the_test.py::test_srv: marker llmserve_server: "
+                                 "unknown server 'missing'*",
+                                 "*unknown workload 'nope' in test_bad_marker_argument_names_the_test.py::test_bench[[]a]: marker llmserve_benchmark*"])
 
 
 def test_unknown_server_on_command_line(pytester: pytest.Pytester) -> None:

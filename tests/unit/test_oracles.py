@@ -790,4 +790,4 @@ def test_report_message_uses_the_recorded_server_id() -> None:
     message = report.message()
     assert message.startswith("known-answers FAILED on server smollm2[eager=on]: 1 error(s)")
     assert "sent: prompt=[{'role': 'user', 'content': 'What is the capital of France?" in message
-    assert "#0 'The' -0.300" in message
+    assert "got 'The capital of France is Lyon.'; no expected answer is begun in it" in message

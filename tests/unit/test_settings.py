@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -42,7 +43,7 @@ def test_command_line_server_wins_over_ini(tmp_path: Path) -> None:
 
 def test_configured_only_by_a_file_or_an_llmserve_setting(tmp_path: Path) -> None:
     assert not _resolve(tmp_path, env={"PYTEST_LLMSERVE_CACHE": "/c", "PYTEST_LLMSERVE_EVENT_LOOP": "asyncio"}).configured
-    assert _resolve(tmp_path, env={"PYTEST_LLMSERVE_METRIC": "ttft"}).configured
+    assert _resolve(tmp_path, env={"PYTEST_LLMSERVE_METRIC": "p99_ttft_ms"}).configured
     assert _resolve(tmp_path, ini={"save_baseline": False}).configured
     (tmp_path / "pyproject.toml").write_text('[tool.llmserve.servers.a]\nmodel = "/a"\n')
     assert _resolve(tmp_path).configured
@@ -85,3 +86,60 @@ def test_bad_marker_arguments_name_the_place_and_value(tmp_path: Path, args: tup
     with pytest.raises(ConfigError) as info:
         bench_spec(_resolve(tmp_path), args, kwargs, where="W")
     assert expected in str(info.value)
+
+
+def test_bench_table_sits_between_ini_and_environment(tmp_path: Path) -> None:
+    (tmp_path / "llmserve.toml").write_text('[servers.a]\nmodel = "/a"\n'
+                                            '[bench]\ntolerance = 0.12\nrounds = 5\nworkload = "saturated"\n')
+    ini = {"tolerance": 0.2, "rounds": 4, "max_rounds": 9}
+    table = _resolve(tmp_path, ini=ini).bench
+    assert (table.tolerance, table.rounds, table.max_rounds, table.workload) == (0.12, 5, 9, "saturated")
+    env = _resolve(tmp_path, ini=ini, env={"PYTEST_LLMSERVE_TOLERANCE": "0.1"}).bench
+    assert (env.tolerance, env.rounds) == (0.1, 5)
+    cli = _resolve(tmp_path, cli={"tolerance": "0.07", "rounds": "6"}, ini=ini,
+                   env={"PYTEST_LLMSERVE_TOLERANCE": "0.1"}).bench
+    assert (cli.tolerance, cli.rounds) == (0.07, 6)
+    # ... and the marker over all of them.
+    spec = bench_spec(_resolve(tmp_path, ini=ini), (), {"tolerance": 0.3}, where="W")
+    assert (spec.tolerance, spec.rounds, spec.workload) == (0.3, 5, "saturated")
+
+
+@pytest.mark.parametrize(("bench", "expected"), [
+    ("tolerance = -7", "[tool.llmserve.bench] tolerance = -7: must be > 0"),
+    ("tolerance = 2", "[tool.llmserve.bench] tolerance = 2: must be a fraction below 1 (0.05 = 5%)"),
+    ("alpha = 1.5", "[tool.llmserve.bench] alpha = 1.5: must be a fraction below 1"),
+    ("rounds = 0", "[tool.llmserve.bench] rounds = 0: must be a positive integer"),
+    ('metric = "speed"', "[tool.llmserve.bench] metric = 'speed': unknown metric (known: output_throughput, "),
+    ('workload = "nope"', "unknown workload 'nope' in "),
+    ("save_baseline = true", "[tool.llmserve.bench] unknown key 'save_baseline' = True (known keys: alpha, "),
+    ("rounds = 5\nmax_rounds = 3", "[tool.llmserve.bench] max_rounds = 3 is below "),
+])
+def test_bad_bench_table_values_name_the_file_and_key(tmp_path: Path, bench: str, expected: str) -> None:
+    (tmp_path / "pyproject.toml").write_text(f'[tool.llmserve.servers.a]\nmodel = "/a"\n[tool.llmserve.bench]\n{bench}\n')
+    with pytest.raises(ConfigError) as info:
+        _resolve(tmp_path)
+    assert str(tmp_path / "pyproject.toml") in str(info.value)
+    assert expected in str(info.value)
+
+
+def test_one_rule_for_tolerance_and_metric_whatever_the_source(tmp_path: Path) -> None:
+    for kwargs, where in (({"cli": {"tolerance": "2"}}, "--llmserve-tolerance = '2'"),
+                          ({"env": {"PYTEST_LLMSERVE_TOLERANCE": "1"}}, "$PYTEST_LLMSERVE_TOLERANCE = '1'"),
+                          ({"ini": {"tolerance": 1.5}}, "ini llmserve_tolerance = 1.5")):
+        with pytest.raises(ConfigError, match=rf"^{re.escape(where)}: must be a fraction below 1 \(0.05 = 5%\)$"):
+            _resolve(tmp_path, **kwargs)
+    with pytest.raises(ConfigError, match=r"--llmserve-metric = 'speed': unknown metric \(known: output_throughput"):
+        _resolve(tmp_path, cli={"metric": "speed"})
+
+
+def test_max_rounds_below_rounds_names_both_sources(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"^--llmserve-max-rounds = 3 is below ini llmserve_rounds = 5: "
+                                          r"max_rounds must be >= rounds$"):
+        _resolve(tmp_path, cli={"max_rounds": "3"}, ini={"rounds": 5})
+
+
+def test_config_option_with_broken_toml_names_the_file_and_position(tmp_path: Path) -> None:
+    broken = tmp_path / "other.toml"
+    broken.write_text('[servers.a]\nmodel = "/a\n')
+    with pytest.raises(ConfigError, match=r"--llmserve-config = '.*other.toml': not valid TOML: .*\(at line 2"):
+        _resolve(tmp_path, cli={"config": str(broken)})

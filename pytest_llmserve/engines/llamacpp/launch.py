@@ -154,6 +154,7 @@ class LlamaCppAdapter(EngineAdapter):
     """``llama-server`` (llama.cpp's OpenAI-compatible server)."""
 
     name = "llamacpp"
+    env_prefixes = ("LLAMA_", "GGML_")
     generation_counter = "llamacpp:tokens_predicted_total"
     metrics_prefix = "llamacpp:"
     log_signature = re.compile(r"llama_model_load|main: server is listening|build: \d+ \(\w+\)")

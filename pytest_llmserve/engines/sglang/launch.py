@@ -514,6 +514,7 @@ class SGLangAdapter(EngineAdapter):
     """``python -m sglang.launch_server`` with flags mapped to the installed version."""
 
     name = "sglang"
+    env_prefixes = ("SGLANG_", "SGL_", "FLASHINFER_")
     generation_counter = "sglang:generation_tokens_total"
     metrics_prefix = "sglang:"
     nan_log_patterns = SGLANG_NAN_LOG_PATTERNS

@@ -36,6 +36,7 @@ if TYPE_CHECKING:
 
 class VLLMAdapter(EngineAdapter):
     name = "vllm"
+    env_prefixes = ("VLLM_",)
     generation_counter = "vllm:generation_tokens_total"
     metrics_prefix = "vllm:"
     nan_log_patterns = VLLM_NAN_LOG_PATTERNS

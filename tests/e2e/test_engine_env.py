@@ -1,0 +1,50 @@
+"""A variable the server inherits from the shell is part of the baseline context, on the real vLLM CPU server.
+
+The case of issue 12: ``VLLM_CPU_KVCACHE_SPACE=2`` then ``=1`` set in the shell (the server's KV cache goes
+from 93,184 to 46,592 tokens) used to compare as "same context" and pass. The server here has no ``env`` of
+its own, so the shell's value is the one vLLM reads.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.conftest import TINY_WORKLOAD, default_server_toml
+
+KV_TEST = """
+import pytest
+
+@pytest.mark.llmserve_benchmark(rounds=1)
+def test_throughput(llm_server, llm_bench):
+    print("KV", llm_server.facts().kv_cache_tokens)
+    llm_bench.run()
+"""
+
+
+def _kv(output: str) -> int:
+    return int(next(line.split("KV ", 1)[1].split()[0] for line in output.splitlines() if line.startswith("KV ")))
+
+
+def test_shell_kv_cache_space_enters_the_baseline_context(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch,
+                                                          write_config: Callable[[str], Path]) -> None:
+    write_config(default_server_toml("cpu", env=None) + TINY_WORKLOAD)
+    pytester.makeini("[pytest]\nllmserve_workload = tiny\n")
+    pytester.makepyfile(test_kv=KV_TEST)
+
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "2")
+    saved = pytester.runpytest_subprocess("-s", "-p", "no:cacheprovider", "--llmserve-save-baseline", timeout=900)
+    saved.assert_outcomes(passed=1)
+    [baseline] = (pytester.path / "baselines").glob("*.json")
+    assert json.loads(baseline.read_text())["context"]["engine_env"] == {"VLLM_CPU_KVCACHE_SPACE": "2"}
+
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
+    rerun = pytester.runpytest_subprocess("-s", "-p", "no:cacheprovider", timeout=900)
+    out = rerun.stdout.str()
+    # The variable reached the server (half the KV cache) and the comparison is refused, naming it.
+    assert _kv(out) * 2 == _kv(saved.stdout.str()), out
+    rerun.assert_outcomes(failed=1)
+    assert 'engine_env.VLLM_CPU_KVCACHE_SPACE: "2" -> "1"' in out, out
