@@ -514,6 +514,7 @@ class SGLangAdapter(EngineAdapter):
 
     name = "sglang"
     generation_counter = "sglang:generation_tokens_total"
+    running_requests_gauge = "sglang:num_running_reqs"
     metrics_prefix = "sglang:"
     log_signature = re.compile(r"server_args=(?:ServerArgs\(|\{)|The server is fired up and ready to roll")
     server_info_path = "/server_info"

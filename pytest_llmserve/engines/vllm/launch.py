@@ -35,6 +35,7 @@ if TYPE_CHECKING:
 class VLLMAdapter(EngineAdapter):
     name = "vllm"
     generation_counter = "vllm:generation_tokens_total"
+    running_requests_gauge = "vllm:num_requests_running"
     metrics_prefix = "vllm:"
     log_signature = re.compile(
         r"vLLM API server version|Initializing an? (?:V1 )?LLM engine|[█▀▄\s]+version \d|Starting vLLM")
