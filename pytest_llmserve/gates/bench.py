@@ -195,16 +195,25 @@ def run_round(server: RunningServer, workload: Workload, prompts: Any, what: str
     from pytest_llmserve.load.runner import run_workload
 
     server.ensure_alive()
+    engine = _engine_of(server)
     with _alone(server), _requests(server):
         result = run_workload(server.base_url, server.model_name, workload, prompts=prompts,
                               api_key=server.spec.api_key, progress=False,
                               timeout_s=server.spec.request_timeout_s,
-                              server_counter=server.adapter.generation_counter,
-                              running_gauge=server.adapter.running_requests_gauge)
+                              server_counter=engine.generation_counter,
+                              running_gauge=engine.running_requests_gauge)
     if not result.valid:
         fail(f"{what} is INVALID (not a number):\n  - " + "\n  - ".join(result.invalid_reasons)
              + f"\nworkload: {asdict(workload)}\nserver: {server.describe()}")
     return result
+
+
+def _engine_of(server: RunningServer) -> Any:
+    """The engine's adapter, for its metric names: a worker attached to another worker's server reaches it
+    as ``external``, but the engine is the one configured (``spec_for_checks``)."""
+    from pytest_llmserve.engines import adapter_for
+
+    return adapter_for(server.spec_for_checks) if server.spec_for_checks is not None else server.adapter
 
 
 def _alone(server: RunningServer) -> Any:

@@ -87,9 +87,17 @@ def story(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Story]:
     running: list[subprocess.Popen[bytes]] = []
     orphans: dict[int, str] = {}
     try:
+        # L first: a live run (and its server) is up all along, and O's and R's preflights spare it.
+        live, live_out, live_started = wd.spawn("L", cwd=live_dir)
+        running.append(live)
+        wait_for(lambda: (live_dir / "up.json").exists() or live.poll() is not None, 60, "L's server")
+        assert live.poll() is None, live_out.read_text()
+        live_up = json.loads((live_dir / "up.json").read_text())
+
         o, o_out, o_started = wd.spawn("O", "test_hold.py")
         running.append(o)
         wait_for(lambda: (wd.path / "up.json").exists() or o.poll() is not None, STARTUP_TIMEOUT_S, "O's server")
+        assert o.poll() is None, o_out.read_text()
         up = json.loads((wd.path / "up.json").read_text())
         o.send_signal(signal.SIGKILL)
         wd.finish("O", o, o_out, o_started, 30)
@@ -100,11 +108,6 @@ def story(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Story]:
         # The state the issue found: no record of the server in the registry.
         for record in (wd.cache / "running").glob("*.json"):
             record.unlink()
-
-        live, live_out, live_started = wd.spawn("L", cwd=live_dir)
-        running.append(live)
-        wait_for(lambda: (live_dir / "up.json").exists() or live.poll() is not None, 60, "L's server")
-        live_up = json.loads((live_dir / "up.json").read_text())
 
         refused = wd.run("R", "test_hold.py", "-rA", timeout_s=120)
         killer = subprocess.run([str(Path(sys.executable).parent / "llmserve"), "kill-stale"], env=wd.env,
