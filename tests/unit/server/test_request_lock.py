@@ -25,7 +25,8 @@ HOLDER = textwrap.dedent("""
     with (lock.shared() if mode == "shared" else lock.exclusive()):
         flag.write_text(str(time.time()))
         time.sleep(hold_s)
-    pathlib.Path(str(flag) + ".released").write_text(str(time.time()))
+        # Stamped just before the lock goes: whoever enters next must see it, and later.
+        pathlib.Path(str(flag) + ".released").write_text(str(time.time()))
 """)
 
 
