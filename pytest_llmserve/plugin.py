@@ -137,6 +137,8 @@ def pytest_configure(config: pytest.Config) -> None:
         run_dir, owns = Path(tempfile.gettempdir()) / f"llmserve-run-{uuid.uuid4().hex[:16]}", True
         xdist_hooks.register(config, str(run_dir))
     config.stash[STATE_KEY] = RunState(run_dir=run_dir, owns_run_dir=owns, accounting=Accounting())
+    if xdist_hooks.is_worker(config):
+        xdist_hooks.register_worker(config, config.stash[STATE_KEY].accounting)
     if settings.configured:
         xdist_hooks.keep_benchmarks_on_one_worker(config)
         _start_using(config)
@@ -660,10 +662,12 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, exitstatu
         terminalreporter.write_line(f"  {b['server']}: boot {b.get('boot_s')} s, log {b.get('log')}")
     for b in attached:
         terminalreporter.write_line(f"attached (not booted, not stopped): {b['server']} at {b.get('url')}")
-    if state.pool is not None:
-        from pytest_llmserve.gates.accounting import format_report
+    workers = xdist_hooks.workers_accounting(config)  # under xdist the servers were used in the workers
+    if state.pool is not None or workers:
+        from pytest_llmserve.gates.accounting import format_report, report
 
-        terminalreporter.write_line("time: " + format_report(state.accounting.report()))
+        snapshot = Accounting.merge([state.accounting.snapshot(), *workers])
+        terminalreporter.write_line("time: " + format_report(report(snapshot)))
     from pytest_llmserve.report.session import render_session
 
     for line in render_session(outcomes, checks, settings.results_dir, bench_json=settings.bench_json,

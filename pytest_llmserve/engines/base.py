@@ -41,6 +41,9 @@ class EngineAdapter(ABC):
     env_prefixes: tuple[str, ...] = ()
     #: Prometheus counter of generated tokens, for the server-side throughput cross-check.
     generation_counter: str | None = None
+    #: Prometheus gauge of the requests the engine is running now, sampled during a benchmark round to
+    #: prove nothing else reached the server (a round whose gauge exceeds its concurrency is invalid).
+    running_requests_gauge: str | None = None
     #: True when the engine launches a process (False for ``external``).
     launches: bool = True
     #: Endpoint with the engine's resolved settings as JSON (SGLang ``/server_info``), if any.

@@ -14,9 +14,11 @@ from __future__ import annotations
 import json
 import math
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import httpx
 
@@ -113,19 +115,84 @@ def _as_float(value: Any) -> float | None:
         return None
 
 
+class SharedRequestLock(Protocol):
+    """The server's request lock as a correctness client sees it (see
+    :class:`pytest_llmserve.server.isolation.RequestLock`): held shared while a request is in flight."""
+
+    def acquire_shared(self) -> None: ...
+
+    def release_shared(self) -> None: ...
+
+    def shared(self) -> AbstractContextManager[None]: ...
+
+
+class _ReleasingStream(httpx.SyncByteStream):
+    """A response body that gives the shared lock back when it is closed (read to the end, or left)."""
+
+    def __init__(self, inner: httpx.SyncByteStream, lock: SharedRequestLock) -> None:
+        self._inner = inner
+        self._lock: SharedRequestLock | None = lock
+
+    def __iter__(self) -> Iterator[bytes]:
+        yield from self._inner
+
+    def close(self) -> None:
+        lock, self._lock = self._lock, None
+        try:
+            self._inner.close()
+        finally:
+            if lock is not None:
+                lock.release_shared()
+
+
+class SharedLockTransport(httpx.BaseTransport):
+    """Every POST (a generation, a tokenization) holds the server's lock shared from the moment it is
+    sent until its response is closed, streamed responses included; GETs (``/metrics``, ``/version``)
+    leave the engine's running requests alone and go straight through."""
+
+    def __init__(self, inner: httpx.BaseTransport, lock: SharedRequestLock) -> None:
+        self._inner = inner
+        self._lock = lock
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        if request.method != "POST":
+            return self._inner.handle_request(request)
+        self._lock.acquire_shared()
+        try:
+            response = self._inner.handle_request(request)
+        except BaseException:
+            self._lock.release_shared()
+            raise
+        assert isinstance(response.stream, httpx.SyncByteStream)
+        return httpx.Response(response.status_code, headers=response.headers,
+                              stream=_ReleasingStream(response.stream, self._lock),
+                              extensions=response.extensions)
+
+    def close(self) -> None:
+        self._inner.close()
+
+
 class LLMClient:
-    """A small synchronous client for correctness requests (not for load generation)."""
+    """A small synchronous client for correctness requests (not for load generation).
+
+    Given the server's ``request_lock`` (the plugin's servers have one), each request holds it shared,
+    so no request of this client reaches the server while a benchmark round holds it exclusively.
+    """
 
     def __init__(self, base_url: str, model: str, api_key: str | None = None, timeout_s: float = 300.0,
-                 accounting: Any = None) -> None:
+                 accounting: Any = None, request_lock: SharedRequestLock | None = None) -> None:
         self.base_url = base_url.rstrip("/")
         self.accounting = accounting  # counts the time spent waiting on the server as request time
+        self.request_lock = request_lock
         self.model = model
         self.timeout_s = timeout_s
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         # No pool limit: a batch case of N concurrent requests must reach the server as N connections.
-        self._http = httpx.Client(base_url=self.base_url, headers=headers, timeout=timeout_s,
-                                  limits=httpx.Limits(max_connections=None, max_keepalive_connections=64))
+        limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
+        transport: httpx.BaseTransport = httpx.HTTPTransport(limits=limits)
+        if request_lock is not None:
+            transport = SharedLockTransport(transport, request_lock)
+        self._http = httpx.Client(base_url=self.base_url, headers=headers, timeout=timeout_s, transport=transport)
 
     def close(self) -> None:
         self._http.close()
@@ -213,10 +280,14 @@ class LLMClient:
                           completion_tokens=usage.get("completion_tokens"), elapsed_s=elapsed, raw=data)
 
     def complete_concurrently(self, prompts: list[str | list[int]], max_tokens: int, **kwargs: Any) -> list[Completion]:
-        """Send all prompts at once (one thread each) so the server batches them together."""
+        """Send all prompts at once (one thread each) so the server batches them together.
+
+        The batch holds the server's lock once for all its requests, so a benchmark round of another
+        worker never splits it (half the batch before the round, half after)."""
         if not prompts:
             return []
-        with ThreadPoolExecutor(max_workers=len(prompts)) as pool:
+        held = self.request_lock.shared() if self.request_lock is not None else nullcontext()
+        with held, ThreadPoolExecutor(max_workers=len(prompts)) as pool:
             futures = [pool.submit(self.complete, p, max_tokens, **kwargs) for p in prompts]
             return [f.result() for f in futures]
 

@@ -525,19 +525,41 @@ def shlex_join(parts: Sequence[str]) -> str:
 
 def run_round(server: RunningServer, workload: Workload, prompts: Any, what: str, fail: Callable[[str], Any]) -> Any:
     """One measured round on a live ``server`` (its requests counted as request time, bounded by the server's
-    ``request_timeout_s``); an invalid round is never a number: ``fail`` gets what made it invalid."""
+    ``request_timeout_s``); an invalid round is never a number: ``fail`` gets what made it invalid.
+
+    The round has the server to itself: it holds the server's request lock exclusively (no other request
+    of this run, from any xdist worker, reaches the server meanwhile), and the engine's own
+    running-requests gauge, sampled during the round, must never exceed the round's concurrency."""
     from pytest_llmserve.load.runner import run_workload
 
     server.ensure_alive()
-    with _requests(server):
+    engine = _engine_of(server)
+    with _alone(server), _requests(server):
         result = run_workload(server.base_url, server.model_name, workload, prompts=prompts,
-                                   api_key=server.spec.api_key, progress=False,
-                                   timeout_s=server.spec.request_timeout_s,
-                                   server_counter=server.adapter.generation_counter)
+                              api_key=server.spec.api_key, progress=False,
+                              timeout_s=server.spec.request_timeout_s,
+                              server_counter=engine.generation_counter,
+                              running_gauge=engine.running_requests_gauge)
     if not result.valid:
         fail(f"{what} is INVALID (not a number):\n  - " + "\n  - ".join(result.invalid_reasons)
              + f"\nworkload: {asdict(workload)}\nserver: {server.describe()}")
     return result
+
+
+def _engine_of(server: RunningServer) -> Any:
+    """The engine's adapter, for its metric names: a worker attached to another worker's server reaches it
+    as ``external``, but the engine is the one configured (``spec_for_checks``)."""
+    from pytest_llmserve.engines import adapter_for
+
+    return adapter_for(server.spec_for_checks) if server.spec_for_checks is not None else server.adapter
+
+
+def _alone(server: RunningServer) -> Any:
+    """The server's request lock held exclusively (none when the server was not given one: a script's)."""
+    import contextlib
+
+    lock = getattr(server, "request_lock", None)
+    return lock.exclusive() if lock is not None else contextlib.nullcontext()
 
 
 def _requests(server: RunningServer) -> Any:

@@ -37,8 +37,9 @@ from pytest_llmserve.load.transport import (
     request_body,
 )
 
-__all__ = ["LOOP_ENV", "Progress", "arrival_offsets", "event_loop_name", "merge_records", "run_loop",
-           "run_workload", "run_workload_async", "run_workload_multiprocess", "split_evenly"]
+__all__ = ["GAUGE_SAMPLE_HZ", "LOOP_ENV", "Progress", "RunningGaugeSampler", "arrival_offsets", "contamination",
+           "event_loop_name", "judge_isolation", "merge_records", "round_concurrency", "run_loop", "run_workload",
+           "run_workload_async", "run_workload_multiprocess", "split_evenly"]
 
 _R = TypeVar("_R")
 
@@ -199,6 +200,105 @@ async def _execute(base_url: str, model: str, prompts: Sequence[WorkloadPrompt],
 
 
 
+# --------------------------------------------------------------------------- measured alone
+
+#: How often the server's running-requests gauge is read during a round (Hz).
+GAUGE_SAMPLE_HZ = 4.0
+
+
+class RunningGaugeSampler:
+    """Reads the server's running-requests gauge (e.g. ``vllm:num_requests_running``) at
+    :data:`GAUGE_SAMPLE_HZ` on its own thread, over its own connection, while a round runs: a plain
+    ``GET /metrics`` off the load generator's event loop, so the measured requests never wait for it.
+    Only the gauge's lines of the page are parsed (by :mod:`pytest_llmserve.evidence.prometheus`)."""
+
+    def __init__(self, base_url: str, api_key: str | None, gauge: str, hz: float = GAUGE_SAMPLE_HZ) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.api_key = api_key
+        self.gauge = gauge
+        self.interval_s = 1.0 / hz
+        self.samples: list[float] = []
+        self.failed_reads = 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> RunningGaugeSampler:
+        self._thread = threading.Thread(target=self._loop, name="llmserve-gauge", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> list[float]:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=15)
+        return list(self.samples)
+
+    def read(self, page: str) -> float | None:
+        """The gauge's value on one /metrics page (summed over label sets, e.g. data-parallel engines)."""
+        from pytest_llmserve.evidence.prometheus import parse
+
+        lines = "\n".join(ln for ln in page.splitlines() if ln.startswith(self.gauge)) + "\n"
+        values = parse(lines).get(self.gauge)
+        return sum(v for _, v in values) if values else None
+
+    def _loop(self) -> None:
+        import httpx
+
+        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+        with httpx.Client(headers=headers, timeout=5.0) as http:
+            while True:
+                value = None
+                try:
+                    resp = http.get(self.base_url + "/metrics")
+                    if resp.status_code == 200:
+                        value = self.read(resp.text)
+                except httpx.HTTPError:
+                    pass
+                if value is None:
+                    self.failed_reads += 1
+                else:
+                    self.samples.append(value)
+                if self._stop.wait(self.interval_s):
+                    return
+
+
+def round_concurrency(workload: Workload) -> int:
+    """The most requests a round itself can have running at once: its concurrency limit, else all of them."""
+    return int(workload.max_concurrency or workload.num_prompts)
+
+
+def contamination(samples: Sequence[float], concurrency: int) -> str | None:
+    """Why a round is invalid when the server's own gauge saw more requests running than the round sent
+    at most (another client reached the server during it), else None."""
+    peak = max(samples, default=0.0)
+    if peak > concurrency:
+        return f"contaminated: {peak:g} running requests during a round of concurrency {concurrency}"
+    return None
+
+
+def judge_isolation(result: RunResult, gauge: str, samples: Sequence[float], failed_reads: int = 0) -> RunResult:
+    """Record what the gauge showed during the round; a contaminated round becomes invalid (its figures
+    move to ``diagnostics``, as for any invalid run)."""
+    concurrency = round_concurrency(result.workload)
+    if not samples:
+        result.notes.append(f"{gauge} could not be read during the round ({failed_reads} attempts): "
+                            "that no other client reached the server is not verified")
+        return result
+    peak = max(samples)
+    result.diagnostics["server_running_requests_max"] = peak
+    result.notes.append(f"{gauge} sampled {len(samples)} times during the round: at most {peak:g} running "
+                        f"(the round's concurrency is {concurrency})")
+    reason = contamination(samples, concurrency)
+    if reason is not None:
+        if result.valid:
+            result.diagnostics.update(result.metrics)
+        result.valid = False
+        result.metrics = {}
+        result.summaries = {}
+        result.invalid_reasons.append(reason)
+    return result
+
+
 # --------------------------------------------------------------------------- entry points
 
 async def run_workload_async(base_url: str, model: str, workload: Workload, *,
@@ -207,21 +307,26 @@ async def run_workload_async(base_url: str, model: str, workload: Workload, *,
                              transport: Transport = "lean", progress: bool = True,
                              timeout_s: float = DEFAULT_TIMEOUT_S, server_counter: str | None = None,
                              allow_multi_token_chunks: bool = False,
-                             cross_check_bound: float = 0.03) -> RunResult:
+                             cross_check_bound: float = 0.03, running_gauge: str | None = None) -> RunResult:
     """Run ``workload`` against ``base_url`` (the server root, e.g. ``http://127.0.0.1:8000``).
 
     ``prompts`` (from :func:`build_prompts`) are built here when not given. ``server_counter`` (e.g.
     ``vllm:generation_tokens``) is scraped from ``/metrics`` after the warm-up and after the run, and
-    the client's output throughput must agree with it within ``cross_check_bound``.
+    the client's output throughput must agree with it within ``cross_check_bound``. ``running_gauge``
+    (e.g. ``vllm:num_requests_running``) is sampled during the timed phase; a round during which it
+    exceeded the round's concurrency is invalid (see :func:`judge_isolation`).
     """
     plist = list(prompts) if prompts is not None else build_prompts(workload, tokenize, detokenize)
     n_timed = sum(1 for p in plist if not p.warmup)
     bar = Progress(n_timed, workload.name, progress)
     scrapes: list[str | None] = []
+    sampler = RunningGaugeSampler(base_url, api_key, running_gauge) if running_gauge else None
 
     async def between() -> None:
         if server_counter is not None:
             scrapes.append(await asyncio.to_thread(fetch_text, base_url, "/metrics", api_key))
+        if sampler is not None:
+            sampler.start()  # after the warm-up: it may not overlap the timed requests of another round
         bar.started = time.monotonic()
 
     def on_progress(done: int, failed: int, tokens: int) -> None:
@@ -233,6 +338,7 @@ async def run_workload_async(base_url: str, model: str, workload: Workload, *,
                                    on_progress=on_progress if bar.enabled else None)
     finally:
         bar.close()
+        gauge_samples = sampler.stop() if sampler is not None else []
     server_tokens: float | None = None
     if server_counter is not None:
         after = await asyncio.to_thread(fetch_text, base_url, "/metrics", api_key)
@@ -242,6 +348,8 @@ async def run_workload_async(base_url: str, model: str, workload: Workload, *,
                       server_tokens=server_tokens, cross_check_bound=cross_check_bound,
                       client_cpu_s=execution.cpu_s)
     result.event_loop = "uvloop" if type(asyncio.get_running_loop()).__module__.startswith("uvloop") else "asyncio"
+    if sampler is not None and running_gauge is not None:
+        judge_isolation(result, running_gauge, gauge_samples, sampler.failed_reads)
     return result
 
 
@@ -256,7 +364,8 @@ def run_workload(base_url: str, model: str, workload: Workload, *, prompts: Sequ
                  tokenize: Tokenize | None = None, detokenize: Detokenize | None = None,
                  api_key: str | None = None, transport: Transport = "lean", progress: bool = True,
                  timeout_s: float = DEFAULT_TIMEOUT_S, server_counter: str | None = None,
-                 allow_multi_token_chunks: bool = False, cross_check_bound: float = 0.03) -> RunResult:
+                 allow_multi_token_chunks: bool = False, cross_check_bound: float = 0.03,
+                 running_gauge: str | None = None) -> RunResult:
     """Synchronous :func:`run_workload_async` (in a helper thread when an event loop is already running)."""
     def coro() -> Awaitable[RunResult]:
         return run_workload_async(base_url, model, workload, prompts=prompts, tokenize=tokenize,
@@ -264,7 +373,7 @@ def run_workload(base_url: str, model: str, workload: Workload, *, prompts: Sequ
                                   progress=progress,
                                   timeout_s=timeout_s, server_counter=server_counter,
                                   allow_multi_token_chunks=allow_multi_token_chunks,
-                                  cross_check_bound=cross_check_bound)
+                                  cross_check_bound=cross_check_bound, running_gauge=running_gauge)
     return _run_sync(coro)
 
 
@@ -374,7 +483,7 @@ def run_workload_multiprocess(base_url: str, model: str, workload: Workload, *, 
                               transport: Transport = "lean", progress: bool = True,
                               timeout_s: float = DEFAULT_TIMEOUT_S, server_counter: str | None = None,
                               allow_multi_token_chunks: bool = False,
-                              cross_check_bound: float = 0.03) -> RunResult:
+                              cross_check_bound: float = 0.03, running_gauge: str | None = None) -> RunResult:
     """Run ``workload`` from ``processes`` client processes (spawned) when one core cannot keep up.
 
     Prompts are built here and dealt round-robin; each process gets its share of the concurrency limit
@@ -389,7 +498,7 @@ def run_workload_multiprocess(base_url: str, model: str, workload: Workload, *, 
         return run_workload(base_url, model, workload, prompts=plist, api_key=api_key, transport=transport,
                             progress=progress, timeout_s=timeout_s, server_counter=server_counter,
                             allow_multi_token_chunks=allow_multi_token_chunks,
-                            cross_check_bound=cross_check_bound)
+                            cross_check_bound=cross_check_bound, running_gauge=running_gauge)
     conc = split_evenly(workload.max_concurrency, n) if workload.max_concurrency else [0] * n
     ctx = multiprocessing.get_context("spawn")
     ready = ctx.Barrier(n + 1)
@@ -416,11 +525,14 @@ def run_workload_multiprocess(base_url: str, model: str, workload: Workload, *, 
     bar = Progress(len(timed), f"{workload.name} x{n} processes", progress)
     got: dict[int, tuple[list[dict[str, Any]], list[dict[str, Any]], float, str | None]] = {}
     before: str | None = None
+    sampler = RunningGaugeSampler(base_url, api_key, running_gauge) if running_gauge else None
     try:
         try:
             ready.wait(timeout_s + 120)
             if server_counter is not None:
                 before = fetch_text(base_url, "/metrics", api_key)
+            if sampler is not None:
+                sampler.start()  # the children have warmed up; the timed phase starts at the barrier
             go.wait(60)
         except threading.BrokenBarrierError:
             pass  # a child failed; its message arrives through the queue
@@ -435,6 +547,7 @@ def run_workload_multiprocess(base_url: str, model: str, workload: Workload, *, 
             bar.update(counter.value, 0, 0)
     finally:
         bar.close()
+        gauge_samples = sampler.stop() if sampler is not None else []
         for proc in procs:
             proc.join(timeout=10)
             if proc.is_alive():
@@ -456,4 +569,6 @@ def run_workload_multiprocess(base_url: str, model: str, workload: Workload, *, 
                       server_counter=server_counter, server_tokens=server_tokens,
                       cross_check_bound=cross_check_bound, client_cpu_s=sum(v[2] for v in got.values()))
     result.event_loop = event_loop_name()  # what the client processes ran
+    if sampler is not None and running_gauge is not None:
+        judge_isolation(result, running_gauge, gauge_samples, sampler.failed_reads)
     return result

@@ -13,19 +13,21 @@ import os
 import signal
 import subprocess
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import httpx
+import psutil
 import tenacity
 
 from pytest_llmserve.config import SECRET_FLAGS, ServerSpec, cache_dir, is_secret_name, redact_argv
 from pytest_llmserve.engines import adapter_for
 from pytest_llmserve.engines.base import EngineAdapter, LaunchPlan
 from pytest_llmserve.errors import PreflightError, ServerDiedError, ServerError, ServerStartError
-from pytest_llmserve.server import procs
+from pytest_llmserve.server import isolation, procs
 
 if TYPE_CHECKING:
     from pytest_llmserve.evidence.client import LLMClient
@@ -49,6 +51,8 @@ class RunningServer(Protocol):
     spec_for_checks: ServerSpec | None
     adapter: EngineAdapter
     accounting: Accounting | None  # where request time is counted, when the suite accounts for it
+    #: Shared by correctness requests, exclusive for a benchmark round (None: a script's own server).
+    request_lock: isolation.RequestLock | None
     log_path: Path | None  # None: not launched here, no log
     port: int
 
@@ -135,7 +139,8 @@ class ServerHandle:
 
     def __init__(self, spec: ServerSpec, log_dir: Path | None = None, adapter: EngineAdapter | None = None,
                  say: Callable[[str], None] | None = None,
-                 on_launch: Callable[[ServerHandle], None] | None = None, run_pid: int | None = None) -> None:
+                 on_launch: Callable[[ServerHandle], None] | None = None, run_pid: int | None = None,
+                 run_id: str | None = None, server_key: str | None = None) -> None:
         self.spec = spec
         # Called right after the process starts (before readiness), so whoever cleans up after a crash
         # of this process (the xdist controller) knows the server even if the boot never finished.
@@ -143,6 +148,11 @@ class ServerHandle:
         # The pytest process responsible for this server (the xdist controller for a worker's boot): while
         # it lives, the server is not stale, even if the launching worker crashed.
         self.run_pid = run_pid or os.getpid()
+        # The marker the server's processes carry in their environment: found again by it when the
+        # pytest that launched them was killed (SIGKILL, the OOM killer) and no teardown ran.
+        self.marker_env = isolation.marker_env(run_id or f"script-{uuid.uuid4().hex[:12]}", server_key or spec.id,
+                                               self.run_pid, registry_dir())
+        self.request_lock: isolation.RequestLock | None = None  # set by the pool
         self._launched_at: float | None = None
         self.adapter = adapter or adapter_for(spec)
         self.log_dir = Path(log_dir) if log_dir else cache_dir() / "logs"
@@ -175,6 +185,11 @@ class ServerHandle:
     @property
     def pid(self) -> int | None:
         return self.proc.pid if self.proc else None
+
+    @property
+    def marker(self) -> str:
+        """``<run id>/<server key>``: the value of ``PYTEST_LLMSERVE_RUN`` in the server's environment."""
+        return self.marker_env[isolation.RUN_MARKER_ENV]
 
     def describe(self) -> str:
         where = f" (log: {self.log_path})" if self.log_path else ""
@@ -222,7 +237,7 @@ class ServerHandle:
                   "env_added": sorted(plan.env), "notes": plan.notes}
         self._log_fh.write(("# llmserve launch " + json.dumps(header) + "\n").encode())
         self._log_fh.flush()
-        env = {**os.environ, **plan.env}
+        env = {**os.environ, **plan.env, **self.marker_env}
         env.setdefault("PYTHONUNBUFFERED", "1")
         self.say(f"booting {self.spec.id}: {' '.join(redact_argv(plan.argv))}")
         try:
@@ -294,9 +309,12 @@ class ServerHandle:
             self.last_readiness = f"GET {health}: 200"
             return True
         body = {"model": plan.model_name, "prompt": "Hello", "max_tokens": 1, "temperature": 0}
-        if not self._probe_step("health 200, generation probe", max(0.1, min(120.0, budget_s)),
-                                lambda t: http.post(plan.base_url + "/v1/completions", json=body, timeout=t),
-                                limit=300):
+        # A worker attaching to a server another worker benchmarks must not probe it mid-round.
+        with self.request_lock.shared() if self.request_lock is not None else contextlib.nullcontext():
+            ready = self._probe_step("health 200, generation probe", max(0.1, min(120.0, budget_s)),
+                                     lambda t: http.post(plan.base_url + "/v1/completions", json=body, timeout=t),
+                                     limit=300)
+        if not ready:
             return False
         self.last_readiness = "health 200, one-token generation 200"
         return True
@@ -367,12 +385,18 @@ class ServerHandle:
             # Workers left by an API process that already died have no one to finish for: a short grace.
             grace_s = 10.0 if self.proc.poll() is None else 2.0
             report = procs.kill_tree(self.proc.pid, pgid=self.proc.pid, grace_s=grace_s)
+            # Processes that left the tree and the group (re-parented, setsid) still carry the marker.
+            strays = [p.pid for p in isolation.marked_processes(self.marker) if p.pid not in report.pids]
+            if strays:
+                report = procs.TeardownReport(tuple(sorted({*report.pids, *strays})), True,
+                                              (*report.survivors, *isolation.kill_pids(strays)), report.seconds)
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self.proc.wait(timeout=5)
             self.boot.stop_s = time.monotonic() - start
             self.boot.teardown = {"pids": list(report.pids), "escalated": report.escalated,
                                   "survivors": list(report.survivors), "seconds": round(report.seconds, 2)}
-            unregister_running(self)
+            if not report.survivors:
+                unregister_running(self)  # else the record stays, so the next run finds what is left
             if self.gpu_pre is not None:
                 from pytest_llmserve.server import gpu
 
@@ -403,7 +427,8 @@ class ServerHandle:
         from pytest_llmserve.evidence.client import LLMClient
 
         return LLMClient(self.base_url, self.model_name, api_key=self.spec.api_key,
-                         timeout_s=self.spec.request_timeout_s, accounting=self.accounting)
+                         timeout_s=self.spec.request_timeout_s, accounting=self.accounting,
+                         request_lock=self.request_lock)
 
     def _aux_get(self, path: str) -> httpx.Response:
         """An auxiliary GET (metrics, server info): 10 s at most, never longer than a request may take."""
@@ -453,6 +478,8 @@ def _live_server_pids() -> list[int]:
         pid = int(entry.get("pid", 0))
         if pid and procs.pid_alive(pid):
             pids.extend(p.pid for p in procs.tree_of(pid))
+    # Processes of live runs' servers that left their tree (engine workers re-parented to init).
+    pids.extend(m.pid for m in isolation.marked_processes() if isolation.owner_alive(m.owner))
     return pids
 
 
@@ -473,7 +500,8 @@ def register_running(handle: ServerHandle) -> None:
     entry = {"pid": handle.pid, "create_time": procs.create_time(handle.pid), "port": handle.port,
              "server": handle.spec.id, "owner_pid": me, "owner_create_time": procs.create_time(me),
              "run_pid": handle.run_pid, "run_create_time": procs.create_time(handle.run_pid),
-             "log": str(handle.log_path), "started": time.time()}
+             "log": str(handle.log_path), "started": time.time(), "marker": handle.marker,
+             "owner": handle.marker_env[isolation.RUN_OWNER_ENV]}
     tmp = reg / f".{handle.pid}.json.tmp"
     tmp.write_text(json.dumps(entry))
     os.replace(tmp, reg / f"{handle.pid}.json")  # a concurrent run's scan never reads half an entry
@@ -491,50 +519,97 @@ def _entry_owner_alive(entry: dict[str, Any]) -> bool:
         pid = int(entry.get(pid_key) or 0)
         if pid and procs.pid_alive(pid, entry.get(created_key)):
             return True
+    if "owner_pid" not in entry and "run_pid" not in entry:
+        return isolation.owner_alive(entry.get("owner"))  # an orphan known by its marker only
     return False
+
+
+def _leftovers(entry: dict[str, Any], marked: list[isolation.MarkedProcess]) -> dict[int, str]:
+    """pid -> description of what is left of a recorded server besides its API process: processes with
+    its marker, and, once the API process is gone, the members of the process group it led (its engine
+    processes keep that group id, whatever titles they give themselves)."""
+    pid = int(entry.get("pid") or 0)
+    left = isolation.with_their_groups(marked)
+    if pid and not procs.pid_alive(pid, entry.get("create_time")) and not psutil.pid_exists(pid):
+        # The leader is gone and its pid not reused: members of its group are its server's.
+        for proc in isolation.group_of(pid, entry.get("create_time")):
+            left.setdefault(proc.pid, procs.describe(proc))
+    left.pop(pid, None)
+    return left
 
 
 def stale_servers() -> list[dict[str, Any]]:
     """Servers launched by an earlier run whose owner is gone but which are still running.
 
-    A server whose owning pytest still runs (a concurrent run on this machine) is never stale.
+    A server is running while its API process runs or any of its processes does (vLLM's EngineCore and
+    workers can outlive the API process): found by its marker or, for the retitled engine processes,
+    by the process group the API process led. Its registry record stays until then, with the leftovers
+    under ``"orphans"``. Marked processes of a dead run that no record names are stale too (one entry
+    per server marker). A server whose owning pytest still runs (a concurrent run) is never stale.
     """
     out: list[dict[str, Any]] = []
+    by_marker: dict[str, list[isolation.MarkedProcess]] = {}
     reg = registry_dir()
-    if not reg.is_dir():
-        return out
-    for path in sorted(reg.glob("*.json")):
+    for proc in isolation.marked_processes(registry=reg):
+        by_marker.setdefault(proc.marker, []).append(proc)
+    for path in sorted(reg.glob("*.json")) if reg.is_dir() else []:
         try:
             entry = json.loads(path.read_text())
             pid = int(entry.get("pid", 0))
         except (OSError, ValueError, TypeError, AttributeError):
             continue
-        if not procs.pid_alive(pid, entry.get("create_time")):
+        marked = by_marker.pop(entry["marker"], []) if isinstance(entry.get("marker"), str) else []
+        api_alive = procs.pid_alive(pid, entry.get("create_time"))
+        left = _leftovers(entry, marked)
+        if not api_alive and not left:
             with contextlib.suppress(OSError):
                 path.unlink()  # the server is gone (or its pid now names another process): history
             continue
+        entry.update(api_alive=api_alive, orphans=sorted(left), orphan_descriptions=[left[p] for p in sorted(left)])
         if not _entry_owner_alive(entry):
             out.append(entry)
+    for marker, unrecorded in sorted(by_marker.items()):
+        owner = unrecorded[0].owner
+        if isolation.owner_alive(owner):
+            continue  # a live run's server (its record may be in another cache directory)
+        left = isolation.with_their_groups(unrecorded)
+        out.append({"server": marker.rpartition("/")[2], "marker": marker, "owner": owner, "pid": None,
+                    "api_alive": False, "orphans": sorted(left),
+                    "orphan_descriptions": [left[p] for p in sorted(left)]})
     return out
 
 
 def describe_stale(entry: dict[str, Any]) -> str:
-    return (f"{entry.get('server')} (pid {entry.get('pid')}, port {entry.get('port')}, "
-            f"log {entry.get('log')}; its pytest, pid {entry.get('owner_pid')}, is gone)")
+    owner = entry.get("owner_pid") or str(entry.get("owner") or "?").partition(":")[0]
+    gone = f"its pytest, pid {owner}, is gone"
+    if entry.get("api_alive", True):
+        return (f"{entry.get('server')} (pid {entry.get('pid')}, port {entry.get('port')}, "
+                f"log {entry.get('log')}; {gone})")
+    left = entry.get("orphan_descriptions") or [f"pid {p}" for p in entry.get("orphans", [])]
+    api = f"its API process (pid {entry['pid']}) exited" if entry.get("pid") else "no record of it"
+    return (f"{entry.get('server')} ({api}, {len(left)} of its processes left: {', '.join(left)}; "
+            f"marker {isolation.RUN_MARKER_ENV}={entry.get('marker')}, log {entry.get('log')}; {gone})")
 
 
 def kill_stale(say: Callable[[str], None] = print) -> int:
-    """Kill every stale server found in the registry; return how many were killed."""
+    """Kill every stale server found in the registry or by its marker; return how many were killed."""
     killed = 0
     for entry in stale_servers():
-        pid = int(entry["pid"])
-        if not procs.pid_alive(pid, entry.get("create_time")):
-            continue
-        report = procs.kill_tree(pid, pgid=pid)
-        say(f"killed stale server {describe_stale(entry)}: {len(report.pids)} processes"
-            + (f"; still running: {', '.join(report.survivors)}" if report.survivors else ""))
-        with contextlib.suppress(OSError):
-            (registry_dir() / f"{pid}.json").unlink()
+        pid = int(entry.get("pid") or 0)
+        pids: set[int] = set()
+        survivors: list[str] = []
+        if pid and procs.pid_alive(pid, entry.get("create_time")):
+            report = procs.kill_tree(pid, pgid=pid)
+            pids.update(report.pids)
+            survivors += report.survivors
+        left = sorted(_leftovers(entry, isolation.marked_processes(entry["marker"]) if entry.get("marker") else []))
+        pids.update(left)
+        survivors += isolation.kill_pids(left)
+        say(f"killed stale server {describe_stale(entry)}: {len(pids)} processes"
+            + (f"; still running: {', '.join(survivors)}" if survivors else ""))
+        if pid and not survivors:
+            with contextlib.suppress(OSError):
+                (registry_dir() / f"{pid}.json").unlink()
         killed += 1
     return killed
 

@@ -27,7 +27,7 @@ from filelock import FileLock
 
 from pytest_llmserve.config import ServerSpec
 from pytest_llmserve.errors import ServerDiedError, ServerError
-from pytest_llmserve.server import procs
+from pytest_llmserve.server import isolation, procs
 from pytest_llmserve.server.handle import ServerHandle
 
 if TYPE_CHECKING:
@@ -55,7 +55,15 @@ class ServerPool:
         self.accounting: Accounting | None = None  # where the suite's time goes
         self.failed: dict[str, str] = {}  # key -> error message: a boot that failed is not retried per test
         self.died: dict[str, str] = {}  # key -> "server died" message: later tests fail fast with it
+        self._locks: dict[str, isolation.RequestLock] = {}  # one per server, so this process counts its holds
         (run_dir / "servers").mkdir(parents=True, exist_ok=True)
+
+    def request_lock(self, key: str) -> isolation.RequestLock:
+        """The server's readers-writer lock, one file in the run directory that every worker shares."""
+        lock = self._locks.get(key)
+        if lock is None:
+            lock = self._locks[key] = isolation.RequestLock(self.run_dir / "servers" / f"{key}.requests.lock")
+        return lock
 
     # ------------------------------------------------------------------ acquire
     def get(self, spec: ServerSpec, *, keep: tuple[ServerSpec, ...] = ()) -> ServerHandle:
@@ -101,8 +109,9 @@ class ServerPool:
         # the server is not stale for another run, even if this worker crashes.
         run_pid = os.getppid() if self.shared else os.getpid()
         handle = ServerHandle(spec, log_dir=self.log_dir, say=self.say, on_launch=self._record_launch,
-                              run_pid=run_pid)
+                              run_pid=run_pid, run_id=self.run_dir.name, server_key=key)
         handle.accounting = self.accounting
+        handle.request_lock = self.request_lock(key)
         started = time.time()
         try:
             with self.accounting.boot(key) if self.accounting is not None else contextlib.nullcontext():
@@ -139,6 +148,8 @@ class ServerPool:
         handle = AttachedHandle(ext, original=spec, pid=info.get("pid"),
                                 log_path=Path(info["log"]) if info.get("log") else None,
                                 created=info.get("create_time"))
+        handle.accounting = self.accounting  # this worker's requests are this run's request time too
+        handle.request_lock = self.request_lock(spec_key(spec))
         handle.start()  # readiness only
         return handle
 
@@ -255,8 +266,16 @@ def stop_shared_servers(run_dir: Path, say: Callable[[str], None]) -> list[str]:
         say(f"stopped shared server {entry['server']} (pid {pid}): {len(report.pids)} processes in "
             f"{report.seconds:.1f} s")
         leftovers.extend(report.survivors)
-        with contextlib.suppress(OSError):
-            from pytest_llmserve.server.handle import registry_dir
+        if not report.survivors:
+            with contextlib.suppress(OSError):
+                from pytest_llmserve.server.handle import registry_dir
 
-            (registry_dir() / f"{pid}.json").unlink()
+                (registry_dir() / f"{pid}.json").unlink()
+    # What outlived its API process or left its group (a worker's server whose API process died) still
+    # carries this run's marker.
+    strays = [m for m in isolation.marked_processes() if m.marker.startswith(run_dir.name + "/")]
+    if strays:
+        say(f"stopping {len(strays)} leftover process(es) of this run's servers: "
+            f"{', '.join(m.description for m in strays)}")
+        leftovers.extend(isolation.kill_pids([m.pid for m in strays]))
     return leftovers

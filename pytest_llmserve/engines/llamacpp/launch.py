@@ -156,6 +156,7 @@ class LlamaCppAdapter(EngineAdapter):
     name = "llamacpp"
     env_prefixes = ("LLAMA_", "GGML_")
     generation_counter = "llamacpp:tokens_predicted_total"
+    running_requests_gauge = "llamacpp:requests_processing"
     metrics_prefix = "llamacpp:"
     log_signature = re.compile(r"llama_model_load|main: server is listening|build: \d+ \(\w+\)")
 

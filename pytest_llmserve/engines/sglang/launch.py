@@ -516,6 +516,7 @@ class SGLangAdapter(EngineAdapter):
     name = "sglang"
     env_prefixes = ("SGLANG_", "SGL_", "FLASHINFER_")
     generation_counter = "sglang:generation_tokens_total"
+    running_requests_gauge = "sglang:num_running_reqs"
     metrics_prefix = "sglang:"
     nan_log_patterns = SGLANG_NAN_LOG_PATTERNS
     # 0.5.15 opens a gRPC port at --port + 10000 and refuses to start when that is above 65535 (seen on the H200:

@@ -38,6 +38,7 @@ class VLLMAdapter(EngineAdapter):
     name = "vllm"
     env_prefixes = ("VLLM_",)
     generation_counter = "vllm:generation_tokens_total"
+    running_requests_gauge = "vllm:num_requests_running"
     metrics_prefix = "vllm:"
     nan_log_patterns = VLLM_NAN_LOG_PATTERNS
     nan_counters = VLLM_NAN_COUNTERS
