@@ -159,7 +159,10 @@ def invalid_reasons(records: Sequence[RequestRecord], workload: Workload, *,
                        f"{workload.output_len} (ignore_eos not honoured, or the server stopped early): "
                        + _examples([f"request {r.index}: {r.output_tokens} tokens, finish_reason="
                                     f"{r.finish_reason}" for r in wrong_len]))
+    # One chunk short is accepted (evaluate notes it): vLLM 0.26 on the H200 streamed 127 content chunks for 128
+    # tokens in every request, two tokens in one delta; the figures count tokens from usage, not chunks.
     mismatch = [r for r in ok if r.output_tokens is not None and r.chunks != r.output_tokens
+                and r.chunks != r.output_tokens - 1
                 and not (allow_multi_token_chunks and 0 < r.chunks < r.output_tokens)]
     if mismatch:
         reasons.append(f"{len(mismatch)} requests: the client counted a different number of content chunks "
@@ -227,9 +230,11 @@ def _sample_thresholds() -> Any:
     # The workload's prompts are seeded word lists, and a healthy small model's greedy continuation of one
     # often loops (SmolLM2-135M on vLLM CPU: " to the day of the day of the day ...", 4 distinct tokens,
     # top token 33 %, 4-gram 33 %, compression 9.8x in 64 tokens). So only hard collapse counts here: byte
-    # garbage, one token repeated (a run, most of the output, a period-1 or -2 loop), fewer than two
-    # distinct tokens. The full coherence limits are the correctness suite's (decode_check.coherent()).
-    return CoherenceThresholds(max_compression_ratio=30.0, max_top_ngram_ratio=0.6, max_top_token_ratio=0.6,
+    # garbage, one token repeated (a run, most of the output), fewer than two distinct tokens. A period-2 loop is
+    # not counted: the healthy model on vLLM 0.26 GPU looped " morning no morning no ..." over 256 tokens (36x
+    # compression), so compression alone is no sign of a broken round here. The full coherence limits are the
+    # correctness suite's (decode_check.coherent()).
+    return CoherenceThresholds(max_compression_ratio=200.0, max_top_ngram_ratio=0.6, max_top_token_ratio=0.6,
                                max_token_run=24, min_distinct_tokens=2, min_distinct_ratio=0.03)
 
 
@@ -315,6 +320,10 @@ def evaluate(records: Sequence[RequestRecord], workload: Workload, *, transport:
     reasons = invalid_reasons(recs, workload, warmup=warmup,
                               allow_multi_token_chunks=allow_multi_token_chunks)
     notes: list[str] = []
+    one_short = [r for r in recs if r.ok and r.output_tokens and r.chunks == r.output_tokens - 1]
+    if one_short:
+        notes.append(f"{len(one_short)} request(s) streamed one content chunk fewer than their tokens (two tokens in "
+                     "one chunk): their ITL has one gap fewer")
     zero_tpot = [r for r in records if r.ok and r.tpot == 0]
     if zero_tpot:
         notes.append(f"{len(zero_tpot)} request(s) had TPOT = 0 (all chunks of the request in one read: "

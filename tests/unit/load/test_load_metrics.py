@@ -161,3 +161,14 @@ def test_client_cpu_per_request_is_recorded() -> None:
     assert res.client_cpu_ms_per_request == pytest.approx(2.0)
     assert res.to_dict(per_request=False)["client_cpu_ms_per_request"] == pytest.approx(2.0)
     assert evaluate(records, wl, transport="lean").client_cpu_ms_per_request is None
+
+
+def test_one_chunk_short_of_the_tokens_is_accepted_with_a_note_more_is_not() -> None:
+    """vLLM 0.26 on the H200 streamed 127 content chunks for 128 tokens (two tokens in one delta) in every request."""
+    wl = Workload("w", num_prompts=2, output_len=5)
+    one_short = [rec(i, float(i), 0.1, [0.01, 0.01, 0.01], n=5) for i in range(2)]  # 4 chunks, 5 tokens
+    res = evaluate(one_short, wl, transport="lean")
+    assert res.valid, res.invalid_reasons
+    assert any("one content chunk fewer" in note for note in res.notes)
+    two_short = [rec(i, float(i), 0.1, [0.01, 0.01], n=5) for i in range(2)]  # 3 chunks, 5 tokens
+    assert any("different number of content chunks" in r for r in invalid_reasons(two_short, wl))
