@@ -206,3 +206,18 @@ def test_real_sglang_run_on_the_real_model_proves_graph_use_for_every_batch_size
     assert log != original
     broken = checks("sglang", spec, parse_sglang_log(log))["cuda_graph.used_in_decode"]
     assert broken.status == "fail" and "bs 3: 1 step(s)" in broken.observed
+
+
+def test_real_vllm_026_suite_runs_on_the_real_model() -> None:
+    """The built-in suite's own launches on the H200 (real SmolLM2 weights): graphs captured as asked, graph use
+    UNVERIFIABLE with the V2 runner named as the reason; eager really eager."""
+    graphs = parse_vllm_log(recorded("real_vllm_gpu_0.26.0_h200_smollm2_full_and_piecewise_suite.log"))
+    assert (graphs.cudagraph_mode, graphs.captured_batch_sizes) == ("FULL_AND_PIECEWISE", (1, 2, 4, 8))
+    spec = ServerSpec(name="s", engine="vllm", model="/m", cuda_graph=CudaGraphSpec(
+        enabled=True, batch_sizes=(1, 2, 4, 8), mode="FULL_AND_PIECEWISE"), mem_fraction=0.3, seed=0)
+    result = checks("vllm", spec, graphs)
+    assert result["cuda_graph.mode"].status == result["cuda_graph.captured"].status == "pass"
+    assert result["cuda_graph.used_in_decode"].status == "unverifiable"
+    assert "V2 model runner" in result["cuda_graph.used_in_decode"].note
+    eager = parse_vllm_log(recorded("real_vllm_gpu_0.26.0_h200_smollm2_eager_suite.log"))
+    assert (eager.enforce_eager, eager.compilation_mode, eager.cuda_graph_enabled) == (True, "NONE", False)
