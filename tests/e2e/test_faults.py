@@ -3,7 +3,7 @@
 A real boot costs ~35 s on 2 cores, so the faults are grouped into four scenarios (module-scoped
 fixtures, each a few inner pytest runs on one real server at a time); the tests below only read what
 a scenario recorded. Faults the engine cannot produce on demand (a hang, a crash at a chosen moment)
-are in ``tests/unit/test_faults_unit.py`` with purpose-built stand-ins.
+are in ``tests/unit/server/test_faults_unit.py`` with purpose-built stand-ins.
 
 Isolation: every scenario runs in its own directory with its own HOME (engine caches), TMPDIR and
 registry of running servers (``PYTEST_LLMSERVE_CACHE``), so neither other runs on this machine nor the
@@ -334,7 +334,7 @@ class Interrupted:
 @pytest.fixture(scope="module")
 def interrupted(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Interrupted]:
     """pytest gets SIGINT (Ctrl-C) while its server is up. (SIGTERM, a CI cancel, goes to an xdist
-    controller in scenario 3, and to a boot in progress in tests/unit/test_faults_unit.py.)"""
+    controller in scenario 3, and to a boot in progress in tests/unit/server/test_faults_unit.py.)"""
     wd = Workdir(tmp_path_factory.mktemp("sigint"))
     table, token = wd.server("default")
     wd.write("llmserve.toml", table)
@@ -417,7 +417,7 @@ def xdist_crash(tmp_path_factory: pytest.TempPathFactory) -> Iterator[XdistCrash
     ``--dist worksteal``: with ``-n`` alone the plugin picks ``loadgroup`` (benchmarks on one worker), and
     pytest-xdist 3.8.0's loadgroup/loadscope scheduler hangs once a crashed worker is replaced (upstream
     pytest-dev/pytest-xdist#1323 and #1327); that path, and the SIGTERM that ends such a hung run without
-    leaving the server, is tested with a stand-in in tests/unit/test_faults_unit.py."""
+    leaving the server, is tested with a stand-in in tests/unit/server/test_faults_unit.py."""
     wd = Workdir(tmp_path_factory.mktemp("xdist"))
     table, token = wd.server("default")
     wd.write("llmserve.toml", table)

@@ -1,7 +1,7 @@
 """End to end on a real CPU llama-server: boot through the plugin, generate with logprobs, read facts
 back, tear down. Skipped (with the reason) where no llama-server is built (scripts/build_llamacpp_cpu.sh:
 659 s of CPU time, ~5.5-6 min on two idle cores, 19-22 min on a loaded one). Without it the adapter is
-covered by the recorded log lines and responses in tests/unit/test_llamacpp.py.
+covered by the recorded log lines and responses in tests/unit/engines/test_llamacpp.py.
 """
 
 from __future__ import annotations

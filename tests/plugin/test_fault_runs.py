@@ -1,7 +1,7 @@
 """The fault matrix through whole pytest runs (pytester): what a user sees when a stand-in server
 (``tests/standins/``, under the ``command`` engine) misbehaves, when the run is signalled, when an xdist
 worker crashes, and when a setting or marker argument is wrong. The server-level faults are in
-``tests/unit/test_faults_unit.py``; what the real vLLM CPU server does is in ``tests/e2e/test_faults.py``.
+``tests/unit/server/test_faults_unit.py``; what the real vLLM CPU server does is in ``tests/e2e/test_faults.py``.
 
 Every test is bounded and checks that no process it caused is left (the ``token`` fixture).
 """

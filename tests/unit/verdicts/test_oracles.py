@@ -49,7 +49,7 @@ from pytest_llmserve.verdicts.oracles import (
     transport_findings,
 )
 
-DATA = Path(__file__).resolve().parent.parent / "data" / "oracles" / "smollm2_hf_greedy.json"
+DATA = Path(__file__).resolve().parents[2] / "data" / "oracles" / "smollm2_hf_greedy.json"
 RECORDED: dict[str, Any] = json.loads(DATA.read_text())
 
 # What vLLM (0.32 CPU here) answers when a logprob is NaN and logprobs were requested.

@@ -24,7 +24,7 @@ def merge_metrics(facts: ServerFacts, metrics_text: str, engine: str) -> ServerF
     adapter_named(engine).merge_metrics(facts, metrics_text)
     return facts
 
-LOGS = Path(__file__).resolve().parent.parent / "data" / "logs"
+LOGS = Path(__file__).resolve().parents[2] / "data" / "logs"
 REAL_VLLM_LOGS = sorted(LOGS.glob("real_vllm_*.log"))
 
 

@@ -23,7 +23,7 @@ from pytest_llmserve.engines.sglang.launch import (
 )
 from pytest_llmserve.errors import ConfigError, ServerStartError
 
-LOGS = Path(__file__).resolve().parent.parent / "data" / "logs"
+LOGS = Path(__file__).resolve().parents[2] / "data" / "logs"
 
 
 def spec(**kwargs: object) -> ServerSpec:

@@ -25,7 +25,7 @@ from pytest_llmserve.engines.llamacpp.launch import GRAPHS_ENV, LlamaCppAdapter,
 from pytest_llmserve.errors import ConfigError
 from pytest_llmserve.evidence.facts import ServerFacts
 
-LOGS = Path(__file__).resolve().parent.parent / "data" / "logs"
+LOGS = Path(__file__).resolve().parents[2] / "data" / "logs"
 BIN = "/opt/llama.cpp/bin/llama-server"
 
 

@@ -35,7 +35,7 @@ from tests.standins.helpers import MARK_ENV, marked_processes, standin_argv, wai
 # The registry is private to each test, so other runs on this machine neither see nor disturb ours.
 pytestmark = [pytest.mark.filterwarnings("ignore"), pytest.mark.usefixtures("private_registry")]
 
-PACKAGE = Path(__file__).resolve().parents[2] / "pytest_llmserve"
+PACKAGE = Path(__file__).resolve().parents[3] / "pytest_llmserve"
 
 
 def spec(name: str, script: str, *args: str, token: str, **kw: object) -> ServerSpec:
