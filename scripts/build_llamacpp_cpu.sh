@@ -19,10 +19,15 @@ home="$cache/llama.cpp-$LCPP_PY_VERSION"
 bin="$home/build-cpu/bin/llama-server"
 jobs="${JOBS:-$(nproc)}"
 
-if [ -x "$bin" ]; then
+# -march=native without AMX: on a CPU with AMX tiles (seen 2026-12-01) a native build's AMX kernels crashed the
+# server at its first matmul (SIGILL / SIGSEGV 0.5 s after launch) in this sandbox. The stamp rebuilds older builds.
+flags="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+stamp="$home/build-cpu/.llmserve-flags"
+if [ -x "$bin" ] && [ "$(cat "$stamp" 2>/dev/null)" = "$flags" ]; then
   echo "[build-cpu] cached: $bin"
   exit 0
 fi
+rm -rf "$home/build-cpu"
 tarball="$cache/transfer/llama.cpp-$LCPP_PY_VERSION-src.tar.gz"
 if [ ! -s "$tarball" ]; then
   # The same source tarball the GPU run carries (downloads the sdist once).
@@ -36,10 +41,11 @@ tar -xzf "$tarball" -C "$home/src"
 . "$home/src/llama.cpp/BUILD_INFO"
 t0=$SECONDS
 cmake -S "$home/src/llama.cpp" -B "$home/build-cpu" -G Ninja -DCMAKE_BUILD_TYPE=Release \
-  -DGGML_CUDA=OFF -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
+  -DGGML_CUDA=OFF -DLLAMA_CURL=OFF -DCMAKE_C_FLAGS="$flags" -DCMAKE_CXX_FLAGS="$flags" -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
   -DLLAMA_BUILD_COMMIT="$LLAMA_BUILD_COMMIT" -DLLAMA_BUILD_NUMBER="$LLAMA_BUILD_NUMBER" > "$home/configure.log"
 echo "[build-cpu] configured in $((SECONDS - t0)) s; building llama-server with $jobs jobs"
 cmake --build "$home/build-cpu" --target llama-server -j "$jobs" > "$home/build.log" 2>&1 \
   || { tail -30 "$home/build.log"; exit 1; }
+echo "$flags" > "$stamp"
 echo "[build-cpu] built in $((SECONDS - t0)) s: $bin"
 "$bin" --version 2>&1 | head -2

@@ -227,15 +227,13 @@ def sample_findings(records: Sequence[RequestRecord]) -> list[str]:
 def _sample_thresholds() -> Any:
     from pytest_llmserve.verdicts.oracles import CoherenceThresholds
 
-    # The workload's prompts are seeded word lists, and a healthy small model's greedy continuation of one
-    # often loops (SmolLM2-135M on vLLM CPU: " to the day of the day of the day ...", 4 distinct tokens,
-    # top token 33 %, 4-gram 33 %, compression 9.8x in 64 tokens). So only hard collapse counts here: byte
-    # garbage, one token repeated (a run, most of the output), fewer than two distinct tokens. A period-2 loop is
-    # not counted: the healthy model on vLLM 0.26 GPU looped " morning no morning no ..." over 256 tokens (36x
-    # compression), so compression alone is no sign of a broken round here. The full coherence limits are the
-    # correctness suite's (decode_check.coherent()).
-    return CoherenceThresholds(max_compression_ratio=200.0, max_top_ngram_ratio=0.6, max_top_token_ratio=0.6,
-                               max_token_run=24, min_distinct_tokens=2, min_distinct_ratio=0.03)
+    # The workload's prompts are seeded word lists, and a healthy small model's greedy continuation of one loops:
+    # on the real engines, " to the day of the day ..." (vLLM CPU eager), " is" 26 times of 32 (vLLM CPU compiled),
+    # " morning no morning no ..." over 256 tokens (vLLM 0.26 GPU). Repetition is therefore no sign of a broken
+    # round here; only output that is not text is (replacement characters, unprintable bytes). Collapse is the
+    # correctness suite's to judge (decode_check.coherent(), on prompts made for it).
+    return CoherenceThresholds(max_compression_ratio=1e9, max_top_ngram_ratio=1.0, max_top_token_ratio=1.0,
+                               max_token_run=10**9, min_distinct_tokens=1, min_distinct_ratio=0.0)
 
 
 @dataclass(slots=True)

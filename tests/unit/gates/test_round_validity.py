@@ -54,7 +54,7 @@ def test_non_finite_logprobs_in_a_sample_are_named() -> None:
     assert fine.bad_logprobs == 0 and sample_findings([fine]) == []
 
 
-def test_hard_collapse_in_a_sample_is_invalid_but_a_healthy_small_models_loop_is_not() -> None:
+def test_garbage_in_a_sample_is_invalid_but_a_healthy_small_models_loop_is_not() -> None:
     def record(pieces: list[str]) -> RequestRecord:
         return RequestRecord(index=0, start=0.0, end=1.0, output_tokens=len(pieces), chunks=len(pieces),
                              text="".join(pieces), token_texts=pieces)
@@ -62,9 +62,8 @@ def test_hard_collapse_in_a_sample_is_invalid_but_a_healthy_small_models_loop_is
     # SmolLM2-135M on vLLM CPU continuing a word-list prompt of the smoke workload, greedy, 64 tokens.
     healthy_loop = [" to"] + [" the", " day", " of"] * 21
     assert sample_findings([record(healthy_loop)]) == []
-    one_token = ["!"] * 64  # NaN rows mapped to token 0 by some engines
-    found = sample_findings([record(one_token)])
-    assert found and all(f.startswith("sampled request 0: decode collapse: ") for f in found)
-    assert any("repeats 64 times in a row" in f for f in found), found
+    # One token repeated is left to the correctness suite: vLLM CPU compiled answered a word-list prompt with
+    # " is" 26 times of 32, healthy (seen in CI, 2026-12-01).
+    assert sample_findings([record([" It"] + [" is"] * 31)]) == []
     garbage = ["\ufffd\ufffd", "\x01", "\ufffd"] * 12
     assert any("U+FFFD" in f for f in sample_findings([record(garbage)]))
