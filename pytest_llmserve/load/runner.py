@@ -37,7 +37,7 @@ from pytest_llmserve.load.transport import (
     request_body,
 )
 
-__all__ = ["GAUGE_SAMPLE_HZ", "LOOP_ENV", "Progress", "RunningGaugeSampler", "arrival_offsets", "contamination",
+__all__ = ["GAUGE_SAMPLE_HZ", "LOOP_ENV", "GaugeReading", "Progress", "RunningGaugeSampler", "arrival_offsets", "contamination",
            "event_loop_name", "judge_isolation", "merge_records", "round_concurrency", "run_loop", "run_workload",
            "run_workload_async", "run_workload_multiprocess", "split_evenly"]
 
@@ -206,6 +206,16 @@ async def _execute(base_url: str, model: str, prompts: Sequence[WorkloadPrompt],
 GAUGE_SAMPLE_HZ = 4.0
 
 
+@dataclass(frozen=True, slots=True)
+class GaugeReading:
+    """One read of the running-requests gauge: when the GET was sent and answered (wall-clock seconds,
+    the scale of :class:`RequestRecord`'s ``start``/``end``) and the value the page held."""
+
+    sent: float
+    received: float
+    value: float
+
+
 class RunningGaugeSampler:
     """Reads the server's running-requests gauge (e.g. ``vllm:num_requests_running``) at
     :data:`GAUGE_SAMPLE_HZ` on its own thread, over its own connection, while a round runs: a plain
@@ -217,7 +227,7 @@ class RunningGaugeSampler:
         self.api_key = api_key
         self.gauge = gauge
         self.interval_s = 1.0 / hz
-        self.samples: list[float] = []
+        self.readings: list[GaugeReading] = []
         self.failed_reads = 0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -227,11 +237,11 @@ class RunningGaugeSampler:
         self._thread.start()
         return self
 
-    def stop(self) -> list[float]:
+    def stop(self) -> list[GaugeReading]:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=15)
-        return list(self.samples)
+        return list(self.readings)
 
     def read(self, page: str) -> float | None:
         """The gauge's value on one /metrics page (summed over label sets, e.g. data-parallel engines)."""
@@ -248,6 +258,7 @@ class RunningGaugeSampler:
         with httpx.Client(headers=headers, timeout=5.0) as http:
             while True:
                 value = None
+                sent = time.time()
                 try:
                     resp = http.get(self.base_url + "/metrics")
                     if resp.status_code == 200:
@@ -257,7 +268,7 @@ class RunningGaugeSampler:
                 if value is None:
                     self.failed_reads += 1
                 else:
-                    self.samples.append(value)
+                    self.readings.append(GaugeReading(sent, time.time(), value))
                 if self._stop.wait(self.interval_s):
                     return
 
@@ -267,29 +278,45 @@ def round_concurrency(workload: Workload) -> int:
     return int(workload.max_concurrency or workload.num_prompts)
 
 
-def contamination(samples: Sequence[float], concurrency: int) -> str | None:
+def contamination(values: Sequence[float], concurrency: int) -> str | None:
     """Why a round is invalid when the server's own gauge saw more requests running than the round sent
     at most (another client reached the server during it), else None."""
-    peak = max(samples, default=0.0)
+    peak = max(values, default=0.0)
     if peak > concurrency:
         return f"contaminated: {peak:g} running requests during a round of concurrency {concurrency}"
     return None
 
 
-def judge_isolation(result: RunResult, gauge: str, samples: Sequence[float], failed_reads: int = 0) -> RunResult:
+def judge_isolation(result: RunResult, gauge: str, readings: Sequence[GaugeReading],
+                    failed_reads: int = 0) -> RunResult:
     """Record what the gauge showed during the round; a contaminated round becomes invalid (its figures
-    move to ``diagnostics``, as for any invalid run)."""
+    move to ``diagnostics``, as for any invalid run).
+
+    Any reading above the round's concurrency is contamination. The round is *verified* alone only by
+    readings sent after its first timed request started and answered before its last one ended: a read
+    taken before the requests reached the server (the first one usually is) shows 0 and proves nothing, and
+    on a starved machine a read can take seconds (seen in CI: one reading in a 5.7 s round)."""
     concurrency = round_concurrency(result.workload)
-    if not samples:
+    if not readings:
         result.notes.append(f"{gauge} could not be read during the round ({failed_reads} attempts): "
                             "that no other client reached the server is not verified")
         return result
-    peak = max(samples)
-    result.diagnostics["server_running_requests_max"] = peak
-    result.notes.append(f"{gauge} sampled {len(samples)} times during the round: at most {peak:g} running "
-                        f"(the round's concurrency is {concurrency})")
-    reason = contamination(samples, concurrency)
+    timed = result.per_request
+    first = min((r.start for r in timed), default=float("-inf"))
+    last = max((r.end for r in timed), default=float("inf"))
+    inside = [r.value for r in readings if r.sent >= first and r.received <= last]
+    reason = contamination([r.value for r in readings if r.received <= last], concurrency)
+    if inside:
+        peak = max(inside)
+        result.diagnostics["server_running_requests_max"] = peak
+        result.notes.append(f"{gauge} sampled {len(inside)} times during the round: at most {peak:g} running "
+                            f"(the round's concurrency is {concurrency})")
+    elif reason is None:
+        result.notes.append(f"{gauge} was read {len(readings)} times ({failed_reads} failed reads) but never "
+                            "while the round's requests ran: that no other client reached the server is not "
+                            "verified")
     if reason is not None:
+        result.diagnostics["server_running_requests_max"] = max(r.value for r in readings)
         if result.valid:
             result.diagnostics.update(result.metrics)
         result.valid = False
@@ -338,7 +365,7 @@ async def run_workload_async(base_url: str, model: str, workload: Workload, *,
                                    on_progress=on_progress if bar.enabled else None)
     finally:
         bar.close()
-        gauge_samples = sampler.stop() if sampler is not None else []
+        gauge_readings = sampler.stop() if sampler is not None else []
     server_tokens: float | None = None
     if server_counter is not None:
         after = await asyncio.to_thread(fetch_text, base_url, "/metrics", api_key)
@@ -349,7 +376,7 @@ async def run_workload_async(base_url: str, model: str, workload: Workload, *,
                       client_cpu_s=execution.cpu_s)
     result.event_loop = "uvloop" if type(asyncio.get_running_loop()).__module__.startswith("uvloop") else "asyncio"
     if sampler is not None and running_gauge is not None:
-        judge_isolation(result, running_gauge, gauge_samples, sampler.failed_reads)
+        judge_isolation(result, running_gauge, gauge_readings, sampler.failed_reads)
     return result
 
 
@@ -547,7 +574,7 @@ def run_workload_multiprocess(base_url: str, model: str, workload: Workload, *, 
             bar.update(counter.value, 0, 0)
     finally:
         bar.close()
-        gauge_samples = sampler.stop() if sampler is not None else []
+        gauge_readings = sampler.stop() if sampler is not None else []
         for proc in procs:
             proc.join(timeout=10)
             if proc.is_alive():
@@ -570,5 +597,5 @@ def run_workload_multiprocess(base_url: str, model: str, workload: Workload, *, 
                       cross_check_bound=cross_check_bound, client_cpu_s=sum(v[2] for v in got.values()))
     result.event_loop = event_loop_name()  # what the client processes ran
     if sampler is not None and running_gauge is not None:
-        judge_isolation(result, running_gauge, gauge_samples, sampler.failed_reads)
+        judge_isolation(result, running_gauge, gauge_readings, sampler.failed_reads)
     return result

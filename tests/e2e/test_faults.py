@@ -190,6 +190,7 @@ DEATH_TESTS = """
         # A long streaming request (1500 tokens, about a minute here); the server is killed under it.
         wl = Workload("long", num_prompts=2, input_len=16, output_len=1500, warmup=0, max_concurrency=2)
         killed = []
+        died = []
 
         def killer():
             deadline = time.monotonic() + 120
@@ -200,6 +201,17 @@ DEATH_TESTS = """
                     time.sleep(1.0)  # tokens are flowing
                     killed.append(time.monotonic())
                     os.kill(llm_server.pid, signal.SIGKILL)
+                    # When the kernel has really ended it (a zombie until the plugin reaps it): its sockets
+                    # close then. Seen in CI: a SIGKILLed process took over a minute to die.
+                    while time.monotonic() < killed[0] + 280:
+                        try:
+                            state = open(f"/proc/{llm_server.pid}/stat").read().rsplit(")", 1)[1].split()[0]
+                        except OSError:
+                            state = "gone"
+                        if state in ("Z", "X", "gone"):
+                            died.append(time.monotonic())
+                            break
+                        time.sleep(0.01)
                     return
                 time.sleep(0.2)
 
@@ -209,7 +221,9 @@ DEATH_TESTS = """
         ended = time.monotonic()
         thread.join(10)
         assert killed, "the server was never seen generating"
-        print(f"INFLIGHT surfaced {ended - killed[0]:.3f} s after the kill; errors: "
+        assert died, "the SIGKILLed server did not die within 280 s"
+        print(f"INFLIGHT surfaced {ended - killed[0]:.3f} s after the kill, {ended - died[0]:.3f} s after the server "
+              f"died ({died[0] - killed[0]:.3f} s after the kill); errors: "
               + " | ".join(str(r.error) for r in res.per_request))
         assert res.valid, res.invalid_reasons  # fails: the user sees the invalid run and "server died"
 
@@ -280,11 +294,15 @@ def test_server_killed_between_tests_fails_the_rest_fast_with_server_died(death_
 def test_server_killed_during_a_streaming_request_fails_it_at_once(death_run: tuple[Workdir, Inner]) -> None:
     _wd, inner = death_run
     out = inner.out
-    found = re.search(r"INFLIGHT surfaced ([\d.]+) s after the kill; errors: (.*)", out)
+    found = re.search(r"INFLIGHT surfaced ([\d.]+) s after the kill, ([-\d.]+) s after the server died "
+                      r"\(([\d.]+) s after the kill\); errors: (.*)", out)
     assert found, out
-    assert measure("in-flight streaming request failed after the kill", float(found.group(1)), 300,
-                   "the load generator's request timeout") < 0.05
-    assert "without [DONE]" in found.group(2) or "Error" in found.group(2)  # what was received / why
+    # Measured from the server's death, not from the signal: how fast the kernel ends a SIGKILLed process is
+    # not the plugin's to decide (seen in CI: 80 s), noticing that it is gone is.
+    print(f"MEASURE SIGKILL to the server's death: {float(found.group(3)):.2f} s")
+    assert measure("in-flight streaming request failed after the server died", float(found.group(2)), 300,
+                   "the load generator's request timeout") < 0.05, found.group(0)
+    assert "without [DONE]" in found.group(4) or "Error" in found.group(4)  # what was received / why
     # The test whose server died under it fails in the style of the tests after it: who died, how, the log.
     assert "FAILED test_death.py::test_c_streaming[live[max_batch_size=8]] - Failed: live[max_batch_size=8] (pid" in out
     assert "ERROR test_death.py::test_d_after[live[max_batch_size=8]] - Failed: live[max_batch_size=8]" in out
@@ -379,14 +397,20 @@ CRASH_TESTS = """
     import pytest
 
 
+    # The order matters: worksteal gives each worker a contiguous half ([test_live_a, test_crash] and
+    # [test_live_b, test_hold]), so nothing is queued behind the crash. A test pending on the crashed worker
+    # would be handed to the other one, behind test_hold, which never ends (seen in CI: SIGTERM never came).
+    def test_live_a(llm_server, llm_client):
+        assert llm_client.complete("Hello", 2).ok  # before the crash, on the worker that will crash
+
+
     def test_crash(llm_server):
         pathlib.Path("crash.json").write_text(json.dumps({"worker": os.getpid()}))
         os._exit(3)  # the worker dies (segfault, OOM kill...) with the shared server up
 
 
-    @pytest.mark.parametrize("i", range(2))
-    def test_live(llm_server, llm_client, i):
-        assert llm_client.complete("Hello", 2).ok  # before or after the crash, on any worker
+    def test_live_b(llm_server, llm_client):
+        assert llm_client.complete("Hello", 2).ok  # on the other worker, before or after the crash
 
 
     def test_hold(llm_server, llm_client):
@@ -427,8 +451,7 @@ def xdist_crash(tmp_path_factory: pytest.TempPathFactory) -> Iterator[XdistCrash
         wait_for(lambda: (wd.path / "up.json").exists() or proc.poll() is not None, STARTUP_TIMEOUT_S,
                  "the hold test after the crash")
         wait_for(lambda: "node down" in out.read_text() or proc.poll() is not None, 60, "the crash report")
-        # test_live may have been queued behind the crashed test: it then runs on the replacement worker,
-        # which must start and attach to the shared server first (seen: SIGTERM came before it passed)
+        # test_live_b may still be running on the other worker (seen: SIGTERM came before it passed)
         wait_for(lambda: len(re.findall(r"PASSED test_crash.py::test_live", out.read_text())) >= 2
                  or proc.poll() is not None, 120, "both test_live runs")
         assert proc.poll() is None, out.read_text()
