@@ -37,9 +37,9 @@ from pytest_llmserve.load.transport import (
     request_body,
 )
 
-__all__ = ["GAUGE_SAMPLE_HZ", "LOOP_ENV", "GaugeReading", "Progress", "RunningGaugeSampler", "arrival_offsets", "contamination",
-           "event_loop_name", "judge_isolation", "merge_records", "round_concurrency", "run_loop", "run_workload",
-           "run_workload_async", "run_workload_multiprocess", "split_evenly"]
+__all__ = ["GAUGE_SAMPLE_HZ", "LOOP_ENV", "GaugeReading", "Progress", "RunningGaugeSampler", "arrival_offsets",
+           "contamination", "event_loop_name", "judge_isolation", "merge_records", "round_concurrency", "run_loop",
+           "run_workload", "run_workload_async", "run_workload_multiprocess", "split_evenly"]
 
 _R = TypeVar("_R")
 
