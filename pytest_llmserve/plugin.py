@@ -19,6 +19,7 @@ before collection (and an xdist controller collects nothing), those two follow t
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -46,6 +47,7 @@ if TYPE_CHECKING:
     from pytest_llmserve.evidence.client import LLMClient
     from pytest_llmserve.gates.bench import ABRunner, BenchGate
     from pytest_llmserve.gates.decode import DecodeCheck
+    from pytest_llmserve.gates.probes import AnswerBook, ServerProbes
     from pytest_llmserve.report.checks import CheckOutcome
     from pytest_llmserve.server.handle import RunningServer, ServerHandle
     from pytest_llmserve.server.pool import ServerPool
@@ -86,6 +88,7 @@ class RunState:
     pool: ServerPool | None = None
     outcomes: list[dict[str, Any]] = field(default_factory=list)
     session_start: float = field(default_factory=time.monotonic)
+    probes: dict[str, ServerProbes] = field(default_factory=dict)  # by server id: independent probes sent ahead
 
 
 SETTINGS_KEY = pytest.StashKey[Settings]()
@@ -373,6 +376,10 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
         bench_marker = item.get_closest_marker("llmserve_benchmark")
         if bench_marker or "llm_ab" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.xdist_group("llmserve-bench"))
+        elif settings.probe_concurrency != 1 and _independent(item):
+            # One worker runs a server's independent probes, so they go out together once.
+            spec = _item_spec(item)
+            item.add_marker(pytest.mark.xdist_group(f"llmserve-probes-{order.get(spec.id, -1) if spec else -1}"))
 
     def key(indexed: tuple[int, pytest.Item]) -> tuple[int, int, int]:
         idx, item = indexed
@@ -452,16 +459,113 @@ def decode_check(llm_server: RunningServer, request: pytest.FixtureRequest) -> D
         record_correctness_failure(config.stash[STATE_KEY].run_dir, current.id, request.node.nodeid, message)
         _fail(message)
 
+    probes = _server_probes(config, llm_server, current)
     return DecodeCheck(llm_server, fail=fail, skip=_skip, reference_server=reference_server,
-                       verbose=config.option.verbose, record=report_hooks.oracle_recorder(node))
+                       verbose=config.option.verbose, record=report_hooks.oracle_recorder(node),
+                       probes=probes, prefetched=_prefetched(node, llm_server, probes))
 
 
 @pytest.fixture
-def llm_client(llm_server: RunningServer) -> Iterator[LLMClient]:
+def llm_client(llm_server: RunningServer, request: pytest.FixtureRequest) -> Iterator[LLMClient]:
     """A :class:`pytest_llmserve.evidence.client.LLMClient` for this test's server."""
     client = llm_server.client()
+    node = request.node
+    assert isinstance(node, pytest.Item)
+    declared = _suite_requests(node)
+    if declared is not None:
+        client.request_kind = declared[0]
+        if declared[1]:
+            spec = node.stash.get(SPEC_KEY, None) or llm_server.spec_for_checks or llm_server.spec
+            client.answers = _prefetched(node, llm_server, _server_probes(request.config, llm_server, spec))
     yield client
     client.close()
+
+
+# ---------------------------------------------------------------------------- independent probes sent ahead
+
+def _suite_requests(item: pytest.Item) -> tuple[str, bool] | None:
+    """A built-in test's request kind and whether its probes are independent (see
+    :func:`pytest_llmserve.suite.suite_requests`); None for other tests."""
+    from pytest_llmserve.suite import SUITE_REQUESTS_ATTR
+
+    declared = getattr(getattr(item, "obj", None), SUITE_REQUESTS_ATTR, None)
+    return declared if isinstance(declared, tuple) else None
+
+
+def _independent(item: pytest.Item) -> bool:
+    declared = _suite_requests(item)
+    return declared is not None and declared[1]
+
+
+def _server_probes(config: pytest.Config, server: RunningServer, spec: ServerSpec) -> ServerProbes:
+    """This process's independent probes of ``server``, bounded by its batch capacity (made once)."""
+    from pytest_llmserve.gates.probes import ServerProbes, concurrency_bound
+
+    state = config.stash[STATE_KEY]
+    probes = state.probes.get(spec.id)
+    if probes is None or probes.server is not server:
+        requested = config.stash[SETTINGS_KEY].probe_concurrency
+        reported = None
+        if requested != 1 and not spec.max_batch_size:
+            reported = getattr(server.facts(), "max_batch_size", None)
+        probes = ServerProbes(server, concurrency_bound(requested, spec.max_batch_size, reported))
+        state.probes[spec.id] = probes
+    return probes
+
+
+def _prefetched(item: pytest.Item, server: RunningServer, probes: ServerProbes) -> AnswerBook | None:
+    """This test's answers sent ahead. The first independent test of a server plans and sends, together,
+    the probes of every independent test of that server this process will run (under xdist: those of its
+    xdist group, which loadgroup keeps on one worker; else its own), by running each once against a
+    recording client; later ones find theirs waiting."""
+    if not probes.together or not _independent(item):
+        return None
+    if item.nodeid not in probes.planned_items:
+        from pytest_llmserve.gates.probes import plan
+
+        plans = {}
+        for other in _prefetch_scope(item):
+            declared = _suite_requests(other)
+            if other.nodeid not in probes.planned_items and declared is not None:
+                plans[other.nodeid] = plan(functools.partial(_dry_run, other, server), server.model_name,
+                                           declared[0])
+        probes.prefetch(plans)
+    return probes.answers_for(item.nodeid)
+
+
+def _prefetch_scope(item: pytest.Item) -> list[pytest.Item]:
+    spec = _item_spec(item)
+    config = item.config
+    if xdist_hooks.is_worker(config) and getattr(config.option, "dist", None) != "loadgroup":
+        return [item]  # which of the others this worker will run is not known here
+    group = _probe_group(item)
+    return [other for other in item.session.items
+            if _independent(other) and _item_spec(other) == spec and _probe_group(other) == group]
+
+
+def _probe_group(item: pytest.Item) -> str | None:
+    marker = item.get_closest_marker("xdist_group")
+    return str(marker.args[0]) if marker is not None and marker.args else None
+
+
+def _dry_run(item: pytest.Item, server: RunningServer, recorder: LLMClient) -> None:
+    """Run a built-in test's function once against ``recorder`` (its Hypothesis examples included: the
+    same derandomized draws as the real run): what it would send is recorded, nothing is judged."""
+    import inspect
+
+    from pytest_llmserve.gates.decode import DecodeCheck
+
+    def ignore(message: str) -> None:
+        pass
+
+    planning = {"llm_server": server, "llm_client": recorder,
+                "decode_check": DecodeCheck(server, fail=ignore, skip=ignore, planning=recorder)}
+    function = getattr(item, "obj", None)
+    if function is None:
+        return
+    names = list(inspect.signature(function).parameters)
+    if all(name in planning for name in names):
+        function(**{name: planning[name] for name in names})
 
 
 def openai_client_options(server: RunningServer) -> dict[str, Any]:

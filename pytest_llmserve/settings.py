@@ -106,6 +106,9 @@ OPTIONS: tuple[Option, ...] = (
     Option("allow_confounded", "flag", "compare against a baseline whose context differs in more than the variable "
                                        "under test (reported)"),
     Option("benchmark_json", "string", "also write results as pytest-benchmark compatible JSON to this path"),
+    Option("probe_concurrency", "int", "most independent correctness probes (known answers, NaN, long decode, "
+                                       "property examples) in flight at once (default: the server's max batch "
+                                       "size when configured or reported, else 8); 1 sends them one at a time"),
     Option("inconclusive", "string", "what a benchmark verdict still inconclusive after max_rounds does: "
                                      "warn (default: reported, the test passes with a warning) or fail"),
 )
@@ -132,6 +135,7 @@ class Settings:
     bench_json: Path | None
     suite: bool
     inconclusive: str  # "warn" or "fail" (INCONCLUSIVE_POLICIES)
+    probe_concurrency: int | None  # None: the server's batch capacity (gates.probes.concurrency_bound)
     #: A configuration file or any llmserve setting was given: the plugin is in use before collection
     #: (see :mod:`pytest_llmserve.plugin` for what it does only then).
     configured: bool
@@ -237,6 +241,7 @@ def resolve_settings(rootdir: Path, sources: Sources,
                           f"{bench_where['rounds']} = {bench.rounds}: max_rounds must be >= rounds")
     baseline_dir, results_dir, bench_json = get("baseline_dir"), get("results_dir"), get("benchmark_json")
     inconclusive = get("inconclusive")
+    probe_concurrency = get("probe_concurrency")
     if inconclusive and str(inconclusive[0]).strip().lower() not in INCONCLUSIVE_POLICIES:
         raise ConfigError(f"{inconclusive[1]} = {inconclusive[0]!r}: must be one of "
                           f"{', '.join(INCONCLUSIVE_POLICIES)}")
@@ -254,6 +259,7 @@ def resolve_settings(rootdir: Path, sources: Sources,
         bench_json=Path(str(bench_json[0])) if bench_json else None,
         suite=_flag(get("suite")),
         inconclusive=str(inconclusive[0]).strip().lower() if inconclusive else "warn",
+        probe_concurrency=parse_positive_int(*probe_concurrency) if probe_concurrency else None,
         configured=from_file or any(sources.lookup(option) is not None for option in OPTIONS),
     )
 

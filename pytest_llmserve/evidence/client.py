@@ -7,6 +7,12 @@ stops mid-way) raise :class:`RequestError` with what was sent and what was recei
 
 JSON is parsed with Python's ``json`` module, which accepts ``NaN``/``Infinity`` tokens, so a server
 that emits them is seen, not hidden.
+
+Every generation goes out through one of two doors, :meth:`LLMClient.post_json` (``/v1/completions``,
+``/v1/chat/completions``) and :meth:`LLMClient.stream` (streamed ``/v1/completions``); a client given
+``answers`` (requests already sent together, see :mod:`pytest_llmserve.gates.probes`) takes a request's
+answer from there first, so a check reads its responses the same way whether they were sent one at a time
+or in one batch ahead of it.
 """
 
 from __future__ import annotations
@@ -18,7 +24,7 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 import httpx
 
@@ -83,6 +89,49 @@ def _fmt_lp(value: float | None) -> str:
 def _short(value: Any, limit: int = 120) -> str:
     text = repr(value)
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+@dataclass(slots=True)
+class StreamedCompletion:
+    """A streamed /v1/completions response, joined into one :class:`Completion`, and how it streamed."""
+
+    completion: Completion
+    chunks: int = 0  # data chunks with a choice
+    usage_chunks: int = 0  # chunks that carried ``usage``
+    finish_reasons: list[str] = field(default_factory=list)  # every non-null finish_reason seen
+    done: bool = False  # "data: [DONE]" arrived
+
+
+RequestMode = Literal["post", "stream"]
+#: What identifies a request among those sent ahead: door, path and the JSON body (keys sorted).
+RequestKey = tuple[str, str, str]
+#: Request kinds for the suite's accounting of where the request time went.
+REQUEST_KINDS = ("probes", "batch", "properties", "benchmark", "other")
+
+
+@dataclass(frozen=True, slots=True)
+class ProbeRequest:
+    """One request as a check sends it: enough to send it again, and to find its answer by :attr:`key`."""
+
+    mode: RequestMode
+    path: str
+    body: dict[str, Any]
+    kind: str = "other"  # one of REQUEST_KINDS: whose time it is in the accounting
+
+    @property
+    def key(self) -> RequestKey:
+        return request_key(self.mode, self.path, self.body)
+
+
+def request_key(mode: str, path: str, body: dict[str, Any]) -> RequestKey:
+    return (mode, path, json.dumps(body, sort_keys=True, ensure_ascii=False, default=str))
+
+
+#: An answer sent ahead: the response, or the transport failure the request met (raised again on use).
+class Answers(Protocol):
+    """Answers of requests already sent, each given out once (see :class:`pytest_llmserve.gates.probes.AnswerBook`)."""
+
+    def take(self, key: RequestKey) -> Completion | StreamedCompletion | RequestError | None: ...
 
 
 def parse_completion_choice(choice: dict[str, Any]) -> tuple[str, list[TokenLogprob], str | None, Any]:
@@ -180,10 +229,14 @@ class LLMClient:
     """
 
     def __init__(self, base_url: str, model: str, api_key: str | None = None, timeout_s: float = 300.0,
-                 accounting: Any = None, request_lock: SharedRequestLock | None = None) -> None:
+                 accounting: Any = None, request_lock: SharedRequestLock | None = None,
+                 request_kind: str = "other") -> None:
         self.base_url = base_url.rstrip("/")
         self.accounting = accounting  # counts the time spent waiting on the server as request time
+        self.request_kind = request_kind  # ... under this kind (REQUEST_KINDS)
         self.request_lock = request_lock
+        # Answers of requests sent ahead, together: a request found there is not sent again.
+        self.answers: Answers | None = None
         self.model = model
         self.timeout_s = timeout_s
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
@@ -241,10 +294,112 @@ class LLMClient:
         return self._post("/v1/chat/completions", body, timeout_s)
 
     def _post(self, path: str, body: dict[str, Any], timeout_s: float | None) -> Completion:
-        if self.accounting is not None:
-            with self.accounting.requests():
-                return self._post_timed(path, body, timeout_s)
-        return self._post_timed(path, body, timeout_s)
+        answer = self._answer("post", path, body)
+        if answer is not None:
+            assert isinstance(answer, Completion)
+            return answer
+        return self.post_json(path, body, timeout_s)
+
+    def _answer(self, mode: RequestMode, path: str, body: dict[str, Any]) -> Completion | StreamedCompletion | None:
+        """The answer sent ahead for this request, if any (a transport failure it met is raised again)."""
+        if self.answers is None:
+            return None
+        answer = self.answers.take(request_key(mode, path, body))
+        if isinstance(answer, RequestError):
+            raise answer
+        return answer
+
+    def _timed(self, kind: str | None = None) -> AbstractContextManager[Any]:
+        if self.accounting is None:
+            return nullcontext()
+        return self.accounting.requests(kind or self.request_kind)  # type: ignore[no-any-return]
+
+    def post_json(self, path: str, body: dict[str, Any], timeout_s: float | None = None, *,
+                  kind: str | None = None) -> Completion:
+        """POST ``body`` now (never from ``answers``) and parse the first choice."""
+        with self._timed(kind):
+            return self._post_timed(path, body, timeout_s)
+
+    def send(self, request: ProbeRequest) -> Completion | StreamedCompletion:
+        """Send a recorded request now, its time counted under its own kind."""
+        if request.mode == "stream":
+            return self.stream_now(request.body, kind=request.kind)
+        return self.post_json(request.path, request.body, kind=request.kind)
+
+    def stream(self, body: dict[str, Any], timeout_s: float | None = None) -> StreamedCompletion:
+        """POST ``body`` to /v1/completions streamed (from ``answers`` when it was sent ahead)."""
+        answer = self._answer("stream", "/v1/completions", body)
+        if answer is not None:
+            assert isinstance(answer, StreamedCompletion)
+            return answer
+        return self.stream_now(body, timeout_s)
+
+    def stream_now(self, body: dict[str, Any], timeout_s: float | None = None, *,
+                   kind: str | None = None) -> StreamedCompletion:
+        with self._timed(kind):
+            return self._stream_timed(body, timeout_s)
+
+    def _stream_timed(self, body: dict[str, Any], timeout_s: float | None = None) -> StreamedCompletion:
+        """POST ``body`` to /v1/completions with ``stream: true`` and ``stream_options.include_usage`` and
+        join the server-sent events. HTTP errors, and error events inside the stream, come back as a failed
+        :class:`Completion` (status from the error object, else 500) since they can be NaN evidence;
+        transport failures raise :class:`RequestError`."""
+        body = {**body, "stream": True, "stream_options": {"include_usage": True}}
+        out = StreamedCompletion(Completion(request=body, status=0))
+        c = out.completion
+        text: list[str] = []
+        tokens: list[TokenLogprob] = []
+        try:
+            with self._http.stream("POST", "/v1/completions", content=json.dumps(body),
+                                   headers={"Content-Type": "application/json"},
+                                   timeout=timeout_s or self.timeout_s) as resp:
+                c.status = resp.status_code
+                if resp.status_code != 200:
+                    c.error = resp.read().decode("utf-8", "replace")
+                    return out
+                for line in resp.iter_lines():
+                    if not line.startswith("data:"):
+                        continue
+                    data = line[5:].strip()
+                    if data == "[DONE]":
+                        out.done = True
+                        break
+                    try:
+                        event = json.loads(data)
+                    except json.JSONDecodeError as exc:
+                        c.status, c.error = 500, f"invalid JSON in the stream: {exc}: {data[:300]}"
+                        return out
+                    if not isinstance(event, dict):
+                        continue
+                    if "error" in event:
+                        err = event["error"]
+                        code = err.get("code") if isinstance(err, dict) else None
+                        c.status = code if isinstance(code, int) and code >= 400 else 500
+                        c.error = json.dumps(event)
+                        return out
+                    usage = event.get("usage")
+                    if usage:
+                        out.usage_chunks += 1
+                        c.prompt_tokens = usage.get("prompt_tokens")
+                        c.completion_tokens = usage.get("completion_tokens")
+                    for choice in event.get("choices") or []:
+                        out.chunks += 1
+                        piece, toks, finish, matched = parse_completion_choice(choice)
+                        text.append(piece)
+                        tokens.extend(toks)
+                        if finish is not None:
+                            out.finish_reasons.append(str(finish))
+                            c.finish_reason, c.matched_stop = finish, matched
+        except httpx.TimeoutException as exc:
+            raise RequestError(f"streamed POST {self.base_url}/v1/completions timed out (sent "
+                               f"{_short(body, 300)}; received {out.chunks} chunks, text so far "
+                               f"{_short(''.join(text), 200)})") from exc
+        except httpx.HTTPError as exc:
+            raise RequestError(f"streamed POST {self.base_url}/v1/completions failed: {exc!r} (sent "
+                               f"{_short(body, 300)}; received {out.chunks} chunks)") from exc
+        c.text = "".join(text)
+        c.tokens = tokens
+        return out
 
     def _post_timed(self, path: str, body: dict[str, Any], timeout_s: float | None) -> Completion:
         start = time.monotonic()

@@ -11,6 +11,11 @@ the highest-ranked category active in it (``boot`` > ``teardown`` > ``request`` 
 ``idle``), so concurrent requests from several threads count once and a readiness probe sent during a
 boot counts as boot. Hence ``boot_s + teardown_s + request_s + idle_s + plugin_s == wall_s`` exactly.
 
+Requests carry a kind (:data:`REQUEST_KIND_NAMES`: correctness probes, batch cases, properties, benchmark
+rounds, other), kept as the interval's key; ``request_kinds`` splits ``request_s`` among them. Where
+requests of several kinds are in flight at once (independent probes sent together), each slice is shared
+in proportion to the number of requests of each kind in flight, so the kinds still sum to ``request_s``.
+
 Intervals are kept on a wall clock (``time.time`` scale, derived from ``time.perf_counter``), so the
 snapshots of several processes (pytest-xdist workers, the controller) can be merged with
 :meth:`Accounting.merge`. Thread-safe; no pytest import.
@@ -30,6 +35,9 @@ Category = Literal["boot", "teardown", "request", "plugin", "idle"]
 # marked "idle" (e.g. llm_bench.run() inside a test body); unmarked time is the plugin's too.
 CATEGORIES: tuple[Category, ...] = ("boot", "teardown", "request", "plugin", "idle")
 _RANK = {c: i for i, c in enumerate(CATEGORIES)}
+#: Request kinds (see :data:`pytest_llmserve.evidence.client.REQUEST_KINDS`) as the summary names them, in its order.
+REQUEST_KIND_NAMES = {"probes": "correctness probes", "batch": "batch cases", "properties": "properties",
+                      "benchmark": "benchmark rounds", "other": "other requests"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,7 +45,7 @@ class Interval:
     category: Category
     start: float
     end: float
-    key: str | None = None  # for boots: the configuration booted
+    key: str | None = None  # for boots: the configuration booted; for requests: their kind
 
 
 class Accounting:
@@ -95,9 +103,9 @@ class Accounting:
         """Context manager around stopping a server (not counted as a boot)."""
         return self._span("teardown", None)
 
-    def requests(self) -> Any:
-        """Context manager around requests sent to a server (load runs, correctness probes)."""
-        return self._span("request", None)
+    def requests(self, kind: str = "other") -> Any:
+        """Context manager around requests sent to a server, of one kind (:data:`REQUEST_KIND_NAMES`)."""
+        return self._span("request", kind)
 
     def test_idle(self) -> Any:
         """Context manager around time that belongs to the test itself (its own code, sleeps); wrap a
@@ -143,38 +151,51 @@ class Accounting:
 
 def report(snapshot: dict[str, Any]) -> dict[str, Any]:
     """``wall_s``, ``boot_s``, ``teardown_s``, ``request_s``, ``idle_s`` (the test's own), ``plugin_s`` =
-    wall − boot − teardown − request − idle, ``plugin_fraction`` = plugin_s / wall_s, and the boots
-    (``boots``, ``boot_keys``, ``rebooted``: keys booted more than once, which should be empty: one boot
-    per configuration)."""
+    wall − boot − teardown − request − idle, ``plugin_fraction`` = plugin_s / wall_s, ``request_kinds``
+    (``request_s`` split by kind, only the kinds seen), and the boots (``boots``, ``boot_keys``,
+    ``rebooted``: keys booted more than once, which should be empty: one boot per configuration)."""
     begin, end = float(snapshot["start"]), float(snapshot["end"])
     wall = max(0.0, end - begin)
-    clipped: list[tuple[float, float, int]] = []
-    for category, s, e, _ in snapshot["intervals"]:
+    request_rank = _RANK["request"]
+    clipped: list[tuple[float, float, int, str]] = []
+    for category, s, e, key in snapshot["intervals"]:
         s, e = max(float(s), begin), min(float(e), end)
         if e > s:
-            clipped.append((s, e, _RANK[category]))
+            kind = (key or "other") if category == "request" else ""
+            clipped.append((s, e, _RANK[category], kind))
     totals = [0.0] * len(CATEGORIES)
+    kinds: dict[str, float] = {}
     # Sweep over the interval edges; each slice goes to the best-ranked active category.
-    edges = sorted({t for s, e, _ in clipped for t in (s, e)})
-    events: dict[float, list[tuple[int, int]]] = {}
-    for s, e, rank in clipped:
-        events.setdefault(s, []).append((rank, +1))
-        events.setdefault(e, []).append((rank, -1))
+    edges = sorted({t for s, e, _, _ in clipped for t in (s, e)})
+    events: dict[float, list[tuple[int, int, str]]] = {}
+    for s, e, rank, kind in clipped:
+        events.setdefault(s, []).append((rank, +1, kind))
+        events.setdefault(e, []).append((rank, -1, kind))
     active = [0] * len(CATEGORIES)
+    in_flight: dict[str, int] = {}
     for left, right in zip(edges, edges[1:], strict=False):
-        for rank, delta in events.get(left, ()):
+        for rank, delta, kind in events.get(left, ()):
             active[rank] += delta
+            if rank == request_rank:
+                in_flight[kind] = in_flight.get(kind, 0) + delta
         best = next((r for r in range(len(CATEGORIES)) if active[r] > 0), None)
         if best is not None:
             totals[best] += right - left
+            if best == request_rank:
+                for kind, count in in_flight.items():
+                    if count > 0:
+                        kinds[kind] = kinds.get(kind, 0.0) + (right - left) * count / active[request_rank]
     boot_s, teardown_s, request_s, _marked_plugin_s, idle_s = totals
     plugin_s = max(0.0, wall - boot_s - teardown_s - request_s - idle_s)
     keys = [k for c, _, _, k in snapshot["intervals"] if c == "boot"]
     named = [k for k in keys if k is not None]
+    order = list(REQUEST_KIND_NAMES)
     return {
         "wall_s": wall, "boot_s": boot_s, "teardown_s": teardown_s, "request_s": request_s, "idle_s": idle_s,
         "plugin_s": plugin_s,
         "plugin_fraction": plugin_s / wall if wall > 0 else 0.0,
+        "request_kinds": dict(sorted(kinds.items(), key=lambda kv: (order.index(kv[0]) if kv[0] in order
+                                                                     else len(order), kv[0]))),
         "boots": len(keys), "boot_keys": sorted(set(named)),
         "rebooted": sorted({k for k in named if named.count(k) > 1}),
     }
@@ -186,11 +207,19 @@ def format_report(rep: dict[str, Any]) -> str:
     line = (f"wall {rep['wall_s']:.1f} s = server boots {rep['boot_s']:.1f} s ({rep['boot_s'] / wall:.0%}, "
             f"{rep['boots']} boot{'s' if rep['boots'] != 1 else ''}) + teardown {rep['teardown_s']:.1f} s "
             f"+ requests {rep['request_s']:.1f} s "
-            f"({rep['request_s'] / wall:.0%}) + tests' own {rep['idle_s']:.1f} s + plugin "
+            f"({rep['request_s'] / wall:.0%}{_kinds(rep)}) + tests' own {rep['idle_s']:.1f} s + plugin "
             f"{rep['plugin_s']:.1f} s ({rep['plugin_fraction']:.1%})")
     if rep.get("rebooted"):
         line += f"; booted more than once: {', '.join(rep['rebooted'])}"
     return line
 
 
-__all__ = ["CATEGORIES", "Accounting", "Interval", "format_report", "report"]
+def _kinds(rep: dict[str, Any]) -> str:
+    """``: correctness probes 12.0 s, batch cases 30.1 s, ...`` (nothing when no request was made)."""
+    kinds = {k: v for k, v in (rep.get("request_kinds") or {}).items() if v >= 0.05}
+    if not kinds:
+        return ""
+    return ": " + ", ".join(f"{REQUEST_KIND_NAMES.get(k, k)} {v:.1f} s" for k, v in kinds.items())
+
+
+__all__ = ["CATEGORIES", "REQUEST_KIND_NAMES", "Accounting", "Interval", "format_report", "report"]

@@ -566,7 +566,7 @@ def _requests(server: RunningServer) -> Any:
     import contextlib
 
     acc = server.accounting
-    return acc.requests() if acc is not None else contextlib.nullcontext()
+    return acc.requests("benchmark") if acc is not None else contextlib.nullcontext()
 
 
 def _series(samples: list[dict[str, float]]) -> dict[str, list[float]]:

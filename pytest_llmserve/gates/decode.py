@@ -17,7 +17,13 @@ from typing import Any, Literal
 
 from pytest_llmserve.config import LLMServeConfig, ServerSpec
 from pytest_llmserve.errors import ConfigError, LLMServeError
+from pytest_llmserve.evidence.client import LLMClient
+from pytest_llmserve.gates.probes import AnswerBook, SentBatch, ServerProbes, plan
 from pytest_llmserve.verdicts import oracles
+
+# An independent check's run: the oracle on a client, given the batch its answers came from (None: sent
+# by the oracle itself, one at a time).
+IndependentRun = Callable[[LLMClient, SentBatch | None], oracles.OracleReport]
 
 
 def resolve_reference_spec(cfg: LLMServeConfig, reference: str | ServerSpec) -> ServerSpec:
@@ -56,13 +62,22 @@ class DecodeCheck:
 
     ``verbose``: pytest's verbosity; from 2 (``-vv``) a failure shows every finding in full.
     ``record``: called with :func:`oracle_record` of each oracle run, before ``fail``/``skip``.
+    ``probes``: the server's independent probes (:mod:`pytest_llmserve.gates.probes`): the requests of
+    ``no_nan``, ``known_answers`` and ``coherent`` go out together, taken first from ``prefetched`` (this
+    test's share of a prefetch); None, or a concurrency of 1, sends them one at a time.
+    ``planning``: a dry run for :func:`pytest_llmserve.gates.probes.plan`: the independent checks run
+    against this recording client and conclude nothing; the others do nothing.
     """
 
     def __init__(self, server: Any, fail: Callable[[str], None], skip: Callable[[str], None] | None = None, *,
                  long_decode_tokens: int = 256, batch_tokens: int = 32,
                  reference_server: Callable[[str | ServerSpec], Any] | None = None, verbose: int = 0,
-                 record: Callable[[dict[str, Any]], None] | None = None) -> None:
+                 record: Callable[[dict[str, Any]], None] | None = None, probes: ServerProbes | None = None,
+                 prefetched: AnswerBook | None = None, planning: LLMClient | None = None) -> None:
         self.server = server
+        self.probes = probes
+        self.prefetched = prefetched
+        self.planning = planning
         self._fail = fail
         self._skip = skip or fail
         self.verbose = verbose
@@ -79,9 +94,26 @@ class DecodeCheck:
         assert isinstance(spec, ServerSpec)
         return spec
 
-    def _client(self) -> Any:
+    def _client(self, kind: str = "probes") -> Any:
         self.server.ensure_alive()
-        return self.server.client()
+        client = self.server.client()
+        client.request_kind = kind  # where its time goes in the suite's accounting
+        return client
+
+    def _independent(self, run: IndependentRun) -> DecodeCheck:
+        """Run a check whose requests do not depend on the batch they share: its planned requests all at
+        once (or from this test's prefetched share), then the oracle on those answers."""
+        if self.planning is not None:
+            run(self.planning, None)
+            return self
+        if self.probes is None or not self.probes.together:
+            with self._client() as client:
+                return self._conclude(run(client, None))
+        planned = plan(lambda recorder: run(recorder, None), self.server.model_name, "probes")
+        with self._client() as client:
+            client.answers, batch = self.probes.answer(planned, client, self.prefetched)
+            report = run(client, batch)
+        return self._conclude(report)
 
     def fail(self, message: str, *, check: str = "decode-check", detail: str | None = None,
              findings: Sequence[oracles.Finding] = ()) -> None:
@@ -127,27 +159,30 @@ class DecodeCheck:
     # ------------------------------------------------------------------ oracles
     def no_nan(self) -> DecodeCheck:
         """Greedy requests with logprobs; NaN evidence from responses, metrics and the server log."""
-        offset = len(self.server.log_text())
-        with self._client() as client:
-            adapter = self.server.adapter
-            report = oracles.run_nan_check(client, self.spec.id, read_log=self._log_since(offset),
-                                           log_patterns=adapter.nan_log_patterns, nan_counters=adapter.nan_counters)
-        return self._conclude(report)
+        adapter = self.server.adapter
+
+        def run(client: LLMClient, batch: SentBatch | None) -> oracles.OracleReport:
+            # Requests sent ahead left their log lines and counters before this call: read from before them.
+            offset = batch.log_offset if batch is not None else len(self.server.log_text())
+            return oracles.run_nan_check(client, self.spec.id, read_log=self._log_since(offset),
+                                         log_patterns=adapter.nan_log_patterns, nan_counters=adapter.nan_counters,
+                                         metrics_before=batch.metrics_before if batch is not None else None)
+
+        return self._independent(run)
 
     def known_answers(self, probes: Sequence[oracles.KnownAnswer] | None = None) -> DecodeCheck:
-        with self._client() as client:
-            report = oracles.run_known_answers(client, probes or oracles.DEFAULT_KNOWN_ANSWERS, self.spec.id)
-        return self._conclude(report)
+        return self._independent(lambda client, _batch: oracles.run_known_answers(
+            client, probes or oracles.DEFAULT_KNOWN_ANSWERS, self.spec.id))
 
     def coherent(self, max_tokens: int | None = None,
                  thresholds: oracles.CoherenceThresholds | None = None) -> DecodeCheck:
         """A long greedy decode (256 tokens by default) is not degenerate."""
-        with self._client() as client:
-            report = oracles.run_long_decode(client, self.spec.id, max_tokens or self.long_decode_tokens,
-                                             thresholds)
-        return self._conclude(report)
+        return self._independent(lambda client, _batch: oracles.run_long_decode(
+            client, self.spec.id, max_tokens or self.long_decode_tokens, thresholds))
 
     def deterministic(self) -> DecodeCheck:
+        if self.planning is not None:  # composition-controlled or no requests: not planned ahead
+            return self
         with self._client() as client:
             report = oracles.run_determinism(client, self.spec.id, exact=self._exact())
         return self._conclude(report)
@@ -164,6 +199,8 @@ class DecodeCheck:
         that the plugin boots from the configuration while this server stays up. ``concurrent`` sends the
         candidate's prompts all at once (a batch) against the reference's one-at-a-time answers.
         """
+        if self.planning is not None:  # composition-controlled: not planned ahead
+            return self
         ref_server = reference
         if isinstance(reference, (str, ServerSpec)):
             if self.reference_server is None:
@@ -199,7 +236,9 @@ class DecodeCheck:
 
     def batch_case(self, case: oracles.BatchCase) -> DecodeCheck:
         """``case.size`` concurrent greedy requests, each checked and compared with its batch-1 reference."""
-        with self._client() as client:
+        if self.planning is not None:  # composition-controlled or no requests: not planned ahead
+            return self
+        with self._client("batch") as client:
             reference = self._reference(client)
             report = oracles.run_batch_case(client, case, reference, self.spec.id, self.batch_tokens,
                                             exact=self._exact())
@@ -207,6 +246,8 @@ class DecodeCheck:
 
     def cuda_graph_sizes_covered(self) -> DecodeCheck:
         """Run every batch case derived from the sizes the server reports it captured."""
+        if self.planning is not None:  # composition-controlled or no requests: not planned ahead
+            return self
         spec = self.spec
         graphs = spec.cuda_graph is not None and spec.cuda_graph.enabled
         facts = self.server.facts()
@@ -224,22 +265,24 @@ class DecodeCheck:
             if configured is None:
                 self.skip(f"{spec.id}: unverifiable: the server did not report which batch sizes it captured "
                           "and none were configured", check="cuda-graph coverage", unverifiable=True)
-            plan = oracles.coverage_plan(None, configured)
+            cases = oracles.coverage_plan(None, configured)
             source = "configured sizes (the server did not report captured sizes: unverifiable)"
         else:
-            plan = oracles.coverage_plan(captured, configured)
+            cases = oracles.coverage_plan(captured, configured)
             source = f"captured sizes {list(captured)}"
         combined = oracles.OracleReport(f"cuda-graph coverage from {source}")
-        with self._client() as client:
+        with self._client("batch") as client:
             reference = self._reference(client)
-            for case in plan:
+            for case in cases:
                 combined.merge(oracles.run_batch_case(client, case, reference, spec.id, self.batch_tokens,
                                                       exact=self._exact()))
-        combined.check += ": " + ", ".join(c.id for c in plan)
+        combined.check += ": " + ", ".join(c.id for c in cases)
         return self._conclude(combined)
 
     def config_is_execution(self) -> DecodeCheck:
         """Each requested option against what the server's log and metrics say ran."""
+        if self.planning is not None:  # composition-controlled or no requests: not planned ahead
+            return self
         spec = self.spec
         facts = self.server.facts()
         results = self.server.adapter.check_execution(spec, facts) if self.server.adapter.launches else []

@@ -6,6 +6,10 @@ seed) and :mod:`pytest_llmserve.testing.properties` checks each one's invariants
 non-streamed when reproducible, seeded sampling repeatable. Examples are derandomized (the same ones in
 every run, so CI is stable) and bounded (about 30 s on the CPU default); a failure is not shrunk, since
 every extra example costs server time, and its message already holds the full request.
+
+Property examples judge each response on its own, so the plugin sends every example's requests ahead,
+together with the server's other independent probes (``--llmserve-probe-concurrency``), by running these
+tests once against a recording client: the same derandomized examples, drawn twice.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from hypothesis import HealthCheck, Phase, given, settings
 
 from pytest_llmserve.evidence.client import LLMClient
 from pytest_llmserve.server.handle import RunningServer
+from pytest_llmserve.suite import suite_requests
 from pytest_llmserve.testing.properties import (
     ApiExample,
     api_examples,
@@ -40,6 +45,7 @@ def _fail_unless_ok(report: OracleReport, server: RunningServer) -> None:
         raise AssertionError(report.message(spec.id) + f"\n{server.describe()}")
 
 
+@suite_requests("properties", independent=True)
 @settings(max_examples=API_EXAMPLES, **_SETTINGS)  # type: ignore[arg-type]
 @given(example=api_examples())
 def test_api_invariants(llm_server: RunningServer, llm_client: LLMClient, example: ApiExample) -> None:
@@ -48,6 +54,7 @@ def test_api_invariants(llm_server: RunningServer, llm_client: LLMClient, exampl
     _fail_unless_ok(check_api_example(llm_client, example), llm_server)
 
 
+@suite_requests("properties", independent=True)
 @settings(max_examples=SEEDED_EXAMPLES, **_SETTINGS)  # type: ignore[arg-type]
 @given(example=seeded_examples())
 def test_seeded_sampling_is_repeatable(llm_server: RunningServer, llm_client: LLMClient, example: ApiExample) -> None:

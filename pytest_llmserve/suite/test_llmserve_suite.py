@@ -9,6 +9,8 @@ from typing import TYPE_CHECKING
 
 import pytest
 
+from pytest_llmserve.suite import suite_requests
+
 if TYPE_CHECKING:
     from pytest_llmserve.evidence.client import LLMClient
     from pytest_llmserve.gates.bench import BenchGate
@@ -19,6 +21,7 @@ if TYPE_CHECKING:
 pytestmark = pytest.mark.llmserve_server("*")
 
 
+@suite_requests("probes")
 def test_boots_and_generates(llm_server: RunningServer, llm_client: LLMClient) -> None:
     """The server is up and answers a real generation of exactly the requested length."""
     out = llm_client.complete("Hello, my name is", 8, ignore_eos=True)
@@ -35,18 +38,21 @@ def test_config_is_execution(decode_check: DecodeCheck) -> None:
     decode_check.config_is_execution()
 
 
+@suite_requests("probes", independent=True)
 @pytest.mark.llmserve_correctness
 def test_no_nan(decode_check: DecodeCheck) -> None:
     """No NaN from any channel: logprobs, sentinels, HTTP errors, the engine's log."""
     decode_check.no_nan()
 
 
+@suite_requests("probes", independent=True)
 @pytest.mark.llmserve_correctness
 def test_known_answers(decode_check: DecodeCheck) -> None:
     """Known-answer probes (capital of France → Paris, ...)."""
     decode_check.known_answers()
 
 
+@suite_requests("probes", independent=True)
 @pytest.mark.llmserve_correctness
 def test_long_decode_is_coherent(decode_check: DecodeCheck) -> None:
     """A long greedy decode does not collapse (repetition, '!!!!', replacement characters, NaN)."""

@@ -24,16 +24,13 @@ No pytest import here: :func:`api_examples` and :func:`seeded_examples` build Hy
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-import httpx
-
 from pytest_llmserve.errors import RequestError
-from pytest_llmserve.evidence.client import Completion, LLMClient, TokenLogprob, parse_completion_choice
+from pytest_llmserve.evidence.client import Completion, LLMClient, StreamedCompletion, TokenLogprob
 from pytest_llmserve.verdicts.oracles import Finding, OracleReport, TokenAt, response_findings
 
 ORACLE = "property"
@@ -99,98 +96,12 @@ def _short(value: Any, limit: int = 100) -> str:
 # streaming
 # --------------------------------------------------------------------------------------------------
 
-@dataclass(slots=True)
-class StreamedCompletion:
-    """A streamed /v1/completions response, joined into one :class:`Completion`, and how it streamed."""
-
-    completion: Completion
-    chunks: int = 0  # data chunks with a choice
-    usage_chunks: int = 0  # chunks that carried ``usage``
-    finish_reasons: list[str] = field(default_factory=list)  # every non-null finish_reason seen
-    done: bool = False  # "data: [DONE]" arrived
-
-
-def _http(client: LLMClient) -> httpx.Client:
-    # The client's own connection pool: same base URL, auth header and timeouts.
-    http = getattr(client, "_http", None)
-    if not isinstance(http, httpx.Client):
-        raise TypeError("stream_completion needs a pytest_llmserve LLMClient")
-    return http
-
-
 def stream_completion(client: LLMClient, body: dict[str, Any],
                       timeout_s: float | None = None) -> StreamedCompletion:
-    """Like :func:`_stream_completion`, with the time counted as request time when the client accounts."""
-    acc = getattr(client, "accounting", None)
-    if acc is None:
-        return _stream_completion(client, body, timeout_s)
-    with acc.requests():
-        return _stream_completion(client, body, timeout_s)
-
-
-def _stream_completion(client: LLMClient, body: dict[str, Any],
-                       timeout_s: float | None = None) -> StreamedCompletion:
-    """POST ``body`` to /v1/completions with ``stream: true`` and ``stream_options.include_usage`` and
-    join the server-sent events. HTTP errors, and error events inside the stream, come back as a failed
-    :class:`Completion` (status from the error object, else 500) since they can be NaN evidence;
-    transport failures raise :class:`RequestError`."""
-    body = {**body, "stream": True, "stream_options": {"include_usage": True}}
-    http = _http(client)
-    out = StreamedCompletion(Completion(request=body, status=0))
-    c = out.completion
-    text: list[str] = []
-    tokens: list[TokenLogprob] = []
-    try:
-        with http.stream("POST", "/v1/completions", content=json.dumps(body),
-                         headers={"Content-Type": "application/json"},
-                         timeout=timeout_s or client.timeout_s) as resp:
-            c.status = resp.status_code
-            if resp.status_code != 200:
-                c.error = resp.read().decode("utf-8", "replace")
-                return out
-            for line in resp.iter_lines():
-                if not line.startswith("data:"):
-                    continue
-                data = line[5:].strip()
-                if data == "[DONE]":
-                    out.done = True
-                    break
-                try:
-                    event = json.loads(data)
-                except json.JSONDecodeError as exc:
-                    c.status, c.error = 500, f"invalid JSON in the stream: {exc}: {data[:300]}"
-                    return out
-                if not isinstance(event, dict):
-                    continue
-                if "error" in event:
-                    err = event["error"]
-                    code = err.get("code") if isinstance(err, dict) else None
-                    c.status = code if isinstance(code, int) and code >= 400 else 500
-                    c.error = json.dumps(event)
-                    return out
-                usage = event.get("usage")
-                if usage:
-                    out.usage_chunks += 1
-                    c.prompt_tokens = usage.get("prompt_tokens")
-                    c.completion_tokens = usage.get("completion_tokens")
-                for choice in event.get("choices") or []:
-                    out.chunks += 1
-                    piece, toks, finish, matched = parse_completion_choice(choice)
-                    text.append(piece)
-                    tokens.extend(toks)
-                    if finish is not None:
-                        out.finish_reasons.append(str(finish))
-                        c.finish_reason, c.matched_stop = finish, matched
-    except httpx.TimeoutException as exc:
-        raise RequestError(f"streamed POST {client.base_url}/v1/completions timed out (sent "
-                           f"{_short(body, 300)}; received {out.chunks} chunks, text so far "
-                           f"{_short(''.join(text), 200)})") from exc
-    except httpx.HTTPError as exc:
-        raise RequestError(f"streamed POST {client.base_url}/v1/completions failed: {exc!r} (sent "
-                           f"{_short(body, 300)}; received {out.chunks} chunks)") from exc
-    c.text = "".join(text)
-    c.tokens = tokens
-    return out
+    """POST ``body`` to /v1/completions streamed, joined into one :class:`StreamedCompletion` (the
+    client's :meth:`~pytest_llmserve.evidence.client.LLMClient.stream`: counted as request time, and
+    answered from the client's requests sent ahead when it has them)."""
+    return client.stream(body, timeout_s)
 
 
 # --------------------------------------------------------------------------------------------------

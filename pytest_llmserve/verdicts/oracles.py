@@ -1022,12 +1022,14 @@ def _transport_failure(exc: RequestError, probe: str) -> Finding:
 def run_nan_check(client: LLMClient, server_id: str, *, prompts: Sequence[ProbePrompt] = DEFAULT_NAN_PROMPTS,
                   max_tokens: int = 32, logprobs: int = DEFAULT_LOGPROBS,
                   read_log: Callable[[], Iterable[str]] | None = None,
-                  log_patterns: Sequence[NanLogPattern] = (), nan_counters: Sequence[str] = ()) -> OracleReport:
+                  log_patterns: Sequence[NanLogPattern] = (), nan_counters: Sequence[str] = (),
+                  metrics_before: str | None = None) -> OracleReport:
     """Greedy requests with logprobs on each prompt, a one-token request, and the engine's own
     NaN counters (/metrics before and after) and log lines (``read_log``: the lines written since the
-    check began, e.g. from the server's log file)."""
+    check began, e.g. from the server's log file). ``metrics_before``: /metrics as it was before the
+    check's requests, when they were sent ahead (else read now)."""
     report = OracleReport("nan-check", server_id=server_id)
-    before = client.metrics_text()
+    before = metrics_before if metrics_before is not None else client.metrics_text()
     followed_up = False
     try:
         for prompt in prompts:

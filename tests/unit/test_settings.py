@@ -143,3 +143,16 @@ def test_config_option_with_broken_toml_names_the_file_and_position(tmp_path: Pa
     broken.write_text('[servers.a]\nmodel = "/a\n')
     with pytest.raises(ConfigError, match=r"--llmserve-config = '.*other.toml': not valid TOML: .*\(at line 2"):
         _resolve(tmp_path, cli={"config": str(broken)})
+
+
+def test_probe_concurrency_from_every_source_and_a_bad_value_named(tmp_path: Path) -> None:
+    assert _resolve(tmp_path).probe_concurrency is None  # the server's batch capacity decides
+    assert _resolve(tmp_path, ini={"probe_concurrency": 4}).probe_concurrency == 4
+    assert _resolve(tmp_path, ini={"probe_concurrency": 4},
+                    env={"PYTEST_LLMSERVE_PROBE_CONCURRENCY": "2"}).probe_concurrency == 2
+    assert _resolve(tmp_path, cli={"probe_concurrency": "1"},
+                    env={"PYTEST_LLMSERVE_PROBE_CONCURRENCY": "2"}).probe_concurrency == 1
+    with pytest.raises(ConfigError, match="--llmserve-probe-concurrency = '0': must be a positive integer"):
+        _resolve(tmp_path, cli={"probe_concurrency": "0"})
+    with pytest.raises(ConfigError, match=r"\$PYTEST_LLMSERVE_PROBE_CONCURRENCY = 'many': must be a positive"):
+        _resolve(tmp_path, env={"PYTEST_LLMSERVE_PROBE_CONCURRENCY": "many"})

@@ -133,3 +133,53 @@ def test_test_body_idle_with_plugin_calls_carved_out() -> None:
     assert rep["idle_s"] == pytest.approx(3.5)
     assert rep["request_s"] == pytest.approx(5.0)
     assert rep["plugin_s"] == pytest.approx(1.5)
+
+
+def test_request_time_split_by_kind_shares_concurrent_slices_by_requests_in_flight() -> None:
+    acc = Accounting(start=False)
+    acc.add("boot", 0.0, 10.0, "default")
+    acc.add("request", 10.0, 20.0, "probes")  # 10..20: 1 probe and 3 property requests in flight
+    for _ in range(3):
+        acc.add("request", 10.0, 20.0, "properties")
+    acc.add("request", 20.0, 30.0, "batch")
+    acc.add("request", 30.0, 40.0, "benchmark")
+    acc.add("request", 40.0, 42.0)  # no kind: a user's request
+    acc.add("request", 5.0, 10.0, "probes")  # inside the boot: boot time, no request kind
+    rep = report({"start": 0.0, "end": 50.0, "intervals": acc.snapshot()["intervals"]})
+    assert rep["request_s"] == pytest.approx(32.0)
+    assert rep["request_kinds"] == pytest.approx({"probes": 2.5, "batch": 10.0, "properties": 7.5,
+                                                  "benchmark": 10.0, "other": 2.0})
+    assert list(rep["request_kinds"]) == ["probes", "batch", "properties", "benchmark", "other"]
+    assert sum(rep["request_kinds"].values()) == pytest.approx(rep["request_s"])
+    line = format_report(rep)
+    assert ("requests 32.0 s (64%: correctness probes 2.5 s, batch cases 10.0 s, properties 7.5 s, "
+            "benchmark rounds 10.0 s, other requests 2.0 s)") in line
+
+
+def test_merged_workers_line_names_each_kind_once() -> None:
+    # Two xdist workers: one prefetched the independent probes, the other ran the batch cases; the
+    # controller merges their snapshots (as xdist_hooks does) into one line.
+    worker_a, worker_b = Accounting(start=False), Accounting(start=False)
+    worker_a.add("boot", 0.0, 40.0, "default")
+    worker_a.add("request", 40.0, 60.0, "probes")
+    worker_a.add("request", 40.0, 60.0, "properties")
+    worker_b.add("request", 50.0, 80.0, "batch")
+    worker_b.add("request", 80.0, 100.0, "benchmark")
+    snaps = [{**w.snapshot(), "start": 0.0, "end": 100.0} for w in (worker_a, worker_b)]
+    rep = report(Accounting.merge(json.loads(json.dumps(snaps))))  # it crosses processes as JSON
+    assert rep["request_s"] == pytest.approx(60.0)
+    # 40..50: one probe and one property request in flight, half each; 50..60: and one batch, a third each.
+    assert rep["request_kinds"] == pytest.approx({"probes": 5 + 10 / 3, "batch": 20 + 10 / 3,
+                                                  "properties": 5 + 10 / 3, "benchmark": 20.0})
+    line = format_report(rep)
+    assert "requests 60.0 s (60%: correctness probes 8.3 s, batch cases 23.3 s, properties 8.3 s, " \
+           "benchmark rounds 20.0 s)" in line
+    assert line.count("correctness probes") == 1
+
+
+def test_no_requests_no_kinds_in_the_line() -> None:
+    acc = Accounting(start=False)
+    acc.add("boot", 0.0, 10.0, "default")
+    rep = report({"start": 0.0, "end": 10.0, "intervals": acc.snapshot()["intervals"]})
+    assert rep["request_kinds"] == {}
+    assert "requests 0.0 s (0%) +" in format_report(rep)
