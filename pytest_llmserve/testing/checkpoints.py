@@ -49,6 +49,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from filelock import FileLock
+
 KINDS = ("nan", "scrambled", "healthy-copy")
 MARKER = ".llmserve-derived.json"
 DERIVATION_VERSION = 1  # bump when a kind's recipe changes, so old derived dirs are rebuilt
@@ -283,6 +285,15 @@ def derive_checkpoint(src_dir: str | os.PathLike[str], dst_dir: str | os.PathLik
     files = weight_files(src)
     want = {"kind": kind, "source": str(src), "source_sha256": source_hash(src), "layer": layer,
             "version": DERIVATION_VERSION}
+    # Two runs may derive the same checkpoint at once (xdist workers, parallel sessions sharing the cache):
+    # the second one waits, then finds it made (seen: "Directory not empty" when both renamed into place).
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(dst.parent / f".{dst.name}.lock")):
+        return _derive_locked(src, dst, files, kind, layer, want)
+
+
+def _derive_locked(src: Path, dst: Path, files: list[Path], kind: str, layer: int | None,
+                   want: dict[str, Any]) -> Path:
     marker = dst / MARKER
     if dst.exists():
         if not marker.is_file():
@@ -299,7 +310,6 @@ def derive_checkpoint(src_dir: str | os.PathLike[str], dst_dir: str | os.PathLik
             if all(have.get(k) == v for k, v in want.items() if k != "source"):
                 return dst
             shutil.rmtree(dst)
-    dst.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{dst.name}.tmp-", dir=dst.parent))
     tmp.chmod(0o755)  # mkdtemp makes it 0700; the engine may run as another user
     try:

@@ -225,6 +225,22 @@ def test_source_change_triggers_rebuild(tmp_path: Path) -> None:
     assert (dst / "model.safetensors").read_bytes() == (src / "model.safetensors").read_bytes()
 
 
+def test_two_processes_deriving_the_same_checkpoint_at_once_both_get_it(tmp_path: Path) -> None:
+    # Seen on a shared machine: two runs derived the same cached checkpoint together and the second rename
+    # failed ("Directory not empty"). Now the second waits for the first and finds it made.
+    src = make_model(tmp_path)
+    dst = tmp_path / "derived" / "scrambled"
+    code = ("import sys; from pytest_llmserve.testing.checkpoints import derive_checkpoint; "
+            "print(derive_checkpoint(sys.argv[1], sys.argv[2], 'scrambled'))")
+    procs = [subprocess.Popen([sys.executable, "-c", code, str(src), str(dst)], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for _ in range(3)]
+    outs = [p.communicate(timeout=120) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0, 0], [err for _, err in outs]
+    assert {out.strip() for out, _ in outs} == {str(dst.resolve())}
+    assert json.loads((dst / MARKER).read_text())["kind"] == "scrambled"
+    assert not list(dst.parent.glob(".scrambled.tmp-*"))  # no half-made copy left beside it
+
+
 def test_cli_and_subprocess_runner(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     src = make_model(tmp_path)
     assert main([str(src), str(tmp_path / "cli"), "--kind", "scrambled"]) == 0
