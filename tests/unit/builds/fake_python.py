@@ -6,12 +6,12 @@ target containing that text fail with 30 lines of output; the installed version 
 """
 
 import json
-from typing import Any
 import os
 import shutil
 import stat
 import sys
 from pathlib import Path
+from typing import Any
 
 args = sys.argv[1:]
 here = Path(__file__).resolve()
