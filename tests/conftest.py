@@ -10,12 +10,11 @@ from __future__ import annotations
 import anyio  # noqa: F401
 import httpcore  # noqa: F401
 import httpx  # noqa: F401
+import pytest
 
 import pytest_llmserve.evidence.client  # noqa: F401
 import pytest_llmserve.load.runner  # noqa: F401
 import pytest_llmserve.server.handle  # noqa: F401
-
-import pytest
 
 pytest_plugins = ["pytester", "tests.standins.fixtures"]  # the fault tests' private_registry and token
 

@@ -25,8 +25,11 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--input-len", type=int, default=32)
     p.add_argument("--output-len", type=int, default=32)
     p.add_argument("--concurrency", type=int, default=8)
-    p.add_argument("--alternate", action="store_true",
-                   help="one server at a time even where memory allows both (default: decided from free memory)")
+    both = p.add_mutually_exclusive_group()
+    both.add_argument("--alternate", action="store_true",
+                      help="one server at a time even where memory allows both (default: decided from free memory)")
+    both.add_argument("--both-up", action="store_true",
+                      help="keep the good end and the build under test up together whatever the free memory says")
     p.add_argument("--out", type=Path, default=None,
                    help="report directory (new); default llmserve-builds/<command>-<UTC time>")
 
@@ -66,7 +69,7 @@ def _settings(args: argparse.Namespace, find_change: bool = False) -> Any:
                   max_concurrency=args.concurrency, warmup=2)
     return RunSettings(workload=wl, metric=args.metric, tolerance=args.tolerance, alpha=args.alpha,
                        rounds=args.rounds, max_attempts=args.max_attempts, find_change=find_change,
-                       both_up=False if args.alternate else None)
+                       both_up=False if args.alternate else (True if args.both_up else None))
 
 
 def _out(args: argparse.Namespace, command: str) -> Path:

