@@ -130,6 +130,7 @@ class BuildRunner:
         self.pool: Any = None
         self.measured: Measured | None = None
         self.load: dict[str, list[float]] = {}
+        self.steps: list[StepResult] = []  # every measurement so far: written even when the run stops early
 
     # ---- set-up
     def prepare(self) -> Measured:
@@ -202,6 +203,7 @@ class BuildRunner:
         result = judge_step(index, acc[index][0], acc[index][1], higher_is_better=higher_is_better(s.metric),
                             tolerance=s.tolerance, alpha=s.alpha, correctness_ok=ok, correctness_detail=detail,
                             attempt=attempt, metric=s.metric)
+        self.steps.append(result)
         self.say(f"step {self.label(index)} vs {self.label(ref)} (attempt {attempt}): {result.verdict}, "
                  f"correctness {'ok' if ok else 'FAILED'}")
         return result
@@ -263,25 +265,34 @@ class BuildRunner:
     def compare(self) -> StepResult:
         self.prepare()
         acc: dict[int, tuple[list[float], list[float]]] = {}
-        result = self.step(0, 1, 1, acc)
-        attempt = 1
-        while result.verdict == "inconclusive" and attempt < self.settings.max_attempts:
-            attempt += 1
-            result = self.step(0, 1, attempt, acc)
+        try:
+            result = self.step(0, 1, 1, acc)
+            attempt = 1
+            while result.verdict == "inconclusive" and attempt < self.settings.max_attempts:
+                attempt += 1
+                result = self.step(0, 1, attempt, acc)
+        except LLMServeError as exc:
+            self.write(self.steps, None, error=str(exc))  # what was measured before the stop is kept
+            raise
         self.write([result], None)
         return result
 
     def bisect(self) -> BisectResult:
         self.prepare()
         acc: dict[int, tuple[list[float], list[float]]] = {}
-        result = bisect(len(self.builds), lambda i, attempt: self.step(0, i, attempt, acc),
-                        max_attempts=self.settings.max_attempts, find_change=self.settings.find_change,
-                        names=[self.label(i) for i in range(len(self.builds))])
+        try:
+            result = bisect(len(self.builds), lambda i, attempt: self.step(0, i, attempt, acc),
+                            max_attempts=self.settings.max_attempts, find_change=self.settings.find_change,
+                            names=[self.label(i) for i in range(len(self.builds))])
+        except LLMServeError as exc:
+            self.write(self.steps, None, error=str(exc), command="bisect")
+            raise
         self.write(list(result.steps), result)
         return result
 
     # ---- reports
-    def write(self, steps: list[StepResult], result: BisectResult | None) -> None:
+    def write(self, steps: list[StepResult], result: BisectResult | None, *, error: str | None = None,
+              command: str | None = None) -> None:
         assert self.measured is not None
         m, s = self.measured, self.settings
         self.load["end"] = load_average()
@@ -291,7 +302,8 @@ class BuildRunner:
                    "correctness": ({"ok": m.correctness[i][0], "detail": m.correctness[i][1]}
                                    if i in m.correctness else None),
                    "samples": m.samples.get(i, [])} for i, b in enumerate(self.builds)]
-        data = {"command": "bisect" if result is not None else "compare", "metric": s.metric,
+        data = {"command": command or ("bisect" if result is not None else "compare"), "error": error,
+                "metric": s.metric,
                 "tolerance": s.tolerance, "alpha": s.alpha, "workload": asdict(s.workload),
                 "base_server": self.base.id, "load_average": self.load, "builds": builds,
                 "steps": [_step_dict(st, self.label(st.index)) for st in steps],
@@ -352,4 +364,6 @@ def summary_markdown(data: dict[str, Any]) -> str:
                      f"{'pass' if st['correctness_ok'] else 'FAIL'} |")
     if data["result"]:
         lines += ["", f"**{data['result']['status']}**: {data['result']['message']}"]
+    if data.get("error"):
+        lines += ["", f"**stopped early**: {data['error'].splitlines()[0]}"]
     return "\n".join(lines) + "\n"
