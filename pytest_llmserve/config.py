@@ -494,6 +494,9 @@ def expand_matrix(base: ServerSpec, body: Mapping[str, Any], source: str) -> tup
     where = f"{source}: [tool.llmserve.matrix.{base.name}]"
     axes: list[tuple[str, list[Any]]] = []
     for key, values in body.items():
+        if key == "build":
+            axes.append((key, _matrix_builds(values, where)))
+            continue
         if key not in _SERVER_KEYS or key in ("engine", "url", "argv", "python", "name"):
             if key not in ("python",):
                 raise ConfigError(f"{where} unknown or non-varying key {key!r} "
@@ -506,7 +509,12 @@ def expand_matrix(base: ServerSpec, body: Mapping[str, Any], source: str) -> tup
     seen: set[str] = set()
     for combo in itertools.product(*(vals for _, vals in axes)):
         changes = {key: val for (key, _), val in zip(axes, combo, strict=True)}
-        variant = tuple((key, _variant_label(val)) for key, val in changes.items())
+        variant = tuple((key, val[0] if key == "build" else _variant_label(val)) for key, val in changes.items())
+        build = changes.pop("build", None)
+        if build is not None:  # a build is its interpreter plus the server arguments it declares
+            _, python, build_args = build
+            changes["python"] = python
+            changes["args"] = tuple(changes.get("args", base.args)) + build_args
         spec = replace(base, variant=variant, **changes)
         _check_spec(spec, where)
         if spec.id in seen:
@@ -514,6 +522,21 @@ def expand_matrix(base: ServerSpec, body: Mapping[str, Any], source: str) -> tup
         seen.add(spec.id)
         out.append(spec)
     return tuple(out)
+
+
+def _matrix_builds(values: Any, where: str) -> list[tuple[str, str, tuple[str, ...]]]:
+    """``build = [...]`` in a matrix: each build installed (once, cached; :mod:`pytest_llmserve.builds`) when
+    the configuration is loaded, so a boot never waits on pip; each becomes (label, python, declared args)."""
+    if not isinstance(values, list) or not values or not all(isinstance(v, str) for v in values):
+        raise ConfigError(f"{where} build = {values!r}: must be a non-empty list of build strings")
+    from pytest_llmserve.builds import Installer, parse_build
+
+    installer = Installer()
+    out = []
+    for i, text in enumerate(values):
+        spec = parse_build(text, source=f"{where} build[{i}]")
+        out.append((spec.label, installer.ensure(spec).python, spec.server_args))
+    return out
 
 
 def parse_bool(value: str, where: str) -> bool:

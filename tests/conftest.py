@@ -10,9 +10,22 @@ from __future__ import annotations
 import anyio  # noqa: F401
 import httpcore  # noqa: F401
 import httpx  # noqa: F401
+import pytest
 
 import pytest_llmserve.evidence.client  # noqa: F401
 import pytest_llmserve.load.runner  # noqa: F401
 import pytest_llmserve.server.handle  # noqa: F401
 
 pytest_plugins = ["pytester", "tests.standins.fixtures"]  # the fault tests' private_registry and token
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """This repository's default ``pytest tests`` leaves out the ``builds`` tests (real installs, tens of
+    minutes); any ``-m`` expression takes over (``-m builds`` runs them). Only this test suite: the plugin
+    registers no such rule for its users."""
+    if config.option.markexpr:
+        return
+    kept = [item for item in items if item.get_closest_marker("builds") is None]
+    if len(kept) != len(items):
+        config.hook.pytest_deselected(items=[item for item in items if item.get_closest_marker("builds")])
+        items[:] = kept

@@ -6,6 +6,9 @@
     llmserve baselines list|show|diff|accept ...
     llmserve compare A B           # exit 1 on regression
     llmserve facts LOG [--engine E] [--metrics FILE] [--server-info FILE] [--json]
+    llmserve builds list|install|remove ...   # engine builds, one cached venv each
+    llmserve builds compare A B    # one server configuration under two builds: correctness + A/B verdict
+    llmserve bisect --builds B0 B1 ... Bn     # the first bad build, with a verdict at every step
 """
 
 from __future__ import annotations
@@ -33,10 +36,14 @@ def main(argv: list[str] | None = None) -> int:
     p_kill = sub.add_parser("kill-stale", help="stop servers left running by an interrupted run")
     p_kill.set_defaults(func=_kill_stale)
     from pytest_llmserve.cli import baselines as cli_baselines
+    from pytest_llmserve.cli import bisect as cli_bisect
+    from pytest_llmserve.cli import builds as cli_builds
     from pytest_llmserve.cli import facts as cli_facts
 
     cli_baselines.add_parser(sub)
     cli_facts.add_parser(sub)
+    cli_builds.add_parser(sub)
+    cli_bisect.add_parser(sub)
     args = parser.parse_args(argv)
     try:
         return int(args.func(args))

@@ -201,3 +201,22 @@ def write_plots(outcomes: Sequence[BenchOutcome], out_dir: str | os.PathLike[str
         if ab:
             written.append(ab)
     return written
+
+
+def plot_builds(labels: list[str], samples: list[list[float]], path: str | os.PathLike[str], *,
+                metric: str = "output_throughput", verdicts: list[str] | None = None) -> Path:
+    """Each build's rounds of ``metric`` (dots) and their median (bar), builds in the order given."""
+    fig = _figure(width=max(6.0, 1.6 * len(labels)), height=4.5)
+    ax = fig.add_subplot(1, 1, 1)
+    import statistics
+
+    for i, values in enumerate(samples):
+        if values:
+            ax.bar(i, statistics.median(values), color="#9ecae1", width=0.6)
+            ax.plot([i] * len(values), values, "o", color="#08519c", markersize=4)
+    ax.set_xticks(range(len(labels)))
+    shown = [f"{label}\n{verdicts[i]}" if verdicts and verdicts[i] else label for i, label in enumerate(labels)]
+    ax.set_xticklabels(shown, fontsize=8)
+    ax.set_ylabel(axis_label(metric))
+    ax.set_title(f"{metric} per build (bar: median; dots: rounds)")
+    return _save(fig, path)

@@ -1,0 +1,369 @@
+"""Builds compared and bisected on a real server: the same configuration under each build, judged like an A/B.
+
+A build (:mod:`pytest_llmserve.builds`) becomes a :class:`ServerSpec` that differs from the base only in
+``python`` (the build's interpreter) and the server arguments the build declares; the comparison context
+may differ in nothing else (:func:`check_only_build_differs`). Each build's server gets the correctness
+probes (NaN evidence and known answers) once; throughput comes from the existing :class:`ABRunner`
+(interleaved rounds, both servers up). Where memory does not allow two servers, :func:`_alternating`
+runs blocks of rounds on one server at a time instead.
+
+The bisect search itself is :mod:`pytest_llmserve.verdicts.bisect`; this module measures its steps and
+writes results.json, summary.md and a plot of the metric per build.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import statistics
+import sys
+import tempfile
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from pytest_llmserve.builds import BuildEnv, BuildSpec, Installer
+from pytest_llmserve.config import WORKLOAD_PRESETS, LLMServeConfig, ServerSpec, Workload
+from pytest_llmserve.errors import ConfigError, LLMServeError
+from pytest_llmserve.verdicts.bisect import BisectResult, StepResult, bisect, judge_step
+
+# An idle vLLM CPU server with a 2 GiB KV cache held about 2.7 GB here (DESIGN.md); with the KV cache
+# filling and a margin, two servers side by side want about this much available memory each.
+SERVER_MEMORY_BYTES = 4 * 2**30
+BUILD_KEYS = ("engine_version", "server_args.python")
+
+
+@dataclass(frozen=True, slots=True)
+class RunSettings:
+    workload: Workload
+    metric: str = "output_throughput"
+    tolerance: float = 0.05
+    alpha: float = 0.05
+    rounds: int = 5
+    warmup_rounds: int = 1
+    max_attempts: int = 2  # a step still inconclusive after this many measurements is reported so
+    find_change: bool = False
+    both_up: bool | None = None  # None: decided from the available memory
+
+
+@dataclass(slots=True)
+class Measured:
+    """What a run learned about each build (index into the builds given)."""
+
+    envs: list[BuildEnv]
+    specs: list[ServerSpec]
+    correctness: dict[int, tuple[bool, str]] = field(default_factory=dict)
+    samples: dict[int, list[float]] = field(default_factory=dict)  # the build's rounds, all steps
+    outcomes: list[dict[str, Any]] = field(default_factory=list)
+
+
+class _RoundFailed(LLMServeError):
+    """A round's ``fail`` callback fired (an invalid round, or ABRunner's regression after its record)."""
+
+
+def spec_for(base: ServerSpec, env: BuildEnv, index: int) -> ServerSpec:
+    """The base configuration under ``env``: its interpreter, plus the server arguments the build declares."""
+    return replace(base, python=env.python, args=base.args + env.spec.server_args,
+                   variant=(*base.variant, ("build", f"{index}:{env.spec.label}")))
+
+
+def check_only_build_differs(a: ServerSpec, b: ServerSpec, workload: Workload, *, declared_args: bool) -> None:
+    """Refuse (ConfigError) when the two contexts differ in more than the build: interpreter and engine
+    version, and the server arguments only where a build declares them."""
+    from pytest_llmserve.evidence.environment import build_context
+    from pytest_llmserve.verdicts.comparability import IGNORED_CONTEXT_KEYS, comparability
+
+    ignore = (*IGNORED_CONTEXT_KEYS, "server_args.variant") + (("server_args.args",) if declared_args else ())
+    comp = comparability(build_context(a, workload, engine_version=None),
+                         build_context(b, workload, engine_version=None), variable="engine_build", ignore=ignore)
+    if comp.status == "refused":
+        raise ConfigError(f"{a.id} vs {b.id}: {comp.message}")
+
+
+def correctness(server: Any) -> tuple[bool, str]:
+    """NaN evidence and known answers on one server: (all passed, the first line of each failure)."""
+    from pytest_llmserve.gates.decode import DecodeCheck
+
+    class _Failed(Exception):
+        pass
+
+    failures: list[str] = []
+
+    def fail(message: str) -> None:
+        failures.append(message.splitlines()[0] if message else "failed")
+        raise _Failed
+
+    for check in ("no_nan", "known_answers"):
+        try:
+            getattr(DecodeCheck(server, fail), check)()
+        except _Failed:
+            pass
+    return not failures, "; ".join(failures)
+
+
+def both_fit() -> bool:
+    import psutil
+
+    return bool(psutil.virtual_memory().available >= 2 * SERVER_MEMORY_BYTES)
+
+
+def load_average() -> list[float]:
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        return []
+
+
+class BuildRunner:
+    """Installs the builds, boots their servers through one pool, measures steps, writes the reports."""
+
+    def __init__(self, builds: list[BuildSpec], base: ServerSpec, settings: RunSettings, out_dir: Path, *,
+                 installer: Installer | None = None, say: Callable[[str], None] | None = None) -> None:
+        self.builds = builds
+        self.base = base
+        self.settings = settings
+        self.out_dir = out_dir
+        self.say = say or (lambda msg: print(f"[llmserve] {msg}", file=sys.stderr, flush=True))
+        self.installer = installer or Installer(progress=self.say)
+        self.pool: Any = None
+        self.measured: Measured | None = None
+        self.load: dict[str, list[float]] = {}
+        self.steps: list[StepResult] = []  # every measurement so far: written even when the run stops early
+
+    # ---- set-up
+    def prepare(self) -> Measured:
+        envs = [self.installer.ensure(b) for b in self.builds]
+        specs = [spec_for(self.base, env, i) for i, env in enumerate(envs)]
+        declared = any(b.server_args for b in self.builds)
+        for spec in specs[1:]:
+            check_only_build_differs(specs[0], spec, self.settings.workload, declared_args=declared)
+        self.measured = Measured(envs, specs)
+        return self.measured
+
+    def _cfg(self) -> LLMServeConfig:
+        assert self.measured is not None
+        wl = self.settings.workload
+        return LLMServeConfig(servers=(self.base,), workloads={**WORKLOAD_PRESETS, wl.name: wl},
+                              default_server=self.base.name, source="llmserve builds",
+                              matrices={self.base.name: tuple(self.measured.specs)})
+
+    def _server(self, index: int, keep: tuple[ServerSpec, ...] = ()) -> Any:
+        assert self.measured is not None
+        server = self.pool.get(self.measured.specs[index], keep=keep)
+        if index not in self.measured.correctness:
+            ok, detail = correctness(server)
+            self.measured.correctness[index] = (ok, detail)
+            self.say(f"{self.label(index)}: correctness {'passed' if ok else 'FAILED: ' + detail}")
+        return server
+
+    def label(self, index: int) -> str:
+        return f"B{index} {self.builds[index].label}"
+
+    # ---- one step: build ``index`` against build ``ref``
+    def step(self, ref: int, index: int, attempt: int, acc: dict[int, tuple[list[float], list[float]]]) -> StepResult:
+        from pytest_llmserve.gates.bench import ABRunner
+
+        assert self.measured is not None
+        s = self.settings
+        spec_ref, spec = self.measured.specs[ref], self.measured.specs[index]
+        both = s.both_up if s.both_up is not None else both_fit()
+        if both:
+            self._server(ref)
+            self._server(index, keep=(spec_ref,))
+            outcomes: list[dict[str, Any]] = []
+
+            def fail(message: str) -> None:
+                raise _RoundFailed(message)  # ABRunner records a regression before failing: it is kept below
+
+            runner = ABRunner(pool=self.pool, cfg=self._cfg(), test_id=f"{self.label(index)} vs {self.label(ref)}",
+                              results_dir=self.out_dir, record=outcomes.append, fail=fail, say=self.say)
+            try:
+                runner.run(spec_ref.id, spec.id, workload=s.workload.name, rounds=s.rounds, metric=s.metric,
+                           tolerance=s.tolerance, alpha=s.alpha, warmup_rounds=s.warmup_rounds if attempt == 1 else 0)
+            except _RoundFailed as exc:
+                if not outcomes:  # an invalid round (failed requests, text-less tokens): not a number
+                    return self._invalid(ref, index, attempt, str(exc))
+            out = outcomes[-1]
+            ref_new, cand_new = list(out["baseline"].get(s.metric, [])), list(out["current"].get(s.metric, []))
+            self.measured.outcomes.append(out)
+        else:
+            try:
+                ref_new, cand_new = self._alternating(ref, index, warm=attempt == 1)
+            except _RoundFailed as exc:
+                return self._invalid(ref, index, attempt, str(exc))
+        old_ref, old_cand = acc.get(index, ([], []))
+        acc[index] = (old_ref + ref_new, old_cand + cand_new)
+        self.measured.samples.setdefault(ref, []).extend(ref_new)
+        self.measured.samples.setdefault(index, []).extend(cand_new)
+        ok, detail = self.measured.correctness.get(index, (True, ""))
+        from pytest_llmserve.metrics import higher_is_better
+
+        result = judge_step(index, acc[index][0], acc[index][1], higher_is_better=higher_is_better(s.metric),
+                            tolerance=s.tolerance, alpha=s.alpha, correctness_ok=ok, correctness_detail=detail,
+                            attempt=attempt, metric=s.metric)
+        self.steps.append(result)
+        self.say(f"step {self.label(index)} vs {self.label(ref)} (attempt {attempt}): {result.verdict}, "
+                 f"correctness {'ok' if ok else 'FAILED'}")
+        return result
+
+    def _invalid(self, ref: int, index: int, attempt: int, message: str) -> StepResult:
+        """A round that is not a number: on the good end it is an error (nothing to compare against); on the
+        build under test it makes the step bad, like a correctness failure."""
+        assert self.measured is not None
+        first = message.splitlines()[0] if message else "invalid round"
+        if f"on A ({self.measured.specs[ref].id})" in first:
+            raise LLMServeError(f"the good end {self.label(ref)} produced an invalid round: {message}")
+        self.say(f"step {self.label(index)}: {first}")
+        return StepResult(index, "inconclusive", False, attempt=attempt, correctness_detail=f"invalid round: {first}")
+
+    def _alternating(self, ref: int, index: int, *, warm: bool) -> tuple[list[float], list[float]]:
+        """One server at a time (memory allows no more): two blocks per side, A B A B, each block booting its
+        server (the pool stops the other), the first round of a fresh boot not counted."""
+        from pytest_llmserve.gates.bench import round_samples, run_round
+        from pytest_llmserve.load.prompts import build_prompts
+
+        assert self.measured is not None
+        s = self.settings
+        got: dict[int, list[float]] = {ref: [], index: []}
+        first_block = (s.rounds + 1) // 2
+        prompts = None
+        for block, n in enumerate((first_block, s.rounds - first_block)):
+            for side in (ref, index):
+                server = self._server(side)
+                prompts = prompts or build_prompts(s.workload, tokenize=server.client().tokenize)
+
+                def fail(message: str) -> None:
+                    raise _RoundFailed(message)
+
+                for r in range(n + 1):
+                    what = f"block {block + 1} round {r} on {'A' if side == ref else 'B'} ({server.spec.id})"
+                    result = run_round(server, s.workload, prompts, what, fail)
+                    if r > 0:  # a fresh boot's first round warms caches
+                        got[side].append(round_samples(result)[s.metric])
+        return got[ref], got[index]
+
+    def __enter__(self) -> BuildRunner:
+        from pytest_llmserve.server.pool import ServerPool
+
+        self.out_dir.mkdir(parents=True, exist_ok=False)
+        run_dir = Path(tempfile.mkdtemp(prefix="llmserve-builds-"))
+        both = self.settings.both_up if self.settings.both_up is not None else both_fit()
+        self.pool = ServerPool(run_dir, self.out_dir / "logs", say=self.say, max_alive=2 if both else 1)
+        # SIGTERM must run __exit__, or the servers would outlive the command.
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+        self.load["start"] = load_average()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.load["end"] = load_average()
+        if self.pool is not None:
+            self.pool.stop_all()
+
+    # ---- commands
+    def compare(self) -> StepResult:
+        self.prepare()
+        acc: dict[int, tuple[list[float], list[float]]] = {}
+        try:
+            result = self.step(0, 1, 1, acc)
+            attempt = 1
+            while result.verdict == "inconclusive" and attempt < self.settings.max_attempts:
+                attempt += 1
+                result = self.step(0, 1, attempt, acc)
+        except LLMServeError as exc:
+            self.write(self.steps, None, error=str(exc))  # what was measured before the stop is kept
+            raise
+        self.write([result], None)
+        return result
+
+    def bisect(self) -> BisectResult:
+        self.prepare()
+        acc: dict[int, tuple[list[float], list[float]]] = {}
+        try:
+            result = bisect(len(self.builds), lambda i, attempt: self.step(0, i, attempt, acc),
+                            max_attempts=self.settings.max_attempts, find_change=self.settings.find_change,
+                            names=[self.label(i) for i in range(len(self.builds))])
+        except LLMServeError as exc:
+            self.write(self.steps, None, error=str(exc), command="bisect")
+            raise
+        self.write(list(result.steps), result)
+        return result
+
+    # ---- reports
+    def write(self, steps: list[StepResult], result: BisectResult | None, *, error: str | None = None,
+              command: str | None = None) -> None:
+        assert self.measured is not None
+        m, s = self.measured, self.settings
+        self.load["end"] = load_average()
+        builds = [{"index": i, "build": b.text, "label": b.label, "python": m.envs[i].python,
+                   "resolved": m.envs[i].resolved, "engine_version": m.envs[i].version,
+                   "server_args": list(b.server_args),
+                   "correctness": ({"ok": m.correctness[i][0], "detail": m.correctness[i][1]}
+                                   if i in m.correctness else None),
+                   "samples": m.samples.get(i, [])} for i, b in enumerate(self.builds)]
+        data = {"command": command or ("bisect" if result is not None else "compare"), "error": error,
+                "metric": s.metric,
+                "tolerance": s.tolerance, "alpha": s.alpha, "workload": asdict(s.workload),
+                "base_server": self.base.id, "load_average": self.load, "builds": builds,
+                "steps": [_step_dict(st, self.label(st.index)) for st in steps],
+                "result": None if result is None else {"status": result.status, "first_bad": result.first_bad,
+                                                       "last_good": result.last_good,
+                                                       "first_unknown": result.first_unknown,
+                                                       "message": result.message},
+                "ab_outcomes": m.outcomes}
+        (self.out_dir / "results.json").write_text(json.dumps(data, indent=2, default=str) + "\n")
+        (self.out_dir / "summary.md").write_text(summary_markdown(data))
+        from pytest_llmserve.report import plots
+
+        missing = plots.matplotlib_missing()
+        if missing:
+            self.say(missing)
+        else:
+            verdicts = {st.index: st.verdict for st in steps}
+            plots.plot_builds([f"B{i}" for i in range(len(self.builds))], [m.samples.get(i, []) for i in
+                              range(len(self.builds))], self.out_dir / "throughput_per_build.png", metric=s.metric,
+                              verdicts=[verdicts.get(i, "good end" if i == 0 else "") for i in range(len(self.builds))])
+        self.say(f"wrote {self.out_dir}/results.json and summary.md")
+
+
+def _step_dict(st: StepResult, label: str) -> dict[str, Any]:
+    d = asdict(st)
+    d["label"] = label
+    return d
+
+
+def _num(x: Any, fmt: str) -> str:
+    return "—" if x is None else format(x, fmt)
+
+
+def summary_markdown(data: dict[str, Any]) -> str:
+    """The step table (build, verdict, medians, change and its CI, p, correctness) and the answer."""
+    lines = [f"# llmserve {data['command']}: {data['metric']} per build", ""]
+    wl = data["workload"]
+    lines.append(f"Workload `{wl['name']}`: {wl['num_prompts']} prompts, {wl['input_len']} in / {wl['output_len']} "
+                 f"out, concurrency {wl['max_concurrency']}; tolerance {data['tolerance']:.0%}, alpha {data['alpha']}; "
+                 f"load average (1, 5, 15 min) at start {data['load_average'].get('start')}, "
+                 f"at end {data['load_average'].get('end')}.")
+    lines += ["", "| build | engine | declared args | correctness | median (all rounds) |",
+              "|---|---|---|---|---|"]
+    for b in data["builds"]:
+        corr = "—" if b["correctness"] is None else ("pass" if b["correctness"]["ok"] else
+                                                     "FAIL: " + b["correctness"]["detail"][:80])
+        med = f"{statistics.median(b['samples']):.2f} ({len(b['samples'])} rounds)" if b["samples"] else "—"
+        args = " ".join(b["server_args"]) or "—"
+        lines.append(f"| B{b['index']} `{b['build']}` | {b['engine_version']} | {args} | {corr} | {med} |")
+    lines += ["", "| step | build vs B0 | attempt | rounds | verdict | B0 median | median | change | 95% CI | p "
+                  "| correctness |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for i, st in enumerate(data["steps"]):
+        ci = st["ci"]
+        ci_text = "—" if not ci else f"{ci[0]:+.1%}..{ci[1]:+.1%}"
+        lines.append(f"| {i + 1} | {st['label']} | {st['attempt']} | {st['rounds']} | {st['verdict']} | "
+                     f"{_num(st['reference_median'], '.2f')} | {_num(st['median'], '.2f')} | "
+                     f"{_num(st['change'], '+.1%')} | {ci_text} | {_num(st['p_value'], '.3g')} | "
+                     f"{'pass' if st['correctness_ok'] else 'FAIL'} |")
+    if data["result"]:
+        lines += ["", f"**{data['result']['status']}**: {data['result']['message']}"]
+    if data.get("error"):
+        lines += ["", f"**stopped early**: {data['error'].splitlines()[0]}"]
+    return "\n".join(lines) + "\n"
