@@ -1,7 +1,9 @@
 """Repeated A/B verdicts on the real vLLM CPU server: eager vs compiled, and A/A (eager vs itself).
 
 Not a test: a measurement for the docs. Boots the two configurations once (both stay up), then runs
-the plugin's A/B comparison (interleaved A B A B rounds, Mann-Whitney + size rule) ``--repeats`` times.
+the plugin's A/B comparison (interleaved A B A B rounds, the gate's rule) ``--repeats`` times.
+``--rounds 8 --max-rounds 8`` records 8 rounds a side whatever the verdict, so that
+``benchmarks/time_to_verdict.py --real`` can replay every rule on the same rounds.
 
     .venv/bin/python benchmarks/ab_repeat.py --repeats 3 --rounds 5 --out docs/ab_repeat.json
 """
@@ -26,7 +28,9 @@ from pytest_llmserve.server.pool import ServerPool
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--rounds", type=int, default=5, help="rounds a side before the first look")
+    parser.add_argument("--max-rounds", type=int, default=None, help="most rounds a side (default --rounds)")
+    parser.add_argument("--only", choices=("compiled", "aa"), default=None, help="run one comparison kind only")
     parser.add_argument("--tolerance", type=float, default=0.05)
     parser.add_argument("--num-prompts", type=int, default=16)
     parser.add_argument("--len", type=int, default=64, help="input and output length")
@@ -45,17 +49,24 @@ def main() -> int:
     pool = ServerPool(run_dir, run_dir / "logs", say=print, max_alive=2)
     results = []
     try:
-        for kind, (a, b) in (("eager vs compiled", (eager, compiled)), ("A/A eager vs eager", (eager, eager))):
+        kinds = [k for k in (("eager vs compiled", (eager, compiled)), ("A/A eager vs eager", (eager, eager)))
+                 if args.only is None or (args.only == "aa") == k[0].startswith("A/A")]
+        for kind, (a, b) in kinds:
             for i in range(args.repeats):
+                load_before = Path("/proc/loadavg").read_text().split()[:3]
+                invalid: list[str] = []
                 outcomes: list[dict] = []
 
-                def fail(msg: str) -> None:
-                    print("FAIL:", msg.splitlines()[0])
+                def fail(msg: str, invalid: list[str] = invalid) -> None:
+                    # an invalid round is not a number: kept out of the samples, its reasons recorded
+                    print("FAIL:", msg.replace("\n", " | ")[:600])
+                    invalid.append(msg.split("\nworkload:", 1)[0])
 
                 runner = ABRunner(pool=pool, cfg=cfg, test_id=f"{kind} #{i + 1}", results_dir=run_dir,
                                   record=outcomes.append, fail=fail, say=print)
                 started = time.monotonic()
-                out = runner.run(a.id, b.id, workload="ab", rounds=args.rounds, tolerance=args.tolerance)
+                out = runner.run(a.id, b.id, workload="ab", rounds=args.rounds, tolerance=args.tolerance,
+                                 max_rounds=args.max_rounds)
                 detail = out["verdict_detail"]
                 results.append({"comparison": kind, "repeat": i + 1, "verdict": out["verdict"],
                                 "change": detail.get("change"), "p_worse": detail.get("p_worse"),
@@ -63,6 +74,10 @@ def main() -> int:
                                 "cliffs_delta": detail.get("cliffs_delta"),
                                 "a_samples": out["baseline"]["output_throughput"],
                                 "b_samples": out["current"]["output_throughput"],
+                                "rounds": out["rounds"], "look": detail.get("look"), "looks": detail.get("looks"),
+                                "set_aside": detail.get("set_aside"), "invalid_rounds": invalid,
+                                "load_before": load_before,
+                                "load_after": Path("/proc/loadavg").read_text().split()[:3],
                                 "seconds": round(time.monotonic() - started, 1)})
                 print(json.dumps(results[-1]))
     finally:

@@ -3,9 +3,10 @@
 One round = one run of the workload (every request streamed, tokens counted from the server's usage).
 A round that is invalid (failed requests, wrong lengths, negative TPOT, empty ITL, tokens without text,
 collapse in a sampled output) is never a number: the gate records the reasons and fails. The verdict
-(:func:`pytest_llmserve.verdicts.stats.decide`) needs significance AND a median change beyond the tolerance;
-with too little evidence it runs more rounds, up to ``max_rounds``, then "inconclusive" is reported by the
-policy ``inconclusive = warn | fail`` (a warning, or a failure).
+(:func:`pytest_llmserve.verdicts.stats.decide_sequential`, a group-sequential test that looks after every
+round) needs significance AND a median change beyond the tolerance; with too little evidence it runs one more
+round, up to ``max_rounds``, then "inconclusive" is reported by the policy ``inconclusive = warn | fail`` (a
+warning, or a failure). The gate and the A/B runner share that loop (:func:`until_verdict`).
 
 A figure always: with no baseline, or a refused comparison, the rounds still run and the outcome carries
 their figures, the reason, and the one command that records a baseline for this context. What can be
@@ -32,7 +33,7 @@ import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from pytest_llmserve.config import LLMServeConfig, ServerSpec, Workload
 from pytest_llmserve.metrics import higher_is_better
@@ -410,13 +411,19 @@ class BenchGate:
             self.fail(f"{self.test_id}: {message}")
             return outcome
         base_samples = doc.samples(metric)
-        verdict = stats.decide(base_samples, [s[metric] for s in samples], higher_is_better=hib,
-                               tolerance=opts.tolerance, alpha=opts.alpha, metric=metric)
-        while stats.needs_more_rounds(verdict, len(samples), opts.max_rounds):
+        plan = stats.sequential_plan(stats.gate_looks(len(base_samples), max(opts.rounds, stats.SEQUENTIAL_FIRST_LOOK),
+                                                      opts.max_rounds), alpha=opts.alpha)
+
+        def judge() -> stats.Verdict:
+            return stats.decide_sequential(base_samples, [s[metric] for s in samples], plan=plan,
+                                           higher_is_better=hib, tolerance=opts.tolerance, metric=metric)
+
+        def one_more() -> None:
+            nonlocal last
             more, last = self.measure(wl, 1, outcome=outcome, done=samples)
             samples.extend(more)
-            verdict = stats.decide(base_samples, [s[metric] for s in samples], higher_is_better=hib,
-                                   tolerance=opts.tolerance, alpha=opts.alpha, metric=metric)
+
+        verdict = until_verdict(judge, one_more, lambda: len(samples), opts.max_rounds)
         series = _series(samples)
         outcome.update(verdict=verdict.outcome, verdict_detail=verdict.to_dict(), current=series,
                        baseline={m: v for m, v in doc.latest.samples.items()}, rounds=len(samples),
@@ -523,6 +530,26 @@ def shlex_join(parts: Sequence[str]) -> str:
     return shlex.join(list(parts))
 
 
+class _Judged(Protocol):
+    @property
+    def outcome(self) -> str: ...
+
+
+_V = TypeVar("_V", bound=_Judged)
+
+
+def until_verdict(judge: Callable[[], _V], one_more: Callable[[], None], rounds_done: Callable[[], int],
+                  max_rounds: int) -> _V:
+    """The one round loop of the gate and the A/B runner: judge the rounds so far and, while the verdict is
+    inconclusive and the cap allows, measure one more round (a side) and judge again. The sequential rule's
+    boundaries already account for looking after every round (verdicts/stats.py)."""
+    verdict = judge()
+    while verdict.outcome == "inconclusive" and rounds_done() < max_rounds:
+        one_more()
+        verdict = judge()
+    return verdict
+
+
 def run_round(server: RunningServer, workload: Workload, prompts: Any, what: str, fail: Callable[[str], Any]) -> Any:
     """One measured round on a live ``server`` (its requests counted as request time, bounded by the server's
     ``request_timeout_s``); an invalid round is never a number: ``fail`` gets what made it invalid.
@@ -614,7 +641,10 @@ class ABRunner:
         raise ConfigError(f"{self.test_id}: A/B configuration {ident!r} is not configured (known: {known})")
 
     def run(self, a: str, b: str, *, workload: str = "smoke", rounds: int = 5, metric: str = "output_throughput",
-            tolerance: float = 0.05, alpha: float = 0.05, warmup_rounds: int = 1) -> dict[str, Any]:
+            tolerance: float = 0.05, alpha: float | None = None, warmup_rounds: int = 1,
+            max_rounds: int | None = None) -> dict[str, Any]:
+        """Interleaved rounds, judged by the sequential rule after ``rounds`` a side and after every further
+        pair up to ``max_rounds`` (default ``rounds``: one look, a fixed number of rounds)."""
         from pytest_llmserve.evidence.environment import build_context
         from pytest_llmserve.load.prompts import build_prompts
         from pytest_llmserve.verdicts import stats
@@ -630,22 +660,39 @@ class ABRunner:
         hib = higher_is_better(metric)
         side: dict[str, list[dict[str, float]]] = {"A": [], "B": []}
         servers = {"A": server_a, "B": server_b}
+        cap = max(rounds, max_rounds if max_rounds is not None else rounds)
+        alpha = stats.DEFAULT_SEQUENTIAL_ALPHA if alpha is None else alpha
+        plan = stats.sequential_plan(stats.ab_looks(max(rounds, stats.SEQUENTIAL_FIRST_LOOK), cap), alpha=alpha)
         started = time.monotonic()
-        for i in range(warmup_rounds + rounds):
+        done = 0
+
+        def pair() -> None:
+            nonlocal done
             for name in ("A", "B"):
                 server = servers[name]
-                result = run_round(server, wl, prompts, f"A/B round {i + 1} on {name} ({server.spec.id})", self.fail)
-                if i >= warmup_rounds:  # the first round of each side warms caches and is not counted
+                result = run_round(server, wl, prompts, f"A/B round {done + 1} on {name} ({server.spec.id})",
+                                   self.fail)
+                if done >= warmup_rounds:  # the first round of each side warms caches and is not counted
                     side[name].append(round_samples(result))
-                    self.say(f"A/B round {i + 1 - warmup_rounds}/{rounds}: {name} {metric} "
+                    self.say(f"A/B round {done + 1 - warmup_rounds}/{rounds}..{cap}: {name} {metric} "
                              f"{side[name][-1].get(metric, float('nan')):.2f}")
+            done += 1
+
+        def judge() -> stats.Verdict:
+            # A round a script let through as invalid (its ``fail`` did not end the run) is not a number.
+            return stats.decide_sequential([s[metric] for s in side["A"] if metric in s],
+                                           [s[metric] for s in side["B"] if metric in s], plan=plan,
+                                           higher_is_better=hib, tolerance=tolerance, metric=metric)
+
+        for _ in range(warmup_rounds + rounds):
+            pair()
+        verdict = until_verdict(judge, pair, lambda: len(side["B"]), cap)
         series_a, series_b = _series(side["A"]), _series(side["B"])
-        verdict = stats.decide(series_a[metric], series_b[metric], higher_is_better=hib, tolerance=tolerance,
-                               alpha=alpha, metric=metric)
         outcome: dict[str, Any] = {
             "test": self.test_id, "server": f"B={spec_b.id} vs A={spec_a.id}", "workload": wl.name,
             "metric": metric, "higher_is_better": hib, "tolerance": tolerance, "verdict": verdict.outcome,
-            "verdict_detail": verdict.to_dict(), "baseline": series_a, "current": series_b, "rounds": rounds,
+            "verdict_detail": verdict.to_dict(), "baseline": series_a, "current": series_b,
+            "rounds": len(side["B"]),
             "message": verdict.reason, "seconds": time.monotonic() - started, "ab": True,
             "differences": [d.describe() for d in diffs],
             "key": {"test": self.test_id, "server": f"{spec_a.id}|{spec_b.id}", "workload": wl.name},

@@ -66,7 +66,7 @@ def test_option_spellings() -> None:
 def test_bench_spec_applies_the_marker_over_the_settings(tmp_path: Path) -> None:
     settings = _resolve(tmp_path, cli={"rounds": "4"})
     assert bench_spec(settings) == BenchSpec(workload="smoke", metric="output_throughput", tolerance=0.05, rounds=4,
-                                             max_rounds=8, alpha=0.05)
+                                             max_rounds=8, alpha=0.02)
     spec = bench_spec(settings, ("saturated",), {"rounds": 10, "variable": "cuda_graph", "higher_is_better": False},
                       where="t.py::test_b: marker llmserve_benchmark")
     assert (spec.workload, spec.rounds, spec.max_rounds, spec.variable, spec.higher_is_better) == (
