@@ -83,6 +83,7 @@ class RunState:
     run_dir: Path  # created by the first boot (ServerPool), removed by its owner at unconfigure
     owns_run_dir: bool
     accounting: Accounting
+    host_local: bool = False  # a worker on another host: its own run directory; it stops what it boots
     pool: ServerPool | None = None
     outcomes: list[dict[str, Any]] = field(default_factory=list)
     session_start: float = field(default_factory=time.monotonic)
@@ -130,20 +131,34 @@ def pytest_configure(config: pytest.Config) -> None:
     except LLMServeError as exc:
         raise pytest.UsageError(f"pytest-llmserve: {exc}") from None
     config.stash[SETTINGS_KEY] = settings
+    host_local = False
     if xdist_hooks.is_worker(config):
-        run_dir, owns = Path(xdist_hooks.worker_run_dir(config)), False
+        from pytest_llmserve.server.hosts import host_run_dir
+
+        run_dir, host_local = host_run_dir(xdist_hooks.worker_run_dir(config), settings.results_dir,
+                                           remote=bool(xdist_hooks.worker_gateway(config).get("remote")))
+        owns = False
     else:
         # Only a name: the directory is made when a server boots (in this process or an xdist worker).
         run_dir, owns = Path(tempfile.gettempdir()) / f"llmserve-run-{uuid.uuid4().hex[:16]}", True
-        xdist_hooks.register(config, str(run_dir))
-    config.stash[STATE_KEY] = RunState(run_dir=run_dir, owns_run_dir=owns, accounting=Accounting())
+        xdist_hooks.register(config, str(run_dir), lambda: _config_groups(settings))
+    state = config.stash[STATE_KEY] = RunState(run_dir=run_dir, owns_run_dir=owns, accounting=Accounting(),
+                                               host_local=host_local)
     if xdist_hooks.is_worker(config):
-        xdist_hooks.register_worker(config, config.stash[STATE_KEY].accounting)
+        xdist_hooks.register_worker(config, state.accounting, lambda: state.run_dir)
     if settings.configured:
         xdist_hooks.keep_benchmarks_on_one_worker(config)
         _start_using(config)
     if settings.suite:
         _add_suite(config)
+
+
+def _config_groups(settings: Settings) -> dict[str, str]:
+    """Each configuration's xdist group -> its server id (how the controller names a dead host's tests)."""
+    from pytest_llmserve.server.hosts import config_group
+    from pytest_llmserve.server.pool import spec_key
+
+    return {config_group(spec_key(spec)): spec.id for spec in settings.cfg.all_specs()}
 
 
 def _start_using(config: pytest.Config) -> None:
@@ -221,9 +236,9 @@ def _pool(config: pytest.Config) -> ServerPool:
             from pytest_llmserve.server.handle import kill_stale
 
             kill_stale(say=lambda msg: _say(config, msg))
-        state.run_dir.mkdir(mode=0o700, exist_ok=True)
+        state.run_dir.mkdir(mode=0o700, parents=state.host_local, exist_ok=True)
         state.pool = ServerPool(state.run_dir, settings.results_dir / "logs", shared=xdist_hooks.is_worker(config),
-                                say=lambda msg: _say(config, msg))
+                                say=lambda msg: _say(config, msg), host_local=state.host_local)
         state.pool.accounting = state.accounting
     return state.pool
 
@@ -369,7 +384,17 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
                 if item.get_closest_marker("gpu"):
                     item.add_marker(pytest.mark.skip(reason=gpu_reason))
     order: dict[str, int] = {s.id: i for i, s in enumerate(settings.cfg.all_specs())}
+    by_config = xdist_hooks.distributes_by_config(config)
     for item in items:
+        spec = _item_spec(item)
+        if by_config and spec is not None:
+            # Across hosts: one host per configuration, its benchmarks included (they run on the host
+            # that booted it, alone there; other hosts' benchmarks run on other machines).
+            from pytest_llmserve.server.hosts import config_group
+            from pytest_llmserve.server.pool import spec_key
+
+            item.add_marker(pytest.mark.xdist_group(config_group(spec_key(spec))))
+            continue
         bench_marker = item.get_closest_marker("llmserve_benchmark")
         if bench_marker or "llm_ab" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.xdist_group("llmserve-bench"))
@@ -686,9 +711,15 @@ def _session_verdicts(terminalreporter: pytest.TerminalReporter,
     return outcomes, checks
 
 
+@pytest.hookimpl(tryfirst=True)  # before the worker's report home is written
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     config = session.config
     state = config.stash.get(STATE_KEY, None)
+    if state is not None and state.pool is not None and state.host_local:
+        # A worker on another host: the controller cannot reach its servers, so it stops them itself.
+        for err in state.pool.stop_owned():
+            _say(config, f"teardown problem: {err}")
+        return
     if state is None or state.pool is None or xdist_hooks.is_worker(config):
         return
     errors = state.pool.stop_all()
