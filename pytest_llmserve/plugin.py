@@ -146,6 +146,8 @@ def pytest_configure(config: pytest.Config) -> None:
                                                host_local=host_local)
     if xdist_hooks.is_worker(config):
         xdist_hooks.register_worker(config, state.accounting, lambda: state.run_dir)
+        if xdist_hooks.distributes_by_config(config):
+            config.pluginmanager.register(ConfigGroups(), "llmserve-config-groups")
     if settings.configured:
         xdist_hooks.keep_benchmarks_on_one_worker(config)
         _start_using(config)
@@ -386,15 +388,8 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
     order: dict[str, int] = {s.id: i for i, s in enumerate(settings.cfg.all_specs())}
     by_config = xdist_hooks.distributes_by_config(config)
     for item in items:
-        spec = _item_spec(item)
-        if by_config and spec is not None:
-            # Across hosts: one host per configuration, its benchmarks included (they run on the host
-            # that booted it, alone there; other hosts' benchmarks run on other machines).
-            from pytest_llmserve.server.hosts import config_group
-            from pytest_llmserve.server.pool import spec_key
-
-            item.add_marker(pytest.mark.xdist_group(config_group(spec_key(spec))))
-            continue
+        if by_config and _item_spec(item) is not None:
+            continue  # grouped by configuration (ConfigGroups)
         bench_marker = item.get_closest_marker("llmserve_benchmark")
         if bench_marker or "llm_ab" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.xdist_group("llmserve-bench"))
@@ -409,6 +404,23 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
     # Stable sort by configuration so each one boots exactly once; within it the checks that read the traffic's
     # trace in the log (config is execution: graph use per batch size) come after that traffic, benchmarks last.
     items[:] = [item for _, item in sorted(enumerate(items), key=key)]
+
+
+class ConfigGroups:
+    """Across hosts, on each worker: every test of a configuration joins that configuration's
+    ``xdist_group``, so one host runs (and boots) it, its benchmarks included (they run alone on the host
+    that booted it; other hosts' benchmarks run on other machines). First among the collection hooks:
+    pytest-xdist's worker reads the groups into the node ids in its own."""
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
+        from pytest_llmserve.server.hosts import config_group
+        from pytest_llmserve.server.pool import spec_key
+
+        for item in items:
+            spec = _item_spec(item)
+            if spec is not None:
+                item.add_marker(pytest.mark.xdist_group(config_group(spec_key(spec))))
 
 
 def _item_spec(item: pytest.Item) -> ServerSpec | None:
@@ -669,11 +681,21 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, exitstatu
         return
     from pytest_llmserve.server.pool import read_boots
 
-    boots = read_boots(state.run_dir)
+    host_reports = xdist_hooks.host_reports(config)
+    # Across hosts the boots were recorded in each host's own run directory and came home with its report.
+    boots = read_boots(state.run_dir) + [boot for r in host_reports.values() for boot in r.boots
+                                         if boot not in read_boots(state.run_dir)]
     outcomes, checks = _session_verdicts(terminalreporter, state)
-    if not boots and not outcomes and not checks:
+    by_host = _rows_by_host(terminalreporter, settings, host_reports) if host_reports else []
+    if not boots and not outcomes and not checks and not by_host:
         return
     terminalreporter.section("llmserve")
+    if by_host:
+        terminalreporter.write_line("configurations by host:")
+        for row in by_host:
+            terminalreporter.write_line("  " + row.line())
+        settings.results_dir.mkdir(parents=True, exist_ok=True)
+        (settings.results_dir / "hosts.json").write_text(json.dumps([row.to_dict() for row in by_host], indent=2))
     wall = time.monotonic() - state.session_start
     boot_s = sum(float(b.get("boot_s") or 0) for b in boots)
     attached = [b for b in boots if b.get("launched") is False]
@@ -698,6 +720,26 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, exitstatu
     for line in render_session(outcomes, checks, settings.results_dir, bench_json=settings.bench_json,
                                wall_s=wall, boot_s=boot_s).splitlines():
         terminalreporter.write_line(line)
+
+
+def _rows_by_host(terminalreporter: pytest.TerminalReporter, settings: Settings,
+                  host_reports: dict[str, Any]) -> list[Any]:
+    """Per configuration run on a remote host: that host, its boots and the verdicts of its tests."""
+    from pytest_llmserve.server.hosts import group_of_nodeid, merge_by_config
+
+    if not any(report.label != "localhost" for report in host_reports.values()):
+        return []
+    groups = _config_groups(settings)
+    outcomes = []
+    for category in terminalreporter.stats.values():
+        for report in category:
+            node = getattr(report, "node", None)
+            decided = getattr(report, "when", None) == "call" or (getattr(report, "when", None) == "setup"
+                                                                  and not getattr(report, "passed", True))
+            group = group_of_nodeid(str(getattr(report, "nodeid", "")), groups) if decided else None
+            if group is not None and node is not None:
+                outcomes.append((group, str(node.gateway.id), str(report.outcome)))
+    return merge_by_config(groups, outcomes, host_reports)
 
 
 def _session_verdicts(terminalreporter: pytest.TerminalReporter,

@@ -1,0 +1,158 @@
+"""Several hosts through pytest-xdist gateways: the grouping key, the host-local run directory, the merged
+per-configuration rows and how a dead host's tests are failed (no ssh here; tests/multihost has the real run)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import execnet
+import pytest
+
+from pytest_llmserve import xdist_hooks
+from pytest_llmserve.config import ServerSpec
+from pytest_llmserve.server import hosts
+from pytest_llmserve.server.pool import spec_key
+
+
+def test_each_configuration_has_its_own_group_found_again_in_a_loadgroup_nodeid() -> None:
+    a = ServerSpec(name="default", engine="vllm", model="/m", max_batch_size=4, variant=(("max_batch_size", "4"),))
+    b = ServerSpec(name="default", engine="vllm", model="/m", max_batch_size=8, variant=(("max_batch_size", "8"),))
+    group_a, group_b = hosts.config_group(spec_key(a)), hosts.config_group(spec_key(b))
+    assert group_a != group_b
+    assert hosts.config_group(spec_key(a)) == group_a  # stable: every worker computes the same one
+    # xdist joins an item's sorted group names with "_", and a key may contain "_" itself.
+    assert "_" in group_a
+    known = [group_a, group_b]
+    assert hosts.group_of_nodeid(f"t.py::test_x[{a.id}]@{group_a}", known) == group_a
+    assert hosts.group_of_nodeid(f"t.py::test_x[{b.id}]@mine_{group_b}", known) == group_b
+    assert hosts.group_of_nodeid("t.py::test_plain", known) is None
+    assert hosts.group_of_nodeid("t.py::test_x@mine", known) is None
+
+
+@pytest.mark.parametrize(("tx", "remote", "label"), [
+    ("ssh=root@gpu-3", True, "root@gpu-3"),
+    ("ssh=-p 2222 root@127.0.0.2", True, "root@127.0.0.2"),
+    ("ssh=root@127.0.0.3 -p 2222", True, "root@127.0.0.3"),
+    ("ssh_config=/x/cfg//ssh=host2//python=/v/bin/python//chdir=/w", True, "host2"),
+    ("socket=10.0.0.5:8888", True, "10.0.0.5:8888"),
+    ("popen//python=/v/bin/python", False, "localhost"),
+])
+def test_gateway_label_is_the_host_as_written_and_popen_is_local(tx: str, remote: bool, label: str) -> None:
+    spec = execnet.XSpec(tx)
+    assert hosts.gateway_is_remote(spec) is remote
+    assert hosts.gateway_label(spec) == label
+
+
+def test_local_worker_shares_the_controllers_run_dir_remote_one_gets_a_host_local_one(tmp_path: Path) -> None:
+    controller = tmp_path / "tmp" / "llmserve-run-abc123"
+    controller.parent.mkdir()
+    results = tmp_path / "results"
+    assert hosts.host_run_dir(str(controller), results, remote=False) == (controller, False)
+    run_dir, local = hosts.host_run_dir(str(controller), results, remote=True)
+    assert local and run_dir == results.resolve() / "runs" / "llmserve-run-abc123"
+    # A local gateway whose host lacks the controller's temporary directory (a popen gateway with another
+    # TMPDIR is not this case, a proxied one is): host-local as well, same id.
+    missing = tmp_path / "elsewhere" / "llmserve-run-abc123"
+    assert hosts.host_run_dir(str(missing), results, remote=False) == (run_dir, True)
+
+
+def test_rows_per_configuration_merge_host_boots_and_verdicts_and_name_a_dead_host() -> None:
+    groups = {"g-a": "default[max_batch_size=4]", "g-b": "default[max_batch_size=8]"}
+    reports = {
+        "gw0": hosts.HostReport(gateway="gw0", label="host1", hostname="gpu-1",
+                                boots=[{"server": "default[max_batch_size=4]", "launched": True, "ok": True}]),
+        "gw1": hosts.HostReport(gateway="gw1", label="host2", hostname=None, down="EOFError: connection lost"),
+    }
+    outcomes = [("g-a", "gw0", "passed"), ("g-a", "gw0", "passed"), ("g-b", "gw1", "passed"),
+                ("g-b", "gw1", "failed"), ("g-b", "gw1", "failed"), ("other", "gw0", "passed")]
+    rows = hosts.merge_by_config(groups, outcomes, reports)
+    assert [r.to_dict() for r in rows] == [
+        {"server": "default[max_batch_size=4]", "host": "host1", "hostname": "gpu-1", "boots": 1,
+         "verdicts": {"passed": 2}, "down": None},
+        {"server": "default[max_batch_size=8]", "host": "host2", "hostname": None, "boots": None,
+         "verdicts": {"failed": 2, "passed": 1}, "down": "EOFError: connection lost"},
+    ]
+    assert rows[0].line() == "default[max_batch_size=4]: host host1 (gpu-1); boots 1; 2 passed"
+    assert "host went down: EOFError: connection lost" in rows[1].line()
+    assert "boots unknown" in rows[1].line()
+
+
+def test_dead_host_message_names_host_gateway_reason_and_configuration() -> None:
+    message = hosts.host_down_message("host2", "gw1", "Traceback ...\n  ...\nOSError: cannot send (already closed?)",
+                                      "t.py::test_b[x]@g", "default[max_batch_size=8]")
+    assert message.startswith("host host2 (gw1) went down before t.py::test_b[x]@g ran: "
+                              "OSError: cannot send (already closed?)")
+    assert "configuration default[max_batch_size=8] did not run there" in message
+
+
+# ---------------------------------------------------------------------- the scheduler, with stand-in nodes
+
+@dataclass(eq=False)
+class FakeNode:
+    gateway: Any
+    sent: list[int] = field(default_factory=list)
+    shut: bool = False
+
+    def send_runtest_some(self, indexes: list[int]) -> None:
+        self.sent.extend(indexes)
+
+    def shutdown(self) -> None:
+        self.shut = True
+
+    @property
+    def shutting_down(self) -> bool:
+        return self.shut
+
+
+def _node(gw: str, label: str) -> FakeNode:
+    return FakeNode(gateway=SimpleNamespace(id=gw, spec=execnet.XSpec(f"ssh={label}")))
+
+
+def test_scheduler_places_each_configuration_on_one_host_and_fails_a_dead_hosts_rest() -> None:
+    logged: list[Any] = []
+    config = SimpleNamespace(getvalue=lambda name: ["ssh=host1", "ssh=host2"] if name == "tx" else "loadgroup",
+                             option=SimpleNamespace(tx=["ssh=host1", "ssh=host2"], numprocesses=None),
+                             hook=SimpleNamespace(pytest_runtest_logreport=lambda report: logged.append(report)))
+    groups = {"llmserve-config-a": "srv[a]", "llmserve-config-b": "srv[b]", "llmserve-config-c": "srv[c]"}
+    hooks = xdist_hooks.XdistHooks("/tmp/run", config, lambda: groups)  # type: ignore[arg-type]
+    sched = xdist_hooks.by_config_scheduler(config, None, hooks)  # type: ignore[arg-type]
+    collection = [f"t.py::test_{n}[{g}]@llmserve-config-{g}" for g in "abc" for n in (1, 2)]
+    one, two = _node("gw0", "host1"), _node("gw1", "host2")
+    for node in (one, two):
+        sched.add_node(node)
+        sched.add_node_collection(node, collection)
+    sched.schedule()
+    # Whole configurations, round-robin: a, c on host1; b on host2; both told to end after their work.
+    assert [collection[i] for i in one.sent] == collection[0:2] + collection[4:6]
+    assert [collection[i] for i in two.sent] == collection[2:4]
+    assert one.shut and two.shut
+    # host2 ran test_1[b], then went down.
+    sched.mark_test_complete(two, two.sent[0])
+    hooks.host_reports["gw1"] = hosts.HostReport(gateway="gw1", label="host2", down="EOFError")
+    crash = sched.remove_node(two)
+    assert crash == collection[3]  # xdist reports it as the crash item
+    assert [r.nodeid for r in logged] == []  # nothing else was left
+    # Nothing of host2's went back to the queue for host1 (it would boot configuration b again there).
+    assert not sched.workqueue
+
+
+def test_dead_hosts_untouched_tests_are_each_failed_naming_host_and_configuration() -> None:
+    logged: list[Any] = []
+    config = SimpleNamespace(getvalue=lambda name: ["ssh=host1", "ssh=host2"] if name == "tx" else "loadgroup",
+                             option=SimpleNamespace(tx=["ssh=host1", "ssh=host2"], numprocesses=None),
+                             hook=SimpleNamespace(pytest_runtest_logreport=lambda report: logged.append(report)))
+    groups = {"llmserve-config-b": "srv[b]"}
+    hooks = xdist_hooks.XdistHooks("/tmp/run", config, lambda: groups)  # type: ignore[arg-type]
+    node = _node("gw1", "root@127.0.0.3")
+    hooks.host_reports["gw1"] = hosts.HostReport(gateway="gw1", label="root@127.0.0.3",
+                                                 down="OSError: cannot send (already closed?)")
+    hooks.fail_abandoned(node, ["t.py::test_2[b]@llmserve-config-b", "t.py::test_3[b]@llmserve-config-b"])
+    assert [(r.nodeid, r.outcome) for r in logged] == [("t.py::test_2[b]@llmserve-config-b", "failed"),
+                                                       ("t.py::test_3[b]@llmserve-config-b", "failed")]
+    text = str(logged[0].longrepr)
+    assert "host root@127.0.0.3 (gw1) went down" in text
+    assert "OSError: cannot send (already closed?)" in text and "configuration srv[b]" in text
+    assert logged[0].node is node
