@@ -156,11 +156,10 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def _config_groups(settings: Settings) -> dict[str, str]:
-    """Each configuration's xdist group -> its server id (how the controller names a dead host's tests)."""
+    """Each configuration's server id -> its xdist group (how the controller places and names tests)."""
     from pytest_llmserve.server.hosts import config_group
-    from pytest_llmserve.server.pool import spec_key
 
-    return {config_group(spec_key(spec)): spec.id for spec in settings.cfg.all_specs()}
+    return {spec.id: config_group(spec) for spec in settings.cfg.all_specs()}
 
 
 def _start_using(config: pytest.Config) -> None:
@@ -415,12 +414,11 @@ class ConfigGroups:
     @pytest.hookimpl(tryfirst=True)
     def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
         from pytest_llmserve.server.hosts import config_group
-        from pytest_llmserve.server.pool import spec_key
 
         for item in items:
             spec = _item_spec(item)
             if spec is not None:
-                item.add_marker(pytest.mark.xdist_group(config_group(spec_key(spec))))
+                item.add_marker(pytest.mark.xdist_group(config_group(spec)))
 
 
 def _item_spec(item: pytest.Item) -> ServerSpec | None:
@@ -725,7 +723,7 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, exitstatu
 def _rows_by_host(terminalreporter: pytest.TerminalReporter, settings: Settings,
                   host_reports: dict[str, Any]) -> list[Any]:
     """Per configuration run on a remote host: that host, its boots and the verdicts of its tests."""
-    from pytest_llmserve.server.hosts import group_of_nodeid, merge_by_config
+    from pytest_llmserve.server.hosts import merge_by_config, server_of_nodeid
 
     if not any(report.label != "localhost" for report in host_reports.values()):
         return []
@@ -736,9 +734,9 @@ def _rows_by_host(terminalreporter: pytest.TerminalReporter, settings: Settings,
             node = getattr(report, "node", None)
             decided = getattr(report, "when", None) == "call" or (getattr(report, "when", None) == "setup"
                                                                   and not getattr(report, "passed", True))
-            group = group_of_nodeid(str(getattr(report, "nodeid", "")), groups) if decided else None
-            if group is not None and node is not None:
-                outcomes.append((group, str(node.gateway.id), str(report.outcome)))
+            server = server_of_nodeid(str(getattr(report, "nodeid", "")), groups) if decided else None
+            if server is not None and node is not None:
+                outcomes.append((server, str(node.gateway.id), str(report.outcome)))
     return merge_by_config(groups, outcomes, host_reports)
 
 

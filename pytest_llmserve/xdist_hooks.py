@@ -89,7 +89,7 @@ class XdistHooks:
     def __init__(self, run_dir: str, config: pytest.Config, groups: Callable[[], dict[str, str]]) -> None:
         self.run_dir = run_dir
         self.config = config
-        self.groups = groups  # configuration group -> server id
+        self.groups = groups  # server id -> its configuration group
         self.worker_accounting: list[dict[str, Any]] = []
         self.host_reports: dict[str, hosts.HostReport] = {}  # by gateway id
 
@@ -136,10 +136,9 @@ class XdistHooks:
         gateway = str(node.gateway.id)
         down = self.host_reports.get(gateway)
         label = hosts.gateway_label(node.gateway.spec)
-        groups = self.groups()
+        servers = self.groups()
         for nodeid in nodeids:
-            group = hosts.group_of_nodeid(nodeid, groups)
-            server = groups.get(group) if group else None
+            server = hosts.server_of_nodeid(nodeid, servers)
             message = hosts.host_down_message(label, gateway, down.down if down else None, nodeid, server)
             path = nodeid.split("::")[0]
             report = TestReport(nodeid, (path, None, path), {}, "failed", message, "call")
@@ -154,6 +153,11 @@ def by_config_scheduler(config: pytest.Config, log: Any, hooks: XdistHooks) -> A
     from xdist.scheduler import LoadGroupScheduling
 
     class ByConfigScheduling(LoadGroupScheduling):  # type: ignore[misc]
+        def _split_scope(self, nodeid: str) -> str:
+            servers = hooks.groups()
+            server = hosts.server_of_nodeid(nodeid, servers)
+            return servers[server] if server is not None else str(super()._split_scope(nodeid))
+
         def schedule(self) -> None:
             if self.collection is not None:  # type: ignore[has-type]
                 return

@@ -1,6 +1,6 @@
 """Several hosts through pytest-xdist's own gateways (``--tx ssh=...``): the plain decisions, no pytest.
 
-* **Grouping.** Every test of one server configuration carries ``xdist_group(config_group(key))``, so one
+* **Grouping.** Every test of one server configuration carries ``xdist_group(config_group(spec))``, so one
   host runs (and boots) that configuration, once.
 * **Where a worker keeps its run directory.** On the controller's host (``-n N``, ``popen`` gateways) the
   workers share the controller's run directory (its path is handed to them), as before. A worker behind a
@@ -16,33 +16,43 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import socket
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
+
+from pytest_llmserve.config import ServerSpec
 
 #: The xdist_group name prefix of a configuration's tests.
 GROUP_PREFIX = "llmserve-config-"
 
 
-def config_group(key: str) -> str:
-    """The ``xdist_group`` of every test of the configuration whose pool key is ``key``."""
-    return GROUP_PREFIX + key
+def config_group(spec: ServerSpec) -> str:
+    """The ``xdist_group`` of every test of ``spec``'s configuration: the same on every host, so the
+    configuration file's path (``source``, where each host has its own copy) is left out of it."""
+    digest = hashlib.sha256(repr(replace(spec, source="")).encode()).hexdigest()[:10]
+    safe = "".join(c if c.isalnum() or c in "-." else "-" for c in spec.id)[:60]
+    return f"{GROUP_PREFIX}{safe}-{digest}"
 
 
-def group_of_nodeid(nodeid: str, groups: Iterable[str]) -> str | None:
-    """Which of ``groups`` a ``loadgroup`` node id (``path::test[id]@g1_g2``, names joined by ``_``) is in.
-    Matched against the known names, since a name may itself contain ``_``."""
-    _, sep, suffix = nodeid.rpartition("@")
-    if not sep:
+def server_of_nodeid(nodeid: str, server_ids: Iterable[str]) -> str | None:
+    """The configuration a test's node id names in its parametrization (``test_x[default[max_batch_size=4]]``,
+    ``test_y[a-batch3]``), longest id first; None for a test of no configuration.
+
+    Read from the node id on the controller, which sees nothing else of an item: pytest-xdist's
+    ``loadgroup`` carries groups in a node id suffix, which pytest 9 items no longer take (xdist 3.8 sets
+    ``item._nodeid``; pytest 9.2 reads ``item._id``), so groups by marker never reach the scheduler there."""
+    head = nodeid.split("::")[-1]
+    if "[" not in head or not head.endswith(("]", "]@")) and "]@" not in head:
         return None
-    for group in sorted(groups, key=len, reverse=True):
-        if suffix == group or suffix.startswith(group + "_") or suffix.endswith("_" + group) \
-                or f"_{group}_" in suffix:
-            return group
+    params = head[head.index("[") + 1:head.rindex("]")]
+    for sid in sorted(server_ids, key=len, reverse=True):
+        if params == sid or params.startswith(sid + "-") or params.endswith("-" + sid) or f"-{sid}-" in params:
+            return sid
     return None
 
 
@@ -131,17 +141,17 @@ class ConfigRow:
         return text + (f"; host went down: {self.down}" if self.down else "")
 
 
-def merge_by_config(group_servers: Mapping[str, str], outcomes: Iterable[tuple[str, str, str]],
+def merge_by_config(servers: Iterable[str], outcomes: Iterable[tuple[str, str, str]],
                     hosts: Mapping[str, HostReport]) -> list[ConfigRow]:
     """Per configuration: the host that ran it, its boots (from that host's report) and its verdicts.
 
-    ``group_servers`` maps a configuration group to its server id; ``outcomes`` are ``(group, gateway id,
+    ``servers`` are the configured server ids in order; ``outcomes`` are ``(server id, gateway id,
     outcome)`` per test; ``hosts`` the reports by gateway id. A configuration whose tests ran on several
     gateways (it should not happen under this grouping) lists each."""
+    order = list(servers)
     rows: dict[tuple[str, str], ConfigRow] = {}
-    for group, gateway, outcome in outcomes:
-        server = group_servers.get(group)
-        if server is None:
+    for server, gateway, outcome in outcomes:
+        if server not in order:
             continue
         report = hosts.get(gateway) or HostReport(gateway=gateway, label=gateway)
         row = rows.get((server, gateway))
@@ -151,7 +161,6 @@ def merge_by_config(group_servers: Mapping[str, str], outcomes: Iterable[tuple[s
             row = rows[(server, gateway)] = ConfigRow(server=server, host=report.label, hostname=report.hostname,
                                                       boots=boots, down=report.down)
         row.verdicts[outcome] = row.verdicts.get(outcome, 0) + 1
-    order = list(dict.fromkeys(group_servers.values()))
     return sorted(rows.values(), key=lambda r: (order.index(r.server) if r.server in order else len(order), r.host))
 
 

@@ -3,7 +3,7 @@ per-configuration rows and how a dead host's tests are failed (no ssh here; test
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -17,19 +17,25 @@ from pytest_llmserve.server import hosts
 from pytest_llmserve.server.pool import spec_key
 
 
-def test_each_configuration_has_its_own_group_found_again_in_a_loadgroup_nodeid() -> None:
+def test_each_configuration_has_its_own_group_the_same_on_every_host() -> None:
     a = ServerSpec(name="default", engine="vllm", model="/m", max_batch_size=4, variant=(("max_batch_size", "4"),))
     b = ServerSpec(name="default", engine="vllm", model="/m", max_batch_size=8, variant=(("max_batch_size", "8"),))
-    group_a, group_b = hosts.config_group(spec_key(a)), hosts.config_group(spec_key(b))
+    group_a, group_b = hosts.config_group(a), hosts.config_group(b)
     assert group_a != group_b
-    assert hosts.config_group(spec_key(a)) == group_a  # stable: every worker computes the same one
-    # xdist joins an item's sorted group names with "_", and a key may contain "_" itself.
-    assert "_" in group_a
-    known = [group_a, group_b]
-    assert hosts.group_of_nodeid(f"t.py::test_x[{a.id}]@{group_a}", known) == group_a
-    assert hosts.group_of_nodeid(f"t.py::test_x[{b.id}]@mine_{group_b}", known) == group_b
-    assert hosts.group_of_nodeid("t.py::test_plain", known) is None
-    assert hosts.group_of_nodeid("t.py::test_x@mine", known) is None
+    # Every host computes the same group from its own copy of the configuration file (seen on the real
+    # run: the file's path was in the pool key, and each host booted both configurations).
+    assert hosts.config_group(replace(a, source="/host2/work/proj/llmserve.toml")) == group_a
+    assert spec_key(replace(a, source="/host2/x.toml")) != spec_key(a)  # the pool key is per host
+
+
+def test_the_controller_reads_a_tests_configuration_from_its_node_id() -> None:
+    ids = ["default", "default[max_batch_size=4]", "default[max_batch_size=8]", "b"]
+    assert hosts.server_of_nodeid("t.py::test_x[default[max_batch_size=4]]", ids) == "default[max_batch_size=4]"
+    assert hosts.server_of_nodeid("t.py::test_x[default[max_batch_size=8]]@g", ids) == "default[max_batch_size=8]"
+    assert hosts.server_of_nodeid("t.py::test_x[default]", ids) == "default"
+    assert hosts.server_of_nodeid("t.py::test_batch[b-batch3]", ids) == "b"  # batch cases: SPEC-CASE
+    assert hosts.server_of_nodeid("t.py::test_plain", ids) is None
+    assert hosts.server_of_nodeid("t.py::test_p[bb]", ids) is None
 
 
 @pytest.mark.parametrize(("tx", "remote", "label"), [
@@ -60,15 +66,15 @@ def test_local_worker_shares_the_controllers_run_dir_remote_one_gets_a_host_loca
 
 
 def test_rows_per_configuration_merge_host_boots_and_verdicts_and_name_a_dead_host() -> None:
-    groups = {"g-a": "default[max_batch_size=4]", "g-b": "default[max_batch_size=8]"}
+    servers = ["default[max_batch_size=4]", "default[max_batch_size=8]"]
     reports = {
         "gw0": hosts.HostReport(gateway="gw0", label="host1", hostname="gpu-1",
                                 boots=[{"server": "default[max_batch_size=4]", "launched": True, "ok": True}]),
         "gw1": hosts.HostReport(gateway="gw1", label="host2", hostname=None, down="EOFError: connection lost"),
     }
-    outcomes = [("g-a", "gw0", "passed"), ("g-a", "gw0", "passed"), ("g-b", "gw1", "passed"),
-                ("g-b", "gw1", "failed"), ("g-b", "gw1", "failed"), ("other", "gw0", "passed")]
-    rows = hosts.merge_by_config(groups, outcomes, reports)
+    outcomes = [(servers[0], "gw0", "passed"), (servers[0], "gw0", "passed"), (servers[1], "gw1", "passed"),
+                (servers[1], "gw1", "failed"), (servers[1], "gw1", "failed"), ("other", "gw0", "passed")]
+    rows = hosts.merge_by_config(servers, outcomes, reports)
     assert [r.to_dict() for r in rows] == [
         {"server": "default[max_batch_size=4]", "host": "host1", "hostname": "gpu-1", "boots": 1,
          "verdicts": {"passed": 2}, "down": None},
@@ -116,10 +122,10 @@ def test_scheduler_places_each_configuration_on_one_host_and_fails_a_dead_hosts_
     config = SimpleNamespace(getvalue=lambda name: ["ssh=host1", "ssh=host2"] if name == "tx" else "loadgroup",
                              option=SimpleNamespace(tx=["ssh=host1", "ssh=host2"], numprocesses=None),
                              hook=SimpleNamespace(pytest_runtest_logreport=lambda report: logged.append(report)))
-    groups = {"llmserve-config-a": "srv[a]", "llmserve-config-b": "srv[b]", "llmserve-config-c": "srv[c]"}
+    groups = {"a": "llmserve-config-a", "b": "llmserve-config-b", "c": "llmserve-config-c"}
     hooks = xdist_hooks.XdistHooks("/tmp/run", config, lambda: groups)  # type: ignore[arg-type]
     sched = xdist_hooks.by_config_scheduler(config, None, hooks)  # type: ignore[arg-type]
-    collection = [f"t.py::test_{n}[{g}]@llmserve-config-{g}" for g in "abc" for n in (1, 2)]
+    collection = [f"t.py::test_{n}[{g}]" for g in "abc" for n in (1, 2)]
     one, two = _node("gw0", "host1"), _node("gw1", "host2")
     for node in (one, two):
         sched.add_node(node)
@@ -144,14 +150,14 @@ def test_dead_hosts_untouched_tests_are_each_failed_naming_host_and_configuratio
     config = SimpleNamespace(getvalue=lambda name: ["ssh=host1", "ssh=host2"] if name == "tx" else "loadgroup",
                              option=SimpleNamespace(tx=["ssh=host1", "ssh=host2"], numprocesses=None),
                              hook=SimpleNamespace(pytest_runtest_logreport=lambda report: logged.append(report)))
-    groups = {"llmserve-config-b": "srv[b]"}
+    groups = {"srv[b]": "llmserve-config-b"}
     hooks = xdist_hooks.XdistHooks("/tmp/run", config, lambda: groups)  # type: ignore[arg-type]
     node = _node("gw1", "root@127.0.0.3")
     hooks.host_reports["gw1"] = hosts.HostReport(gateway="gw1", label="root@127.0.0.3",
                                                  down="OSError: cannot send (already closed?)")
-    hooks.fail_abandoned(node, ["t.py::test_2[b]@llmserve-config-b", "t.py::test_3[b]@llmserve-config-b"])
-    assert [(r.nodeid, r.outcome) for r in logged] == [("t.py::test_2[b]@llmserve-config-b", "failed"),
-                                                       ("t.py::test_3[b]@llmserve-config-b", "failed")]
+    hooks.fail_abandoned(node, ["t.py::test_2[srv[b]]", "t.py::test_3[srv[b]]"])
+    assert [(r.nodeid, r.outcome) for r in logged] == [("t.py::test_2[srv[b]]", "failed"),
+                                                       ("t.py::test_3[srv[b]]", "failed")]
     text = str(logged[0].longrepr)
     assert "host root@127.0.0.3 (gw1) went down" in text
     assert "OSError: cannot send (already closed?)" in text and "configuration srv[b]" in text
