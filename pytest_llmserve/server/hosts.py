@@ -94,11 +94,11 @@ def host_run_dir(controller_run_dir: str, results_dir: Path, *, remote: bool) ->
 
     A worker behind a local gateway keeps the controller's directory (shared, the controller stops the
     servers); a remote worker, or one whose host lacks the controller's temporary directory, uses
-    ``<results_dir>/runs/<run id>`` on its own host."""
+    ``<results_dir>/host-runs/<run id>`` on its own host (beside, not among, the report directories in ``runs/``)."""
     given = Path(controller_run_dir)
     if not remote and given.parent.is_dir() and os.access(given.parent, os.W_OK):
         return given, False
-    return results_dir.resolve() / "runs" / given.name, True
+    return results_dir.resolve() / "host-runs" / given.name, True
 
 
 # ---------------------------------------------------------------------- what a host reports home

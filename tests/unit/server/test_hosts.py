@@ -58,7 +58,7 @@ def test_local_worker_shares_the_controllers_run_dir_remote_one_gets_a_host_loca
     results = tmp_path / "results"
     assert hosts.host_run_dir(str(controller), results, remote=False) == (controller, False)
     run_dir, local = hosts.host_run_dir(str(controller), results, remote=True)
-    assert local and run_dir == results.resolve() / "runs" / "llmserve-run-abc123"
+    assert local and run_dir == results.resolve() / "host-runs" / "llmserve-run-abc123"
     # A local gateway whose host lacks the controller's temporary directory (a popen gateway with another
     # TMPDIR is not this case, a proxied one is): host-local as well, same id.
     missing = tmp_path / "elsewhere" / "llmserve-run-abc123"
