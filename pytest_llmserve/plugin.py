@@ -135,8 +135,9 @@ def pytest_configure(config: pytest.Config) -> None:
     if xdist_hooks.is_worker(config):
         from pytest_llmserve.server.hosts import host_run_dir
 
+        gateway = xdist_hooks.worker_gateway(config)
         run_dir, host_local = host_run_dir(xdist_hooks.worker_run_dir(config), settings.results_dir,
-                                           remote=bool(xdist_hooks.worker_gateway(config).get("remote")))
+                                           remote=bool(gateway.get("remote")), label=str(gateway.get("label", "host")))
         owns = False
     else:
         # Only a name: the directory is made when a server boots (in this process or an xdist worker).
@@ -732,8 +733,9 @@ def _rows_by_host(terminalreporter: pytest.TerminalReporter, settings: Settings,
     for category in terminalreporter.stats.values():
         for report in category:
             node = getattr(report, "node", None)
-            decided = getattr(report, "when", None) == "call" or (getattr(report, "when", None) == "setup"
-                                                                  and not getattr(report, "passed", True))
+            when = getattr(report, "when", None)
+            # "???": pytest-xdist's report of the test a worker was running when it went down.
+            decided = when in ("call", "???") or (when == "setup" and not getattr(report, "passed", True))
             server = server_of_nodeid(str(getattr(report, "nodeid", "")), groups) if decided else None
             if server is not None and node is not None:
                 outcomes.append((server, str(node.gateway.id), str(report.outcome)))

@@ -89,16 +89,20 @@ def gateway_label(spec: Any) -> str:
     return "localhost"
 
 
-def host_run_dir(controller_run_dir: str, results_dir: Path, *, remote: bool) -> tuple[Path, bool]:
+def host_run_dir(controller_run_dir: str, results_dir: Path, *, remote: bool, label: str = "host") -> tuple[Path, bool]:
     """The run directory a worker uses and whether it is host-local (the worker stops what it boots).
 
     A worker behind a local gateway keeps the controller's directory (shared, the controller stops the
     servers); a remote worker, or one whose host lacks the controller's temporary directory, uses
-    ``<results_dir>/host-runs/<run id>`` on its own host (beside, not among, the report directories in ``runs/``)."""
+    ``<results_dir>/host-runs/<run id>-<host>`` on its own host (beside, not among, the report directories
+    in ``runs/``). The host in the name keeps its servers' run marker apart from the controller's: the
+    controller's sweep of its own run's strays must never reach a host's servers (it would on a machine
+    that is both, and it would hide a host's missing teardown)."""
     given = Path(controller_run_dir)
     if not remote and given.parent.is_dir() and os.access(given.parent, os.W_OK):
         return given, False
-    return results_dir.resolve() / "host-runs" / given.name, True
+    safe = "".join(c if c.isalnum() or c in "-." else "-" for c in label)[:60]
+    return results_dir.resolve() / "host-runs" / f"{given.name}-{safe}", True
 
 
 # ---------------------------------------------------------------------- what a host reports home

@@ -57,12 +57,14 @@ def test_local_worker_shares_the_controllers_run_dir_remote_one_gets_a_host_loca
     controller.parent.mkdir()
     results = tmp_path / "results"
     assert hosts.host_run_dir(str(controller), results, remote=False) == (controller, False)
-    run_dir, local = hosts.host_run_dir(str(controller), results, remote=True)
-    assert local and run_dir == results.resolve() / "host-runs" / "llmserve-run-abc123"
+    run_dir, local = hosts.host_run_dir(str(controller), results, remote=True, label="root@gpu-2")
+    assert local and run_dir == results.resolve() / "host-runs" / "llmserve-run-abc123-root-gpu-2"
+    # Its servers' run marker (<run dir name>/<key>) is not the controller's: its sweep passes them by.
+    assert not f"{run_dir.name}/key".startswith(controller.name + "/")
     # A local gateway whose host lacks the controller's temporary directory (a popen gateway with another
     # TMPDIR is not this case, a proxied one is): host-local as well, same id.
     missing = tmp_path / "elsewhere" / "llmserve-run-abc123"
-    assert hosts.host_run_dir(str(missing), results, remote=False) == (run_dir, True)
+    assert hosts.host_run_dir(str(missing), results, remote=False, label="root@gpu-2") == (run_dir, True)
 
 
 def test_rows_per_configuration_merge_host_boots_and_verdicts_and_name_a_dead_host() -> None:
