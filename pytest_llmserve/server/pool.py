@@ -61,6 +61,7 @@ class ServerPool:
         self.accounting: Accounting | None = None  # where the suite's time goes
         self.failed: dict[str, str] = {}  # key -> error message: a boot that failed is not retried per test
         self.died: dict[str, str] = {}  # key -> "server died" message: later tests fail fast with it
+        self.launched: list[str] = []  # keys this pool launched (its own teardown's business)
         self._locks: dict[str, isolation.RequestLock] = {}  # one per server, so this process counts its holds
         (run_dir / "servers").mkdir(parents=True, exist_ok=True)
 
@@ -117,6 +118,7 @@ class ServerPool:
                               run_pid=run_pid, run_id=self.run_dir.name, server_key=key)
         handle.accounting = self.accounting
         handle.request_lock = self.request_lock(key)
+        self.launched.append(key)
         started = time.time()
         try:
             with self.accounting.boot(key) if self.accounting is not None else contextlib.nullcontext():
@@ -203,7 +205,7 @@ class ServerPool:
         whatever this worker launched that is still running (a boot it abandoned, an engine worker that
         left its group)."""
         errors = self.stop_all()
-        errors += stop_shared_servers(self.run_dir, self.say, worker_pid=os.getpid())
+        errors += stop_shared_servers(self.run_dir, self.say, keys=set(self.launched))
         return errors
 
     def stop_all(self) -> list[str]:
@@ -263,20 +265,19 @@ def read_boots(run_dir: Path) -> list[dict[str, Any]]:
     return _read_jsonl(run_dir / "boots.jsonl")
 
 
-def stop_shared_servers(run_dir: Path, say: Callable[[str], None], *, worker_pid: int | None = None) -> list[str]:
+def stop_shared_servers(run_dir: Path, say: Callable[[str], None], *, keys: set[str] | None = None) -> list[str]:
     """Controller side: stop every server any process of this run launched; return leftover descriptions.
 
     Reads the launch records (written before readiness), so a server whose worker crashed mid-boot or
     mid-session is stopped too. A pid is only signalled while it is still the process that was launched.
-    ``worker_pid``: only what that worker launched (a host-local worker's own teardown; the other workers
-    of its host may still use theirs).
+    ``keys``: only those configurations (a host-local worker's own teardown: what it launched; the other
+    workers of its host may still use theirs).
     """
     leftovers: list[str] = []
     seen: set[int] = set()
     entries = _read_jsonl(run_dir / "launches.jsonl") + read_boots(run_dir)
-    if worker_pid is not None:
-        entries = [entry for entry in entries if entry.get("worker_pid") == worker_pid]
-    keys = {str(entry["key"]) for entry in entries if entry.get("key")}
+    if keys is not None:
+        entries = [entry for entry in entries if entry.get("key") in keys]
     for entry in entries:
         pid = entry.get("pid")
         if not pid or int(pid) in seen or entry.get("launched") is False:
@@ -297,7 +298,7 @@ def stop_shared_servers(run_dir: Path, say: Callable[[str], None], *, worker_pid
     # What outlived its API process or left its group (a worker's server whose API process died) still
     # carries this run's marker.
     strays = [m for m in isolation.marked_processes() if m.marker.startswith(run_dir.name + "/")
-              and (worker_pid is None or m.marker.split("/", 1)[1] in keys)]
+              and (keys is None or m.marker.split("/", 1)[1] in keys)]
     if strays:
         say(f"stopping {len(strays)} leftover process(es) of this run's servers: "
             f"{', '.join(m.description for m in strays)}")

@@ -164,3 +164,33 @@ def test_dead_hosts_untouched_tests_are_each_failed_naming_host_and_configuratio
     assert "host root@127.0.0.3 (gw1) went down" in text
     assert "OSError: cannot send (already closed?)" in text and "configuration srv[b]" in text
     assert logged[0].node is node
+
+
+# ---------------------------------------------------------------------- a host-local worker's pool (stand-in)
+
+@pytest.mark.usefixtures("private_registry")
+def test_host_local_worker_owns_stops_its_previous_configuration_and_stops_its_servers_at_the_end(
+        tmp_path: Path, token: str) -> None:
+    import os
+
+    from pytest_llmserve.server.pool import AttachedHandle, ServerPool
+    from tests.standins.helpers import MARK_ENV, marked_processes, standin_argv
+
+    def standin(name: str) -> ServerSpec:
+        return ServerSpec(name=name, engine="command", argv=tuple(standin_argv("fail_once.py")),
+                          served_model_name="standin", env=((MARK_ENV, token),), startup_timeout_s=30.0)
+
+    run_dir = tmp_path / "host-runs" / "llmserve-run-x-host2"
+    pool = ServerPool(run_dir, tmp_path / "logs", shared=True, host_local=True)
+    other_worker = ServerPool(run_dir, tmp_path / "logs", shared=True, host_local=True)
+    a = pool.get(standin("a"))
+    # The owner is this worker (the controller is on another machine): if it dies, the server is an orphan.
+    assert a.run_pid == os.getpid()
+    assert isinstance(other_worker.get(standin("a")), AttachedHandle)  # a second worker of the host attaches
+    b = pool.get(standin("b"))  # the next configuration: the previous one is stopped first
+    assert not a.is_alive() and b.is_alive()
+    assert other_worker.stop_owned() == []  # attached only: it stops nothing
+    assert b.is_alive()
+    assert pool.stop_owned() == []
+    assert not b.is_alive()
+    assert marked_processes(token) == []
