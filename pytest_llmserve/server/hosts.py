@@ -130,16 +130,18 @@ class ConfigRow:
     host: str
     hostname: str | None
     boots: int | None  # None: unknown (the host went down before reporting)
+    failed_boots: int = 0
     verdicts: dict[str, int] = field(default_factory=dict)
     down: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {"server": self.server, "host": self.host, "hostname": self.hostname, "boots": self.boots,
-                "verdicts": dict(sorted(self.verdicts.items())), "down": self.down}
+                "failed_boots": self.failed_boots, "verdicts": dict(sorted(self.verdicts.items())), "down": self.down}
 
     def line(self) -> str:
         counts = ", ".join(f"{n} {word}" for word, n in sorted(self.verdicts.items())) or "no tests"
         boots = "boots unknown (host went down before reporting)" if self.boots is None else f"boots {self.boots}"
+        boots += f" ({self.failed_boots} failed)" if self.failed_boots else ""
         where = self.host + (f" ({self.hostname})" if self.hostname and self.hostname != self.host else "")
         text = f"{self.server}: host {where}; {boots}; {counts}"
         return text + (f"; host went down: {self.down}" if self.down else "")
@@ -162,8 +164,9 @@ def merge_by_config(servers: Iterable[str], outcomes: Iterable[tuple[str, str, s
         if row is None:
             boots = None if report.hostname is None else sum(
                 1 for boot in report.boots if boot.get("server") == server and boot.get("launched") is not False)
+            failed = sum(1 for boot in report.boots if boot.get("server") == server and boot.get("ok") is False)
             row = rows[(server, gateway)] = ConfigRow(server=server, host=report.label, hostname=report.hostname,
-                                                      boots=boots, down=report.down)
+                                                      boots=boots, failed_boots=failed, down=report.down)
         row.verdicts[outcome] = row.verdicts.get(outcome, 0) + 1
     return sorted(rows.values(), key=lambda r: (order.index(r.server) if r.server in order else len(order), r.host))
 

@@ -71,19 +71,20 @@ def test_rows_per_configuration_merge_host_boots_and_verdicts_and_name_a_dead_ho
     servers = ["default[max_batch_size=4]", "default[max_batch_size=8]"]
     reports = {
         "gw0": hosts.HostReport(gateway="gw0", label="host1", hostname="gpu-1",
-                                boots=[{"server": "default[max_batch_size=4]", "launched": True, "ok": True}]),
+                                boots=[{"server": "default[max_batch_size=4]", "launched": True, "ok": False},
+                                       {"server": "default[max_batch_size=4]", "launched": True, "ok": True}]),
         "gw1": hosts.HostReport(gateway="gw1", label="host2", hostname=None, down="EOFError: connection lost"),
     }
     outcomes = [(servers[0], "gw0", "passed"), (servers[0], "gw0", "passed"), (servers[1], "gw1", "passed"),
                 (servers[1], "gw1", "failed"), (servers[1], "gw1", "failed"), ("other", "gw0", "passed")]
     rows = hosts.merge_by_config(servers, outcomes, reports)
     assert [r.to_dict() for r in rows] == [
-        {"server": "default[max_batch_size=4]", "host": "host1", "hostname": "gpu-1", "boots": 1,
+        {"server": "default[max_batch_size=4]", "host": "host1", "hostname": "gpu-1", "boots": 2, "failed_boots": 1,
          "verdicts": {"passed": 2}, "down": None},
-        {"server": "default[max_batch_size=8]", "host": "host2", "hostname": None, "boots": None,
+        {"server": "default[max_batch_size=8]", "host": "host2", "hostname": None, "boots": None, "failed_boots": 0,
          "verdicts": {"failed": 2, "passed": 1}, "down": "EOFError: connection lost"},
     ]
-    assert rows[0].line() == "default[max_batch_size=4]: host host1 (gpu-1); boots 1; 2 passed"
+    assert rows[0].line() == "default[max_batch_size=4]: host host1 (gpu-1); boots 2 (1 failed); 2 passed"
     assert "host went down: EOFError: connection lost" in rows[1].line()
     assert "boots unknown" in rows[1].line()
 
