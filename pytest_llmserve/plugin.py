@@ -85,6 +85,7 @@ class RunState:
     run_dir: Path  # created by the first boot (ServerPool), removed by its owner at unconfigure
     owns_run_dir: bool
     accounting: Accounting
+    host_local: bool = False  # a worker on another host: its own run directory; it stops what it boots
     pool: ServerPool | None = None
     outcomes: list[dict[str, Any]] = field(default_factory=list)
     session_start: float = field(default_factory=time.monotonic)
@@ -133,20 +134,36 @@ def pytest_configure(config: pytest.Config) -> None:
     except LLMServeError as exc:
         raise pytest.UsageError(f"pytest-llmserve: {exc}") from None
     config.stash[SETTINGS_KEY] = settings
+    host_local = False
     if xdist_hooks.is_worker(config):
-        run_dir, owns = Path(xdist_hooks.worker_run_dir(config)), False
+        from pytest_llmserve.server.hosts import host_run_dir
+
+        gateway = xdist_hooks.worker_gateway(config)
+        run_dir, host_local = host_run_dir(xdist_hooks.worker_run_dir(config), settings.results_dir,
+                                           remote=bool(gateway.get("remote")), label=str(gateway.get("label", "host")))
+        owns = False
     else:
         # Only a name: the directory is made when a server boots (in this process or an xdist worker).
         run_dir, owns = Path(tempfile.gettempdir()) / f"llmserve-run-{uuid.uuid4().hex[:16]}", True
-        xdist_hooks.register(config, str(run_dir))
-    config.stash[STATE_KEY] = RunState(run_dir=run_dir, owns_run_dir=owns, accounting=Accounting())
+        xdist_hooks.register(config, str(run_dir), lambda: _config_groups(settings))
+    state = config.stash[STATE_KEY] = RunState(run_dir=run_dir, owns_run_dir=owns, accounting=Accounting(),
+                                               host_local=host_local)
     if xdist_hooks.is_worker(config):
-        xdist_hooks.register_worker(config, config.stash[STATE_KEY].accounting)
+        xdist_hooks.register_worker(config, state.accounting, lambda: state.run_dir)
+        if xdist_hooks.distributes_by_config(config):
+            config.pluginmanager.register(ConfigGroups(), "llmserve-config-groups")
     if settings.configured:
         xdist_hooks.keep_benchmarks_on_one_worker(config)
         _start_using(config)
     if settings.suite:
         _add_suite(config)
+
+
+def _config_groups(settings: Settings) -> dict[str, str]:
+    """Each configuration's server id -> its xdist group (how the controller places and names tests)."""
+    from pytest_llmserve.server.hosts import config_group
+
+    return {spec.id: config_group(spec) for spec in settings.cfg.all_specs()}
 
 
 def _start_using(config: pytest.Config) -> None:
@@ -224,9 +241,9 @@ def _pool(config: pytest.Config) -> ServerPool:
             from pytest_llmserve.server.handle import kill_stale
 
             kill_stale(say=lambda msg: _say(config, msg))
-        state.run_dir.mkdir(mode=0o700, exist_ok=True)
+        state.run_dir.mkdir(mode=0o700, parents=state.host_local, exist_ok=True)
         state.pool = ServerPool(state.run_dir, settings.results_dir / "logs", shared=xdist_hooks.is_worker(config),
-                                say=lambda msg: _say(config, msg))
+                                say=lambda msg: _say(config, msg), host_local=state.host_local)
         state.pool.accounting = state.accounting
     return state.pool
 
@@ -372,7 +389,10 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
                 if item.get_closest_marker("gpu"):
                     item.add_marker(pytest.mark.skip(reason=gpu_reason))
     order: dict[str, int] = {s.id: i for i, s in enumerate(settings.cfg.all_specs())}
+    by_config = xdist_hooks.distributes_by_config(config)
     for item in items:
+        if by_config and _item_spec(item) is not None:
+            continue  # grouped by configuration (ConfigGroups)
         bench_marker = item.get_closest_marker("llmserve_benchmark")
         if bench_marker or "llm_ab" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.xdist_group("llmserve-bench"))
@@ -391,6 +411,22 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
     # Stable sort by configuration so each one boots exactly once; within it the checks that read the traffic's
     # trace in the log (config is execution: graph use per batch size) come after that traffic, benchmarks last.
     items[:] = [item for _, item in sorted(enumerate(items), key=key)]
+
+
+class ConfigGroups:
+    """Across hosts, on each worker: every test of a configuration joins that configuration's
+    ``xdist_group``, so one host runs (and boots) it, its benchmarks included (they run alone on the host
+    that booted it; other hosts' benchmarks run on other machines). First among the collection hooks:
+    pytest-xdist's worker reads the groups into the node ids in its own."""
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
+        from pytest_llmserve.server.hosts import config_group
+
+        for item in items:
+            spec = _item_spec(item)
+            if spec is not None:
+                item.add_marker(pytest.mark.xdist_group(config_group(spec)))
 
 
 def _item_spec(item: pytest.Item) -> ServerSpec | None:
@@ -748,11 +784,21 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, exitstatu
         return
     from pytest_llmserve.server.pool import read_boots
 
-    boots = read_boots(state.run_dir)
+    host_reports = xdist_hooks.host_reports(config)
+    # Across hosts the boots were recorded in each host's own run directory and came home with its report.
+    boots = read_boots(state.run_dir) + [boot for r in host_reports.values() for boot in r.boots
+                                         if boot not in read_boots(state.run_dir)]
     outcomes, checks = _session_verdicts(terminalreporter, state)
-    if not boots and not outcomes and not checks:
+    by_host = _rows_by_host(terminalreporter, settings, host_reports) if host_reports else []
+    if not boots and not outcomes and not checks and not by_host:
         return
     terminalreporter.section("llmserve")
+    if by_host:
+        terminalreporter.write_line("configurations by host:")
+        for row in by_host:
+            terminalreporter.write_line("  " + row.line())
+        settings.results_dir.mkdir(parents=True, exist_ok=True)
+        (settings.results_dir / "hosts.json").write_text(json.dumps([row.to_dict() for row in by_host], indent=2))
     wall = time.monotonic() - state.session_start
     boot_s = sum(float(b.get("boot_s") or 0) for b in boots)
     attached = [b for b in boots if b.get("launched") is False]
@@ -779,6 +825,27 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, exitstatu
         terminalreporter.write_line(line)
 
 
+def _rows_by_host(terminalreporter: pytest.TerminalReporter, settings: Settings,
+                  host_reports: dict[str, Any]) -> list[Any]:
+    """Per configuration run on a remote host: that host, its boots and the verdicts of its tests."""
+    from pytest_llmserve.server.hosts import merge_by_config, server_of_nodeid
+
+    if not any(report.label != "localhost" for report in host_reports.values()):
+        return []
+    groups = _config_groups(settings)
+    outcomes = []
+    for category in terminalreporter.stats.values():
+        for report in category:
+            node = getattr(report, "node", None)
+            when = getattr(report, "when", None)
+            # "???": pytest-xdist's report of the test a worker was running when it went down.
+            decided = when in ("call", "???") or (when == "setup" and not getattr(report, "passed", True))
+            server = server_of_nodeid(str(getattr(report, "nodeid", "")), groups) if decided else None
+            if server is not None and node is not None:
+                outcomes.append((server, str(node.gateway.id), str(report.outcome)))
+    return merge_by_config(groups, outcomes, host_reports)
+
+
 def _session_verdicts(terminalreporter: pytest.TerminalReporter,
                       state: RunState) -> tuple[list[dict[str, Any]], list[CheckOutcome]]:
     """Every benchmark record and check row of the session: from the reports (which, under xdist, come
@@ -790,9 +857,15 @@ def _session_verdicts(terminalreporter: pytest.TerminalReporter,
     return outcomes, checks
 
 
+@pytest.hookimpl(tryfirst=True)  # before the worker's report home is written
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     config = session.config
     state = config.stash.get(STATE_KEY, None)
+    if state is not None and state.pool is not None and state.host_local:
+        # A worker on another host: the controller cannot reach its servers, so it stops them itself.
+        for err in state.pool.stop_owned():
+            _say(config, f"teardown problem: {err}")
+        return
     if state is None or state.pool is None or xdist_hooks.is_worker(config):
         return
     errors = state.pool.stop_all()

@@ -3,9 +3,13 @@ rejects hook implementations it has no specification for), and the tests of whic
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
+
+from pytest_llmserve.server import hosts
 
 if TYPE_CHECKING:
     from pytest_llmserve.gates.accounting import Accounting
@@ -14,6 +18,10 @@ if TYPE_CHECKING:
 RUN_DIR_KEY = "llmserve_run_dir"
 #: The key of ``workeroutput`` that carries a worker's time accounting back to the controller.
 ACCOUNTING_KEY = "llmserve_accounting"
+#: ``workerinput``: the worker's gateway as the controller sees it (host label, remote or not, grouping).
+GATEWAY_KEY = "llmserve_gateway"
+#: ``workeroutput``: the worker's host name and the boots it made (its run directory may be host-local).
+HOST_REPORT_KEY = "llmserve_host_report"
 
 
 def is_worker(config: pytest.Config) -> bool:
@@ -21,11 +29,48 @@ def is_worker(config: pytest.Config) -> bool:
 
 
 def is_controller(config: pytest.Config) -> bool:
-    return bool(getattr(config.option, "numprocesses", None)) and not is_worker(config)
+    distributing = bool(getattr(config.option, "numprocesses", None)) or bool(getattr(config.option, "tx", None))
+    return distributing and not is_worker(config)
 
 
 def worker_run_dir(config: pytest.Config) -> str:
     return str(config.workerinput[RUN_DIR_KEY])  # type: ignore[attr-defined]
+
+
+def worker_gateway(config: pytest.Config) -> dict[str, Any]:
+    """This worker's gateway as its controller described it ({} from a controller without this plugin)."""
+    value = getattr(config, "workerinput", {}).get(GATEWAY_KEY)
+    return dict(value) if isinstance(value, dict) else {}
+
+
+def tx_specs(config: pytest.Config) -> list[Any]:
+    """The controller's gateways (``--tx``, ``-n``), as execnet specs; [] without pytest-xdist."""
+    if not getattr(config.option, "tx", None):
+        return []
+    import execnet
+    from xdist.workermanage import parse_tx_spec_config
+
+    return [execnet.XSpec(spec) for spec in parse_tx_spec_config(config)]
+
+
+def distributes_by_config(config: pytest.Config) -> bool:
+    """Tests go to hosts by server configuration when any gateway reaches another host: there, moving a
+    configuration's tests between workers would boot it again on each host."""
+    if is_worker(config):
+        return bool(worker_gateway(config).get("by_config"))
+    return is_controller(config) and any(hosts.gateway_is_remote(spec) for spec in tx_specs(config))
+
+
+def prepare_controller(config: pytest.Config) -> None:
+    """Across hosts: ``--dist load`` becomes ``loadgroup`` (groups keep a configuration on one host), and
+    a crashed remote worker is not restarted unless the user asked (``--max-worker-restart``): a restart
+    would reconnect to a host that may be gone, and the dead host's tests are failed with the reason."""
+    if not distributes_by_config(config):
+        return
+    if getattr(config.option, "dist", None) == "load":
+        config.option.dist = "loadgroup"
+    if getattr(config.option, "maxworkerrestart", None) is None:
+        config.option.maxworkerrestart = "0"
 
 
 def keep_benchmarks_on_one_worker(config: pytest.Config) -> None:
@@ -38,44 +83,152 @@ def keep_benchmarks_on_one_worker(config: pytest.Config) -> None:
 class XdistHooks:
     """Controller side: hands the run directory (a path; created by whichever process boots first) to each
     worker, and collects each worker's time accounting when it finishes (the boots, requests and tests
-    all happen in the workers, so the controller's own accounting is empty)."""
+    all happen in the workers, so the controller's own accounting is empty). Across hosts it also keeps
+    each worker's host report, and why a worker went down."""
 
-    def __init__(self, run_dir: str) -> None:
+    def __init__(self, run_dir: str, config: pytest.Config, groups: Callable[[], dict[str, str]]) -> None:
         self.run_dir = run_dir
+        self.config = config
+        self.groups = groups  # server id -> its configuration group
         self.worker_accounting: list[dict[str, Any]] = []
+        self.host_reports: dict[str, hosts.HostReport] = {}  # by gateway id
 
     def pytest_configure_node(self, node: Any) -> None:
         node.workerinput[RUN_DIR_KEY] = self.run_dir
+        spec = node.gateway.spec
+        node.workerinput[GATEWAY_KEY] = {"id": str(node.gateway.id), "label": hosts.gateway_label(spec),
+                                         "remote": hosts.gateway_is_remote(spec),
+                                         "by_config": distributes_by_config(self.config)}
 
     def pytest_testnodedown(self, node: Any, error: Any) -> None:
-        snapshot = getattr(node, "workeroutput", {}).get(ACCOUNTING_KEY)
+        output = getattr(node, "workeroutput", None) or {}
+        snapshot = output.get(ACCOUNTING_KEY)
         if isinstance(snapshot, dict):
             self.worker_accounting.append(snapshot)
+        sent = output.get(HOST_REPORT_KEY)
+        sent = sent if isinstance(sent, dict) else {}
+        gateway = str(node.gateway.id)
+        self.host_reports[gateway] = hosts.HostReport(
+            gateway=gateway, label=hosts.gateway_label(node.gateway.spec), hostname=sent.get("hostname"),
+            boots=list(sent.get("boots") or []), down=hosts.short_error(error) if error is not None else None)
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_xdist_make_scheduler(self, config: pytest.Config, log: Any) -> Any:
+        if distributes_by_config(config) and config.getvalue("dist") == "loadgroup":
+            return by_config_scheduler(config, log, self)
+        return None
+
+    def pytest_handlecrashitem(self, crashitem: str, report: Any, sched: Any) -> None:
+        """The test a worker was running when its host went down: name the host and the reason."""
+        node = getattr(report, "node", None)
+        if node is None or not distributes_by_config(self.config):
+            return
+        gateway = str(node.gateway.id)
+        down = self.host_reports.get(gateway)
+        label = hosts.gateway_label(node.gateway.spec)
+        report.longrepr = (f"host {label} ({gateway}) went down while running {crashitem}: "
+                           f"{down.down if down and down.down else 'connection lost'}")
+
+    def fail_abandoned(self, node: Any, nodeids: list[str]) -> None:
+        """Fail the tests a dead host still had, one report each, naming the host and the reason."""
+        from _pytest.reports import TestReport
+
+        gateway = str(node.gateway.id)
+        down = self.host_reports.get(gateway)
+        label = hosts.gateway_label(node.gateway.spec)
+        servers = self.groups()
+        for nodeid in nodeids:
+            server = hosts.server_of_nodeid(nodeid, servers)
+            message = hosts.host_down_message(label, gateway, down.down if down else None, nodeid, server)
+            path = nodeid.split("::")[0]
+            report = TestReport(nodeid, (path, None, path), {}, "failed", message, "call")
+            report.node = node  # type: ignore[attr-defined]  # xdist's own reports carry it too
+            self.config.hook.pytest_runtest_logreport(report=report)
+
+
+def by_config_scheduler(config: pytest.Config, log: Any, hooks: XdistHooks) -> Any:
+    """``loadgroup`` with every group placed once, up front, round-robin over the workers (a host boots
+    only its own configurations), and a dead worker's remaining tests failed rather than moved (moving
+    them would boot the configuration again elsewhere, and the host's name would be lost)."""
+    from xdist.scheduler import LoadGroupScheduling
+
+    class ByConfigScheduling(LoadGroupScheduling):  # type: ignore[misc]
+        def _split_scope(self, nodeid: str) -> str:
+            servers = hooks.groups()
+            server = hosts.server_of_nodeid(nodeid, servers)
+            return servers[server] if server is not None else str(super()._split_scope(nodeid))
+
+        def schedule(self) -> None:
+            if self.collection is not None:  # type: ignore[has-type]
+                return
+            if not self._check_nodes_have_same_collection():
+                self.log("**Different tests collected, aborting run**")
+                return
+            self.collection = list(next(iter(self.registered_collections.values())))
+            if not self.collection:
+                return
+            for nodeid in self.collection:
+                self.workqueue.setdefault(self._split_scope(nodeid), {})[nodeid] = False
+            nodes = list(self.nodes)
+            turn = 0
+            while self.workqueue:
+                self._assign_work_unit(nodes[turn % len(nodes)])
+                turn += 1
+            for node in nodes:
+                node.shutdown()  # a worker runs what it was given, then ends
+
+        def remove_node(self, node: Any) -> str | None:
+            down = hooks.host_reports.get(str(node.gateway.id))
+            if down is None or down.down is None:
+                return super().remove_node(node)  # type: ignore[no-any-return]
+            pending = hosts.pending_nodeids(self.assigned_work.pop(node))
+            if not pending:
+                return None
+            hooks.fail_abandoned(node, pending[1:])
+            return pending[0]  # xdist reports it as the crash item
+
+    return ByConfigScheduling(config, log)
 
 
 class WorkerAccounting:
-    """Worker side: sends this worker's accounting snapshot home in ``workeroutput``. pytest-xdist sends
-    ``workeroutput`` after every ``pytest_sessionfinish`` implementation has run, this one included."""
+    """Worker side: sends this worker's accounting snapshot home in ``workeroutput``, and its host report
+    (host name, the boots it made: the controller cannot read a host-local run directory). pytest-xdist
+    sends ``workeroutput`` after every ``pytest_sessionfinish`` implementation has run, this one included."""
 
-    def __init__(self, accounting: Accounting) -> None:
+    def __init__(self, accounting: Accounting, run_dir: Callable[[], Path]) -> None:
         self.accounting = accounting
+        self.run_dir = run_dir
 
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        import os
+
+        from pytest_llmserve.server.pool import read_boots
+
         snapshot = self.accounting.snapshot()
         if snapshot["intervals"]:
             session.config.workeroutput[ACCOUNTING_KEY] = snapshot  # type: ignore[attr-defined]
+        boots = [boot for boot in read_boots(self.run_dir()) if boot.get("worker_pid") == os.getpid()]
+        session.config.workeroutput[HOST_REPORT_KEY] = {  # type: ignore[attr-defined]
+            "hostname": hosts.this_host(), "boots": boots}
 
 
-def register(config: pytest.Config, run_dir: str) -> None:
+def register(config: pytest.Config, run_dir: str, groups: Callable[[], dict[str, str]]) -> None:
     if config.pluginmanager.hasplugin("xdist"):
-        config.pluginmanager.register(XdistHooks(run_dir), "llmserve-xdist-hooks")
+        config.pluginmanager.register(XdistHooks(run_dir, config, groups), "llmserve-xdist-hooks")
+        prepare_controller(config)
 
 
-def register_worker(config: pytest.Config, accounting: Accounting) -> None:
-    config.pluginmanager.register(WorkerAccounting(accounting), "llmserve-xdist-worker-accounting")
+def register_worker(config: pytest.Config, accounting: Accounting, run_dir: Callable[[], Path]) -> None:
+    config.pluginmanager.register(WorkerAccounting(accounting, run_dir), "llmserve-xdist-worker-accounting")
 
 
 def workers_accounting(config: pytest.Config) -> list[dict[str, Any]]:
     """The accounting snapshots of the workers that finished (empty outside an xdist controller)."""
     hooks = config.pluginmanager.get_plugin("llmserve-xdist-hooks")
     return list(hooks.worker_accounting) if isinstance(hooks, XdistHooks) else []
+
+
+def host_reports(config: pytest.Config) -> dict[str, hosts.HostReport]:
+    """Each finished or lost worker's host report, by gateway id (empty outside an xdist controller)."""
+    hooks = config.pluginmanager.get_plugin("llmserve-xdist-hooks")
+    return dict(hooks.host_reports) if isinstance(hooks, XdistHooks) else {}

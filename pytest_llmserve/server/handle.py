@@ -148,6 +148,7 @@ class ServerHandle:
         # The pytest process responsible for this server (the xdist controller for a worker's boot): while
         # it lives, the server is not stale, even if the launching worker crashed.
         self.run_pid = run_pid or os.getpid()
+        self.server_key = server_key or spec.id
         # The marker the server's processes carry in their environment: found again by it when the
         # pytest that launched them was killed (SIGKILL, the OOM killer) and no teardown ran.
         self.marker_env = isolation.marker_env(run_id or f"script-{uuid.uuid4().hex[:12]}", server_key or spec.id,

@@ -9,6 +9,11 @@ needs a configuration boots it under a file lock and writes ``<run_dir>/servers/
 attach to it. Workers never stop shared servers: the controller stops them all once, in
 ``pytest_unconfigure``, which also covers a worker that crashed (pytest-xdist's own advice: acquire and
 release resources in the leader).
+
+A worker on another host (``--tx ssh=...``) has a host-local run directory the controller cannot reach
+(``host_local``, see :mod:`pytest_llmserve.server.hosts`): it owns what it boots, stops its previous
+configuration before booting the next (as without xdist: one server's GPU memory at a time), and stops
+its servers at its own session end (:meth:`ServerPool.stop_owned`).
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ from filelock import FileLock
 
 from pytest_llmserve.config import ServerSpec
 from pytest_llmserve.errors import ServerDiedError, ServerError
-from pytest_llmserve.server import isolation, procs
+from pytest_llmserve.server import hosts, isolation, procs
 from pytest_llmserve.server.handle import ServerHandle
 
 if TYPE_CHECKING:
@@ -45,16 +50,18 @@ class ServerPool:
     """Boots servers on demand, at most one per configuration for the whole run."""
 
     def __init__(self, run_dir: Path, log_dir: Path, *, shared: bool = False, max_alive: int = 1,
-                 say: Callable[[str], None] | None = None) -> None:
+                 say: Callable[[str], None] | None = None, host_local: bool = False) -> None:
         self.run_dir = run_dir
         self.log_dir = log_dir
         self.shared = shared  # True under xdist: servers are shared through run_dir and stopped by the controller
+        self.host_local = host_local  # a remote xdist worker: this process owns and stops what it boots
         self.max_alive = max_alive
         self.say = say or (lambda msg: None)
         self.handles: dict[str, ServerHandle] = {}
         self.accounting: Accounting | None = None  # where the suite's time goes
         self.failed: dict[str, str] = {}  # key -> error message: a boot that failed is not retried per test
         self.died: dict[str, str] = {}  # key -> "server died" message: later tests fail fast with it
+        self.launched: list[str] = []  # keys this pool launched (its own teardown's business)
         self._locks: dict[str, isolation.RequestLock] = {}  # one per server, so this process counts its holds
         (run_dir / "servers").mkdir(parents=True, exist_ok=True)
 
@@ -81,14 +88,12 @@ class ServerPool:
                 self._bury(key, handle, str(exc))
                 raise
             return handle
-        if not self.shared:
+        if not self.shared or self.host_local:
             keep_keys = {spec_key(s) for s in keep}
             others = [k for k in self.handles if k not in keep_keys]
             while others and len(self.handles) >= self.max_alive:
                 self.stop(others.pop(0))
-            handle = self._boot(spec, key)
-        else:
-            handle = self._get_shared(spec, key)
+        handle = self._boot(spec, key) if not self.shared else self._get_shared(spec, key)
         self.handles[key] = handle
         return handle
 
@@ -97,7 +102,7 @@ class ServerPool:
         user's back) and kill what is left of its tree now (engine workers may outlive the API process)."""
         self.died[key] = message
         self.handles.pop(key, None)
-        if self.shared:
+        if self.shared and not self.host_local or isinstance(handle, AttachedHandle):
             return  # the controller stops shared servers
         try:
             handle.stop()
@@ -106,12 +111,14 @@ class ServerPool:
 
     def _boot(self, spec: ServerSpec, key: str) -> ServerHandle:
         # Under xdist the controller (this worker's parent) is responsible for the server: while it runs,
-        # the server is not stale for another run, even if this worker crashes.
-        run_pid = os.getppid() if self.shared else os.getpid()
+        # the server is not stale for another run, even if this worker crashes. On another host the
+        # controller is out of reach: this worker is, and if it dies its server is an orphan there.
+        run_pid = os.getppid() if self.shared and not self.host_local else os.getpid()
         handle = ServerHandle(spec, log_dir=self.log_dir, say=self.say, on_launch=self._record_launch,
                               run_pid=run_pid, run_id=self.run_dir.name, server_key=key)
         handle.accounting = self.accounting
         handle.request_lock = self.request_lock(key)
+        self.launched.append(key)
         started = time.time()
         try:
             with self.accounting.boot(key) if self.accounting is not None else contextlib.nullcontext():
@@ -156,7 +163,7 @@ class ServerPool:
     def _record_launch(self, handle: ServerHandle) -> None:
         """Written the moment a process starts, before readiness: if this worker dies mid-boot, the
         controller still finds (and stops) the server."""
-        entry = {"server": handle.spec.id, "pid": handle.pid, "worker_pid": os.getpid(),
+        entry = {"server": handle.spec.id, "key": handle.server_key, "pid": handle.pid, "worker_pid": os.getpid(),
                  "create_time": procs.create_time(handle.pid) if handle.pid else None,
                  "log": str(handle.log_path) if handle.log_path else None}
         path = self.run_dir / "launches.jsonl"
@@ -168,7 +175,7 @@ class ServerPool:
         entry = {"server": spec.id, "key": spec_key(spec), "pid": handle.pid, "worker_pid": os.getpid(),
                  "started": started, "boot_s": round(handle.boot.boot_s, 2), "ok": ok, "error": error,
                  "launched": handle.adapter.launches, "url": handle.plan.base_url if handle.plan else None,
-                 "log": str(handle.log_path) if handle.log_path else None}
+                 "log": str(handle.log_path) if handle.log_path else None, "hostname": hosts.this_host()}
         with FileLock(str(self.run_dir / "boots.jsonl.lock")), open(self.run_dir / "boots.jsonl", "a") as fh:
             fh.write(json.dumps(entry) + "\n")
 
@@ -177,8 +184,12 @@ class ServerPool:
         handle = self.handles.pop(key, None)
         if handle is None:
             return
+        if self.shared and not self.host_local or isinstance(handle, AttachedHandle):
+            return  # the controller stops shared servers; an attached one is not ours
         if self.shared:
-            return  # the controller stops shared servers
+            # Others on this host boot it afresh if they need it again, rather than attach to nothing.
+            with contextlib.suppress(OSError):
+                (self.run_dir / "servers" / f"{key}.json").unlink()
         with self.accounting.teardown() if self.accounting is not None else contextlib.nullcontext():
             report = handle.stop()
         if report is not None:
@@ -188,6 +199,14 @@ class ServerPool:
         entry = {"server": handle.spec.id, "pid": handle.pid, "stop_s": round(seconds, 2)}
         with FileLock(str(self.run_dir / "stops.jsonl.lock")), open(self.run_dir / "stops.jsonl", "a") as fh:
             fh.write(json.dumps(entry) + "\n")
+
+    def stop_owned(self) -> list[str]:
+        """A host-local worker's session end: stop the servers it booted (not those it attached to), and
+        whatever this worker launched that is still running (a boot it abandoned, an engine worker that
+        left its group)."""
+        errors = self.stop_all()
+        errors += stop_shared_servers(self.run_dir, self.say, keys=set(self.launched))
+        return errors
 
     def stop_all(self) -> list[str]:
         errors = []
@@ -246,15 +265,20 @@ def read_boots(run_dir: Path) -> list[dict[str, Any]]:
     return _read_jsonl(run_dir / "boots.jsonl")
 
 
-def stop_shared_servers(run_dir: Path, say: Callable[[str], None]) -> list[str]:
+def stop_shared_servers(run_dir: Path, say: Callable[[str], None], *, keys: set[str] | None = None) -> list[str]:
     """Controller side: stop every server any process of this run launched; return leftover descriptions.
 
     Reads the launch records (written before readiness), so a server whose worker crashed mid-boot or
     mid-session is stopped too. A pid is only signalled while it is still the process that was launched.
+    ``keys``: only those configurations (a host-local worker's own teardown: what it launched; the other
+    workers of its host may still use theirs).
     """
     leftovers: list[str] = []
     seen: set[int] = set()
-    for entry in _read_jsonl(run_dir / "launches.jsonl") + read_boots(run_dir):
+    entries = _read_jsonl(run_dir / "launches.jsonl") + read_boots(run_dir)
+    if keys is not None:
+        entries = [entry for entry in entries if entry.get("key") in keys]
+    for entry in entries:
         pid = entry.get("pid")
         if not pid or int(pid) in seen or entry.get("launched") is False:
             continue
@@ -273,7 +297,8 @@ def stop_shared_servers(run_dir: Path, say: Callable[[str], None]) -> list[str]:
                 (registry_dir() / f"{pid}.json").unlink()
     # What outlived its API process or left its group (a worker's server whose API process died) still
     # carries this run's marker.
-    strays = [m for m in isolation.marked_processes() if m.marker.startswith(run_dir.name + "/")]
+    strays = [m for m in isolation.marked_processes() if m.marker.startswith(run_dir.name + "/")
+              and (keys is None or m.marker.split("/", 1)[1] in keys)]
     if strays:
         say(f"stopping {len(strays)} leftover process(es) of this run's servers: "
             f"{', '.join(m.description for m in strays)}")
