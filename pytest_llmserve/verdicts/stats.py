@@ -26,9 +26,9 @@ samples). A seeded bootstrap (2000 resamples) gives the 95 % CI of ``change``. T
 
 Sizing of this fixed-sample rule (``alpha = 0.05``, ``min_samples = 3``; the gate now uses the sequential
 rule below, this one gives the figures beside its verdict and ``llmserve baselines compare``). For a
-throughput with ~3 % round-to-round noise, 5 rounds per side calls a real 10 % drop "regressed" almost always (measured in
-``tests/unit/verdicts/test_stats.py``: 195 of 200 seeds "regressed", the other 5 "inconclusive", none "pass";
-with re-runs from 3 current rounds up to 8, 199 of 200), because at 5 vs 5 an exact one-sided test
+throughput with ~3 % round-to-round noise, 5 rounds per side calls a real 10 % drop "regressed" almost
+always (measured in ``tests/unit/verdicts/test_stats.py``: 195 of 200 seeds "regressed", the other 5
+"inconclusive", none "pass"; with re-runs from 3 current rounds up to 8, 199 of 200), because at 5 vs 5 an exact one-sided test
 reaches p < 0.05 with up to 4 of the 25 pairs out of order (P(U <= 4) = 0.048). With 3 vs 3 no
 verdict other than "inconclusive" is possible at alpha = 0.05, so a gate should record baselines with
 at least 5 rounds and start the current side at >= 3 rounds (3 vs 5 reaches p = 0.018) with a cap of
