@@ -24,21 +24,20 @@ samples). A seeded bootstrap (2000 resamples) gives the 95 % CI of ``change``. T
    close to the tolerance). The caller runs more rounds, up to a bound (:func:`needs_more_rounds`),
    and then reports "inconclusive" as such (not as a pass, not as a failure).
 
-Sizing of this fixed-sample rule (``alpha = 0.05``, ``min_samples = 3``; the gate now uses the sequential
-rule below, this one gives the figures beside its verdict and ``llmserve baselines compare``). For a
-throughput with ~3 % round-to-round noise, 5 rounds per side calls a real 10 % drop "regressed" almost
-always (measured in ``tests/unit/verdicts/test_stats.py``: 195 of 200 seeds "regressed", the other 5
-"inconclusive", none "pass"; with re-runs from 3 current rounds up to 8, 199 of 200), because at 5 vs 5 an exact one-sided test
-reaches p < 0.05 with up to 4 of the 25 pairs out of order (P(U <= 4) = 0.048). With 3 vs 3 no
-verdict other than "inconclusive" is possible at alpha = 0.05, so a gate should record baselines with
-at least 5 rounds and start the current side at >= 3 rounds (3 vs 5 reaches p = 0.018) with a cap of
-about 10. The rule of thumb for the smallest detectable change at 80 % power is about
-``2.5 * CV * sqrt(2 / n)``: 4.7 % for CV 3 % and n = 5, 7.9 % for CV 5 %. Under no change the false
-"regressed" rate is below both ``alpha`` and the chance that noise alone moves the median beyond the
-tolerance; with 3 % noise and a 5 % tolerance it measured 0 of 200 seeds (and 3.7-6.0 % with the
-tolerance set to 0, i.e. alpha alone). Re-running an inconclusive comparison is sequential testing and
-inflates ``alpha`` a little; the size requirement and the round cap keep that small (measured: 1 false
-"regressed" in 200 seeds, baseline 5 rounds, current 3 to 8).
+Sizing of this fixed-sample rule (``alpha = 0.05``, ``min_samples = 3``; the gate now uses the sequential rule
+below, this one gives the figures beside its verdict and ``llmserve baselines compare``). For a throughput
+with ~3 % round-to-round noise, 5 rounds per side calls a real 10 % drop "regressed" almost always (measured
+in ``tests/unit/verdicts/test_stats.py``: 195 of 200 seeds "regressed", the other 5 "inconclusive", none
+"pass"; with re-runs from 3 current rounds up to 8, 199 of 200), because at 5 vs 5 an exact one-sided test
+reaches p < 0.05 with up to 4 of the 25 pairs out of order (P(U <= 4) = 0.048). With 3 vs 3 no verdict other
+than "inconclusive" is possible at alpha = 0.05, so a gate should record baselines with at least 5 rounds and
+start the current side at >= 3 rounds (3 vs 5 reaches p = 0.018) with a cap of about 10. The rule of thumb for
+the smallest detectable change at 80 % power is about ``2.5 * CV * sqrt(2 / n)``: 4.7 % for CV 3 % and n = 5,
+7.9 % for CV 5 %. Under no change the false "regressed" rate is below both ``alpha`` and the chance that noise
+alone moves the median beyond the tolerance; with 3 % noise and a 5 % tolerance it measured 0 of 200 seeds
+(and 3.7-6.0 % with the tolerance set to 0, i.e. alpha alone). Re-running an inconclusive comparison is
+sequential testing and inflates ``alpha`` a little; the size requirement and the round cap keep that small
+(measured: 1 false "regressed" in 200 seeds, baseline 5 rounds, current 3 to 8).
 
 The sequential rule (:func:`decide_sequential`): what the gate and the A/B runner use
 ---------------------------------------------------------------------------------------
