@@ -232,8 +232,10 @@ def test_nvidia_smi_failure_is_no_gpu(monkeypatch: pytest.MonkeyPatch, tmp_path:
 
 def test_commands_are_filled_from_this_host() -> None:
     """A process this host can see gets its full command line (here: a real child process)."""
-    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    child = subprocess.Popen([sys.executable, "-c", "import time; print('up', flush=True); time.sleep(30)"],
+                             stdout=subprocess.PIPE, text=True)
     try:
+        assert child.stdout is not None and child.stdout.readline() == "up\n"  # exec'd: its command line is real
         apps = f"GPU-0, {child.pid}, python, 10\n"
         gpus = "0, GPU-0, Fake GPU, 1000, 10, 990, 1.0, 0:0\n"
         snap = gpu.snapshot(nvml=FakeNVML(fail_init=True), run=smi_runner(gpus=gpus, apps=apps))
