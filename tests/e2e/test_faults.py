@@ -715,16 +715,21 @@ def test_concurrent_run_succeeds_on_its_own_port_and_spares_the_live_server(stor
 
 
 def test_concurrent_baseline_writers_lose_no_record(story: Story) -> None:
+    saved = []
     for name in ("W1", "W2"):
         w = story.runs[name]
         assert w.outcome_count("passed") == 1, w.out
-        assert "saved 5 rounds as a new baseline record" in w.out
+        # 5 rounds, or more when the record's spread is wider than the tolerance: the two writers share the
+        # server (seen in a rehearsal: 6 rounds, the median known to +-6.4 % after 5)
+        found = re.search(r"saved (\d+) rounds as a new baseline record", w.out)
+        assert found and int(found.group(1)) >= 5, w.out
+        saved.append(int(found.group(1)))
     path = BaselineStore(story.wd.path / "baselines").path_for(
         BenchKey(test="test_w.py::test_save", server="external", workload="tiny"))
     doc = read_baseline_file(path)
     assert len(doc.records) == 2
     assert len({r.run_id for r in doc.records}) == 2
-    assert all(len(r.samples["output_throughput"]) == 5 for r in doc.records)
+    assert sorted(len(r.samples["output_throughput"]) for r in doc.records) == sorted(saved)  # every sample kept
 
 
 def test_corrupt_and_future_schema_baselines_are_named_and_left_untouched(story: Story) -> None:
