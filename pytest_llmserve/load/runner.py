@@ -305,7 +305,8 @@ def judge_isolation(result: RunResult, gauge: str, readings: Sequence[GaugeReadi
     first = min((r.start for r in timed), default=float("-inf"))
     last = max((r.end for r in timed), default=float("inf"))
     inside = [r.value for r in readings if r.sent >= first and r.received <= last]
-    reason = contamination([r.value for r in readings if r.received <= last], concurrency)
+    answered_in_time = [r.value for r in readings if r.received <= last]
+    reason = contamination(answered_in_time, concurrency)
     if inside:
         peak = max(inside)
         result.diagnostics["server_running_requests_max"] = peak
@@ -316,7 +317,7 @@ def judge_isolation(result: RunResult, gauge: str, readings: Sequence[GaugeReadi
                             "while the round's requests ran: that no other client reached the server is not "
                             "verified")
     if reason is not None:
-        result.diagnostics["server_running_requests_max"] = max(r.value for r in readings)
+        result.diagnostics["server_running_requests_max"] = max(answered_in_time)
         if result.valid:
             result.diagnostics.update(result.metrics)
         result.valid = False
