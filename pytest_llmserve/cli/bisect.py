@@ -19,7 +19,8 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-attempts", type=int, default=2,
                    help="measurements of an inconclusive step, each adding --rounds (default 2)")
     p.add_argument("--tolerance", type=float, default=0.05, help="relative median change tolerated (0.05)")
-    p.add_argument("--alpha", type=float, default=0.05)
+    p.add_argument("--alpha", type=float, default=0.02,
+                   help="false-regression rate over a step's attempts (sequential rule; default 0.02, as the gate)")
     p.add_argument("--metric", default="output_throughput")
     p.add_argument("--num-prompts", type=int, default=8)
     p.add_argument("--input-len", type=int, default=32)

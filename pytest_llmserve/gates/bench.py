@@ -642,9 +642,13 @@ class ABRunner:
 
     def run(self, a: str, b: str, *, workload: str = "smoke", rounds: int = 5, metric: str = "output_throughput",
             tolerance: float = 0.05, alpha: float | None = None, warmup_rounds: int = 1,
-            max_rounds: int | None = None) -> dict[str, Any]:
+            max_rounds: int | None = None, judged_by_caller: bool = False) -> dict[str, Any]:
         """Interleaved rounds, judged by the sequential rule after ``rounds`` a side and after every further
-        pair up to ``max_rounds`` (default ``rounds``: one look, a fixed number of rounds)."""
+        pair up to ``max_rounds`` (default ``rounds``: one look, a fixed number of rounds).
+
+        ``judged_by_caller``: these rounds are a part of a comparison the caller decides (a bisect step's
+        attempt, pooled with the attempts before it): their own verdict is recorded but neither announced
+        as the answer nor failed on."""
         from pytest_llmserve.evidence.environment import build_context
         from pytest_llmserve.load.prompts import build_prompts
         from pytest_llmserve.verdicts import stats
@@ -699,6 +703,9 @@ class ABRunner:
         }
         self.record(outcome)
         a_s, b_s = stats.summarize(series_a[metric]), stats.summarize(series_b[metric])
+        if judged_by_caller:
+            self.say(f"these {len(side['B'])} rounds a side: A median {a_s.median:.2f}, B median {b_s.median:.2f}")
+            return outcome
         self.say(f"A/B {metric}: A={spec_a.id} median {a_s.median:.2f}, B={spec_b.id} median {b_s.median:.2f}, "
                  f"change {verdict.change:+.1%}: {verdict.outcome}")
         if verdict.outcome == "regressed":

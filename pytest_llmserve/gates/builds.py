@@ -40,7 +40,7 @@ class RunSettings:
     workload: Workload
     metric: str = "output_throughput"
     tolerance: float = 0.05
-    alpha: float = 0.05
+    alpha: float = 0.02  # over a step's looks (one per attempt), as the gate's sequential rule
     rounds: int = 5
     warmup_rounds: int = 1
     max_attempts: int = 2  # a step still inconclusive after this many measurements is reported so
@@ -162,7 +162,8 @@ class BuildRunner:
         return f"B{index} {self.builds[index].label}"
 
     # ---- one step: build ``index`` against build ``ref``
-    def step(self, ref: int, index: int, attempt: int, acc: dict[int, tuple[list[float], list[float]]]) -> StepResult:
+    def step(self, ref: int, index: int, attempt: int, acc: dict[int, tuple[list[float], list[float]]], *,
+             not_worse: bool = False) -> StepResult:
         from pytest_llmserve.gates.bench import ABRunner
 
         assert self.measured is not None
@@ -175,13 +176,14 @@ class BuildRunner:
             outcomes: list[dict[str, Any]] = []
 
             def fail(message: str) -> None:
-                raise _RoundFailed(message)  # ABRunner records a regression before failing: it is kept below
+                raise _RoundFailed(message)  # an invalid round: the step is not a number
 
             runner = ABRunner(pool=self.pool, cfg=self._cfg(), test_id=f"{self.label(index)} vs {self.label(ref)}",
                               results_dir=self.out_dir, record=outcomes.append, fail=fail, say=self.say)
             try:
                 runner.run(spec_ref.id, spec.id, workload=s.workload.name, rounds=s.rounds, metric=s.metric,
-                           tolerance=s.tolerance, alpha=s.alpha, warmup_rounds=s.warmup_rounds if attempt == 1 else 0)
+                           tolerance=s.tolerance, alpha=s.alpha, warmup_rounds=s.warmup_rounds if attempt == 1 else 0,
+                           judged_by_caller=True)
             except _RoundFailed as exc:
                 if not outcomes:  # an invalid round (failed requests, text-less tokens): not a number
                     return self._invalid(ref, index, attempt, str(exc))
@@ -201,11 +203,12 @@ class BuildRunner:
         from pytest_llmserve.metrics import higher_is_better
 
         result = judge_step(index, acc[index][0], acc[index][1], higher_is_better=higher_is_better(s.metric),
-                            tolerance=s.tolerance, alpha=s.alpha, correctness_ok=ok, correctness_detail=detail,
-                            attempt=attempt, metric=s.metric)
+                            tolerance=s.tolerance, alpha=s.alpha, max_attempts=s.max_attempts, correctness_ok=ok,
+                            correctness_detail=detail, attempt=attempt, metric=s.metric, not_worse=not_worse)
         self.steps.append(result)
-        self.say(f"step {self.label(index)} vs {self.label(ref)} (attempt {attempt}): {result.verdict}, "
-                 f"correctness {'ok' if ok else 'FAILED'}")
+        change = f", change {result.change:+.1%}" if result.change is not None else ""
+        self.say(f"step {self.label(index)} vs {self.label(ref)} (attempt {attempt}, {result.rounds} rounds a side"
+                 f"{change}): {result.verdict}, correctness {'ok' if ok else 'FAILED'}")
         return result
 
     def _invalid(self, ref: int, index: int, attempt: int, message: str) -> StepResult:
@@ -281,7 +284,9 @@ class BuildRunner:
         self.prepare()
         acc: dict[int, tuple[list[float], list[float]]] = {}
         try:
-            result = bisect(len(self.builds), lambda i, attempt: self.step(0, i, attempt, acc),
+            # Looking for a regression, a faster build is a good one (find_change asks for either direction).
+            not_worse = not self.settings.find_change
+            result = bisect(len(self.builds), lambda i, attempt: self.step(0, i, attempt, acc, not_worse=not_worse),
                             max_attempts=self.settings.max_attempts, find_change=self.settings.find_change,
                             names=[self.label(i) for i in range(len(self.builds))])
         except LLMServeError as exc:

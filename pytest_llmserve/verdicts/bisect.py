@@ -2,7 +2,7 @@
 
 Builds ``B0 .. Bn`` are ordered; ``B0`` is known good. Each step measures one build against the good end
 (the runner decides how: interleaved rounds of ``B0`` and the build) and hands back a :class:`StepResult`:
-the throughput verdict of :func:`pytest_llmserve.verdicts.stats.decide` and whether its correctness
+the throughput verdict (the gate's sequential rule, one look per attempt) and whether its correctness
 checks passed. A step is
 
 * **bad**: a correctness failure, or "regressed" (with ``find_change``: "regressed" or "improved",
@@ -118,17 +118,33 @@ def bisect(n_builds: int, measure: Callable[[int, int], StepResult], *, max_atte
                         f"first {sought}: {label(hi)} (last good: {label(lo)})")
 
 
+def attempt_looks(rounds: int, max_attempts: int) -> tuple[tuple[int, int], ...]:
+    """The looks of a step: after each attempt, both sides having ``rounds`` more rounds."""
+    return tuple((k * rounds, k * rounds) for k in range(1, max_attempts + 1))
+
+
 def judge_step(index: int, reference: list[float], candidate: list[float], *, higher_is_better: bool,
-               tolerance: float, alpha: float = 0.05, correctness_ok: bool = True, correctness_detail: str = "",
-               attempt: int = 1, metric: str | None = None) -> StepResult:
-    """A step's result from the good end's and the build's samples, by the throughput verdict of the suite."""
+               tolerance: float, alpha: float | None = None, max_attempts: int = 1, correctness_ok: bool = True,
+               correctness_detail: str = "", attempt: int = 1, metric: str | None = None,
+               not_worse: bool = False) -> StepResult:
+    """A step's result from the good end's and the build's samples so far, by the gate's rule: the
+    sequential test (:func:`pytest_llmserve.verdicts.stats.decide_sequential`) whose looks are the step's
+    attempts, so that looking again after an inconclusive attempt does not spend more than ``alpha`` in all.
+    Each attempt adds the same number of rounds a side (the first attempt's). ``not_worse``: a bisect for a
+    regression, where a build shown not slower beyond the tolerance is good even when it is faster."""
     from pytest_llmserve.verdicts import stats
 
     if not reference or not candidate:
         return StepResult(index, "inconclusive", correctness_ok, attempt=attempt, rounds=len(candidate),
                           correctness_detail=correctness_detail or "no valid round")
-    v = stats.decide(reference, candidate, higher_is_better=higher_is_better, tolerance=tolerance, alpha=alpha,
-                     metric=metric)
+    per_attempt = max(1, len(candidate) // attempt)
+    looks = list(attempt_looks(per_attempt, max(max_attempts, attempt)))
+    looks[attempt - 1] = (len(reference), len(candidate))  # as measured (a side may have a round fewer)
+    if any(b2 <= b1 or c2 <= c1 for (b1, c1), (b2, c2) in zip(looks, looks[1:], strict=False)):
+        looks = [(len(reference), len(candidate))]  # uneven attempts: this look alone
+    plan = stats.sequential_plan(looks, alpha=stats.DEFAULT_SEQUENTIAL_ALPHA if alpha is None else alpha)
+    v = stats.decide_sequential(reference, candidate, plan=plan, higher_is_better=higher_is_better,
+                                tolerance=tolerance, metric=metric, not_worse=not_worse)
     return StepResult(index, v.outcome, correctness_ok, median=v.current_median, reference_median=v.baseline_median,
                       change=v.change, ci=(v.ci_low, v.ci_high), p_value=v.p_value, attempt=attempt,
                       rounds=len(candidate), correctness_detail=correctness_detail, extra={"reason": v.reason})

@@ -56,6 +56,11 @@ multiplicative), d = mean log(current) - mean log(baseline) with a pooled t stat
    over all looks. This is more than today's "not significant": a pass is evidence against a real drop.
 4. **inconclusive** - no boundary crossed: one more round; at the last look, the final word.
 
+With ``not_worse=True`` (a bisect looking for a regression, where a faster build is as good as an unchanged
+one) step 3 also passes when only the bad direction is excluded: the median change is not worse than the
+tolerance AND d - t(nominal beta, df) * se > -log(1 + margin), a one-sided non-inferiority test at the same
+beta: P(pass | a drop of ``margin``) stays bounded by ``beta``.
+
 Contention on a shared machine only slows a round down, and one slow round inflates the t test's variance
 (the gate then cannot pass or regress until the cap): the slowest round of a side is set aside when it lies
 below the side's other rounds beyond a t prediction bound at :data:`SLOW_ROUND_LEVEL`, at most one a side,
@@ -560,6 +565,7 @@ def decide_sequential(
     n_resamples: int = DEFAULT_RESAMPLES,
     confidence: float = 0.95,
     seed: int = 0,
+    not_worse: bool = False,
 ) -> Verdict:
     """The group-sequential rule at one look of ``plan`` (the module docstring, "The sequential rule")."""
     from scipy.stats import t as student_t
@@ -629,6 +635,12 @@ def decide_sequential(
                   f"is excluded at this look (|d| + {t_beta:.2f}·se = {math.expm1(excluded) * 100:.1f}% < "
                   f"{margin * 100:g}%; nominal {plan.nominal_beta:.3g} a look, beta {plan.beta:g} over the "
                   f"looks; {counts})")
+    elif not_worse and d - t_beta * se > -math.log1p(margin) and change >= -tolerance:
+        outcome = "pass"
+        reason = (f"{name} median change {_pct(change)} is not worse than the {tol} tolerance, and a drop of "
+                  f"{margin * 100:g}% is excluded at this look (d - {t_beta:.2f}·se = "
+                  f"{math.expm1(d - t_beta * se) * 100:+.1f}% > -{margin * 100:g}%; nominal {plan.nominal_beta:.3g} "
+                  f"a look, beta {plan.beta:g} over the looks; {counts}); a gain is not what is sought here")
     else:
         outcome = "inconclusive"
         reason = (f"{name} median change {_pct(change)}: no boundary crossed ({evidence}; a change of "

