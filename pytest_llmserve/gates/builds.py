@@ -203,7 +203,8 @@ class BuildRunner:
         from pytest_llmserve.metrics import higher_is_better
 
         result = judge_step(index, acc[index][0], acc[index][1], higher_is_better=higher_is_better(s.metric),
-                            tolerance=s.tolerance, alpha=s.alpha, max_attempts=s.max_attempts, correctness_ok=ok,
+                            tolerance=s.tolerance, alpha=s.alpha, max_attempts=s.max_attempts,
+                            rounds_per_attempt=s.rounds, correctness_ok=ok,
                             correctness_detail=detail, attempt=attempt, metric=s.metric, not_worse=not_worse)
         self.steps.append(result)
         change = f", change {result.change:+.1%}" if result.change is not None else ""
@@ -212,14 +213,24 @@ class BuildRunner:
         return result
 
     def _invalid(self, ref: int, index: int, attempt: int, message: str) -> StepResult:
-        """A round that is not a number: on the good end it is an error (nothing to compare against); on the
-        build under test it makes the step bad, like a correctness failure."""
+        """A round that is not a number. On the good end it is an error (nothing to compare against). On the
+        build under test, wrong output (failed requests, tokens without text, decode collapse) makes the step
+        bad, like a correctness failure; a measurement artefact (chunks merged on a starved machine, other
+        traffic) makes this attempt inconclusive: no look is spent, and the next attempt measures again."""
+        from pytest_llmserve.load.metrics import output_fault
+
         assert self.measured is not None
-        first = message.splitlines()[0] if message else "invalid round"
-        if f"on A ({self.measured.specs[ref].id})" in first:
+        lines = message.splitlines() if message else ["invalid round"]
+        reasons = [ln.strip()[2:] for ln in lines[1:] if ln.strip().startswith("- ")] or lines[:1]
+        if f"on A ({self.measured.specs[ref].id})" in lines[0]:
             raise LLMServeError(f"the good end {self.label(ref)} produced an invalid round: {message}")
-        self.say(f"step {self.label(index)}: {first}")
-        return StepResult(index, "inconclusive", False, attempt=attempt, correctness_detail=f"invalid round: {first}")
+        what = f"{lines[0]} {'; '.join(reasons)}"
+        faulty = any(output_fault(r) for r in reasons)
+        self.say(f"step {self.label(index)}: {what} -> "
+                 + ("wrong output: the build is bad" if faulty else "not a number: this attempt is inconclusive"))
+        return StepResult(index, "inconclusive", not faulty, attempt=attempt,
+                          correctness_detail=f"invalid round: {what}" if faulty else "",
+                          extra={"invalid_round": what})
 
     def _alternating(self, ref: int, index: int, *, warm: bool) -> tuple[list[float], list[float]]:
         """One server at a time (memory allows no more): two blocks per side, A B A B, each block booting its
@@ -367,6 +378,11 @@ def summary_markdown(data: dict[str, Any]) -> str:
                      f"{_num(st['reference_median'], '.2f')} | {_num(st['median'], '.2f')} | "
                      f"{_num(st['change'], '+.1%')} | {ci_text} | {_num(st['p_value'], '.3g')} | "
                      f"{'pass' if st['correctness_ok'] else 'FAIL'} |")
+    notes = [f"- step {i + 1}: {st['extra'].get('invalid_round') or st['correctness_detail']}"
+             for i, st in enumerate(data["steps"])
+             if st.get("extra", {}).get("invalid_round") or (not st["correctness_ok"] and st["correctness_detail"])]
+    if notes:
+        lines += ["", "Invalid rounds and correctness failures:", *notes]
     if data["result"]:
         lines += ["", f"**{data['result']['status']}**: {data['result']['message']}"]
     if data.get("error"):

