@@ -36,3 +36,18 @@ def test_bisect_finds_the_constructed_slow_build(tmp_path: Path) -> None:
     assert slow["verdict"] == "regressed" and slow["correctness_ok"]
     assert all(b["correctness"]["ok"] for b in data["builds"] if b["correctness"])
     assert "| B2 " in (out / "summary.md").read_text()
+
+
+def test_compare_one_server_at_a_time_finds_the_constructed_slow_build(tmp_path: Path) -> None:
+    # --alternate: the path taken when memory does not hold both servers; blocks A B A B, each a fresh boot.
+    out = tmp_path / "compare"
+    res = llmserve("builds", "compare", NEXT, f"{NEXT} --max-num-seqs 1", "--alternate", "--rounds", "4",
+                   "--out", str(out))
+    assert res.returncode == 1, res.stderr[-3000:]  # a regression exits 1
+    data = json.loads((out / "results.json").read_text())
+    step = data["steps"][-1]
+    assert step["verdict"] == "regressed" and step["correctness_ok"] and step["rounds"] == 4, step
+    boots = [ln for ln in (res.stdout + res.stderr).splitlines() if "booting default[build=" in ln]
+    assert len(boots) == 4, boots  # A, B, A, B: one server up at a time
+    print(f"MEASURE alternating compare: {len(boots)} boots; B0 median {step['reference_median']:.1f}, "
+          f"B1 median {step['median']:.1f}, change {step['change']:+.1%}")
