@@ -418,7 +418,8 @@ def _check_spec(spec: ServerSpec, where: str) -> None:
         given = [key for key in _LAUNCH_ONLY_KEYS if getattr(spec, key) != _DEFAULTS[key]]
         if given:
             raise ConfigError(f"{where} {spec.id}: url = {spec.url!r} attaches to a server launched elsewhere, but "
-                              f"{', '.join(given)} only apply to a server this run launches; remove "
+                              f"{', '.join(given)} only appl{'y' if len(given) > 1 else 'ies'} to a server this "
+                              "run launches; remove "
                               f"{'them' if len(given) > 1 else 'it'} (the attached server's own settings are "
                               "what its log, /metrics and /server_info report)")
     if spec.engine in ("vllm", "sglang", "llamacpp") and not spec.model and not spec.url:
