@@ -33,7 +33,7 @@ from filelock import FileLock
 from pytest_llmserve.config import ServerSpec
 from pytest_llmserve.errors import ServerDiedError, ServerError
 from pytest_llmserve.server import hosts, isolation, procs
-from pytest_llmserve.server.handle import ServerHandle
+from pytest_llmserve.server.handle import ServerHandle, engine_of
 
 if TYPE_CHECKING:
     from pytest_llmserve.evidence.facts import ServerFacts
@@ -87,7 +87,8 @@ class ServerPool:
         """The running server for ``spec``; boots it (once) if needed. ``keep`` are not stopped."""
         key = spec_key(spec)
         if key in self.failed:
-            raise ServerError(f"{spec.id} failed to boot earlier in this run:\n{self.failed[key]}")
+            what = "could not be attached" if spec.attached else "failed to boot"
+            raise ServerError(f"{spec.id} {what} earlier in this run:\n{self.failed[key]}")
         if key in self.died:
             raise ServerDiedError(self.died[key])
         handle = self.handles.get(key)
@@ -297,12 +298,9 @@ class AttachedHandle(ServerHandle):
         return f"attached server {self.original.id} at {self.spec.url} (not launched by this run{where})"
 
     def facts(self) -> ServerFacts:
-        from pytest_llmserve.engines import adapter_for
-
-        adapter = adapter_for(self.original)
-        fetch = getattr(adapter, "fetch_server_info", None)
-        info = fetch(self.base_url, self.spec.api_key) if fetch is not None else None
-        return adapter.parse_facts(self.log_text(), self.metrics_text(), info)
+        """What the log (read now), ``/metrics`` and the engine's server-info endpoint say, parsed by the
+        configured engine's adapter."""
+        return engine_of(self).parse_facts(self.log_text(), self.metrics_text(), self.server_info())
 
     def stop(self) -> procs.TeardownReport | None:
         return None
