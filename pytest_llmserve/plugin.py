@@ -266,6 +266,10 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
              f"workload {settings.bench.workload}, metric {settings.bench.metric}, "
              f"tolerance {settings.bench.tolerance}, "
              f"rounds {settings.bench.rounds}..{settings.bench.max_rounds}"]
+    attached = [s for s in specs if s.attached]
+    if attached:
+        lines.append("llmserve: attached, not launched by this run: "
+                     + ", ".join(f"{s.id} at {s.url}" for s in attached))
     return lines
 
 

@@ -90,6 +90,8 @@ def test_matrix_combinations_attached_by_url_get_the_engines_verdicts_and_no_boo
     assert "| (APIServer pid=4669) WARNING 11-30 11:56:28 [vllm.py:1703] Enforce eager set" in out
     assert f"attached server ray[eager=off] at {url} (not launched by this run; log: {log})" in out
     assert "server boots: 0" in out.splitlines()
+    assert (f"llmserve: attached, not launched by this run: ray[eager=on] at {url}, ray[eager=off] at {url}"
+            in out.splitlines())  # the header says so before anything runs
     for combination in ("eager=on", "eager=off"):  # once each, whichever workers attached to it
         assert out.count(f"attached: ray[{combination}]") == 1
         assert (f"attached: ray[{combination}] at {url}, not launched by this run (nor stopped by it); "
