@@ -20,6 +20,16 @@ Shape of the file (all tables optional)::
     attention_backend = ["trtllm", "flashmla_kv"]
     cuda_graph = [{ enabled = false }, { enabled = true, batch_sizes = [1, 2, 4, 8] }]
 
+    [tool.llmserve.servers.ray]        # launched elsewhere (a cluster manager): attached, never launched
+    engine = "vllm"                    # its facts parsed by this engine's adapter
+    url = "http://node-a:8000"
+    log = "/shared/logs/ray-vllm.log"  # optional: read when facts are taken
+    max_batch_size = 64                # declared options: what the server must be running with
+
+    [tool.llmserve.matrix.glm5.attach] # instead of booting, one running server per combination
+    "attention_backend=trtllm,cuda_graph=off" = { url = "http://node-a:30000", log = "/shared/a.log" }
+    # ... one entry per combination (its id inside the brackets); a missing or unknown one is an error
+
     [tool.llmserve.workloads.saturated]
     num_prompts = 64
     input_len = 256
@@ -95,7 +105,8 @@ class ServerSpec:
     source: str = "<built-in>"  # file the spec came from, for error messages
     python: str | None = None  # interpreter that runs the engine (two builds side by side)
     argv: tuple[str, ...] = ()  # engine = "command": the full command; {port} {host} {model} are filled in
-    url: str | None = None  # engine = "external": base URL of a running server
+    url: str | None = None  # a running server to attach to (engine "external", or a known engine's: Ray-launched)
+    log: str | None = None  # an attached server's log file, parsed by its engine's adapter when facts are taken
     args: tuple[str, ...] = ()
     env: tuple[tuple[str, str], ...] = ()
     host: str = "127.0.0.1"
@@ -129,7 +140,17 @@ class ServerSpec:
         """Stable, readable id: ``name`` or ``name[key=value,key=value]`` for matrix combinations."""
         if not self.variant:
             return self.name
-        return self.name + "[" + ",".join(f"{k}={v}" for k, v in self.variant) + "]"
+        return f"{self.name}[{self.combination}]"
+
+    @property
+    def attached(self) -> bool:
+        """True when the server runs elsewhere (``url``): attached to, never launched or stopped by this run."""
+        return self.url is not None
+
+    @property
+    def combination(self) -> str:
+        """The combination's id inside the brackets (``max_batch_size=4,eager=on``); "" without a matrix."""
+        return ",".join(f"{k}={v}" for k, v in self.variant)
 
     @property
     def env_dict(self) -> dict[str, str]:
@@ -310,7 +331,12 @@ def config_from_table(table: Mapping[str, Any], source: str, default_factory: An
             raise ConfigError(f"{source}: unknown key [tool.llmserve] {key!r} "
                               f"(expected one of {', '.join(sorted(_TOP_KEYS))})")
     servers_table = _table(table.get("servers", {}), "[tool.llmserve.servers]", source)
-    servers = [server_from_table(name, _table(body, f"[tool.llmserve.servers.{name}]", source), source)
+    matrix_table = _table(table.get("matrix", {}), "[tool.llmserve.matrix]", source)
+    # A server whose combinations are attached by its matrix's attach table is checked combination by
+    # combination, with the url each is given (it needs no model, for instance).
+    attached_by_matrix = {name for name, body in matrix_table.items() if isinstance(body, dict) and "attach" in body}
+    servers = [server_from_table(name, _table(body, f"[tool.llmserve.servers.{name}]", source), source,
+                                 check=name not in attached_by_matrix)
                for name, body in servers_table.items()]
     if not servers:
         if default_factory is None:
@@ -327,7 +353,7 @@ def config_from_table(table: Mapping[str, Any], source: str, default_factory: An
                                               source, base=workloads.get(name))
     matrices: dict[str, tuple[ServerSpec, ...]] = {}
     by_name = {s.name: s for s in servers}
-    for name, body in _table(table.get("matrix", {}), "[tool.llmserve.matrix]", source).items():
+    for name, body in matrix_table.items():
         where = f"[tool.llmserve.matrix.{name}]"
         if name not in by_name:
             raise ConfigError(f"{source}: {where} names no configured server {name!r} "
@@ -349,17 +375,27 @@ def _table(value: Any, where: str, source: str) -> dict[str, Any]:
 
 
 def server_from_table(name: str, body: Mapping[str, Any], source: str,
-                      base: ServerSpec | None = None) -> ServerSpec:
+                      base: ServerSpec | None = None, *, check: bool = True) -> ServerSpec:
     where = f"[tool.llmserve.servers.{name}]"
     kwargs: dict[str, Any] = {}
     for key, value in body.items():
         if key not in _SERVER_KEYS:
             raise ConfigError(f"{source}: {where} unknown key {key!r} = {value!r} "
                               f"(known keys: {', '.join(sorted(_SERVER_KEYS))})")
-        kwargs[key] = _server_value(key, value, f"{source}: {where} {key}")
+        kwargs[key] = _server_value(key, value, f"{source}: {where} {key}", source)
     spec = replace(base, **kwargs) if base else ServerSpec(name=name, source=source, **kwargs)
-    _check_spec(spec, f"{source}: {where}")
+    if check:
+        _check_spec(spec, f"{source}: {where}")
+    elif spec.engine not in ENGINES:
+        raise ConfigError(f"{source}: {where} engine = {spec.engine!r}: must be one of {', '.join(ENGINES)}")
     return spec
+
+
+#: Keys that say how this run launches a server: they cannot apply to one attached by ``url`` (it was
+#: launched elsewhere, by whatever launched it), so giving them is an error rather than silently ignored.
+_LAUNCH_ONLY_KEYS = ("args", "argv", "env", "python", "port", "host")
+_DEFAULTS = {f.name: f.default for f in fields(ServerSpec)}
+ATTACH_ENTRY_KEYS = ("url", "log")
 
 
 def _check_spec(spec: ServerSpec, where: str) -> None:
@@ -369,14 +405,63 @@ def _check_spec(spec: ServerSpec, where: str) -> None:
         raise ConfigError(f"{where} engine = 'external' needs url = 'http://host:port'")
     if spec.engine == "command" and not spec.argv:
         raise ConfigError(f"{where} engine = 'command' needs argv = [...] (the command that serves the OpenAI API)")
-    if spec.engine in ("vllm", "sglang", "llamacpp") and not spec.model:
+    if spec.engine == "command" and spec.url:
+        raise ConfigError(f"{where} url = {spec.url!r}: engine = 'command' launches argv; to attach to a running "
+                          "server give its engine (vllm, sglang, llamacpp, or external when unknown) and url")
+    if spec.log is not None and not spec.url:
+        raise ConfigError(f"{where} log = {spec.log!r}: log names the log file of a server attached by url; "
+                          "give its url too (a server this run launches gets its log written by the run)")
+    if spec.log is not None and spec.engine == "external":
+        raise ConfigError(f"{where} log = {spec.log!r}: engine = 'external' has no log parser; name the server's "
+                          "engine (engine = 'vllm', 'sglang' or 'llamacpp') to have its log read for facts")
+    if spec.url:
+        given = [key for key in _LAUNCH_ONLY_KEYS if getattr(spec, key) != _DEFAULTS[key]]
+        if given:
+            raise ConfigError(f"{where} {spec.id}: url = {spec.url!r} attaches to a server launched elsewhere, but "
+                              f"{', '.join(given)} only appl{'y' if len(given) > 1 else 'ies'} to a server this "
+                              "run launches; remove "
+                              f"{'them' if len(given) > 1 else 'it'} (the attached server's own settings are "
+                              "what its log, /metrics and /server_info report)")
+    if spec.engine in ("vllm", "sglang", "llamacpp") and not spec.model and not spec.url:
         raise ConfigError(f"{where} engine = {spec.engine!r} needs model = '<path or id>'")
 
 
-def _server_value(key: str, value: Any, where: str) -> Any:
+def _check_url(value: Any, where: str) -> str:
+    from urllib.parse import urlsplit
+
+    if not isinstance(value, str) or not value.strip():
+        raise ConfigError(f"{where} = {value!r}: must be the server's base URL, 'http://host:port'")
+    try:
+        parts = urlsplit(value.strip())
+        parts.port  # noqa: B018 - raises ValueError for a port that is not a number
+    except ValueError as exc:
+        raise ConfigError(f"{where} = {value!r}: not a valid URL ({exc})") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ConfigError(f"{where} = {value!r}: must be the server's base URL, 'http://host:port' "
+                          "(scheme http or https, and a host)")
+    return value.strip()
+
+
+def _check_log(value: Any, where: str, source: str) -> str:
+    """An attached server's log path: ``~`` expanded, a relative path taken from the configuration file's
+    folder. Whether it exists is checked when the server is attached (the file may be written later)."""
+    if not isinstance(value, str) or not value.strip():
+        raise ConfigError(f"{where} = {value!r}: must be the path of the server's log file")
+    path = Path(value.strip()).expanduser()
+    if not path.is_absolute() and not source.startswith("<"):
+        path = Path(source).parent / path
+    return str(path)
+
+
+def _server_value(key: str, value: Any, where: str, source: str = "<built-in>") -> Any:
     def want(cond: bool, what: str) -> None:
         if not cond:
             raise ConfigError(f"{where} = {value!r}: must be {what}")
+
+    if key == "url":
+        return _check_url(value, where)
+    if key == "log":
+        return _check_log(value, where, source)
 
     if key in ("args", "argv"):
         want(isinstance(value, list) and all(isinstance(v, str | int | float) for v in value),
@@ -493,18 +578,30 @@ def _variant_label(value: Any) -> str:
 def expand_matrix(base: ServerSpec, body: Mapping[str, Any], source: str) -> tuple[ServerSpec, ...]:
     """Cartesian product of the matrix's lists, in file order, each a ServerSpec with a readable id."""
     where = f"{source}: [tool.llmserve.matrix.{base.name}]"
+    body = dict(body)
+    attach = body.pop("attach", None)
+    if attach is not None:
+        attach = _table(attach, f"[tool.llmserve.matrix.{base.name}.attach]", source)
+        if "build" in body:
+            raise ConfigError(f"{where} build = ... installs and launches each build here; combinations attached "
+                              "by [tool.llmserve.matrix." + base.name + ".attach] are launched elsewhere: "
+                              "vary the build on the cluster and declare it per combination instead")
+        if base.url:
+            raise ConfigError(f"{where}.attach: [tool.llmserve.servers.{base.name}] already gives url = "
+                              f"{base.url!r}; give the url either there (every combination attaches to it) or "
+                              "per combination in the attach table, not both")
     axes: list[tuple[str, list[Any]]] = []
     for key, values in body.items():
         if key == "build":
             axes.append((key, _matrix_builds(values, where)))
             continue
-        if key not in _SERVER_KEYS or key in ("engine", "url", "argv", "python", "name"):
+        if key not in _SERVER_KEYS or key in ("engine", "url", "log", "argv", "python", "name"):
             if key not in ("python",):
                 raise ConfigError(f"{where} unknown or non-varying key {key!r} "
                                   f"(a matrix varies logical options: attention_backend, cuda_graph, eager, ...)")
         if not isinstance(values, list) or not values:
             raise ConfigError(f"{where} {key} = {values!r}: must be a non-empty list of values")
-        parsed = [_server_value(key, v, f"{where} {key}[{i}]") for i, v in enumerate(values)]
+        parsed = [_server_value(key, v, f"{where} {key}[{i}]", source) for i, v in enumerate(values)]
         axes.append((key, parsed))
     out: list[ServerSpec] = []
     seen: set[str] = set()
@@ -517,12 +614,62 @@ def expand_matrix(base: ServerSpec, body: Mapping[str, Any], source: str) -> tup
             changes["python"] = python
             changes["args"] = tuple(changes.get("args", base.args)) + build_args
         spec = replace(base, variant=variant, **changes)
-        _check_spec(spec, where)
         if spec.id in seen:
             raise ConfigError(f"{where}: two combinations have the same id {spec.id!r}")
         seen.add(spec.id)
         out.append(spec)
+    if attach is not None:
+        if not axes:
+            raise ConfigError(f"{where}.attach: the matrix varies nothing, so there are no combinations to attach; "
+                              f"give url (and log) in [tool.llmserve.servers.{base.name}] instead")
+        out = _attach_combinations(out, attach, f"{source}: [tool.llmserve.matrix.{base.name}.attach]", source)
+    for spec in out:
+        _check_spec(spec, where)
     return tuple(out)
+
+
+def _attach_combinations(specs: list[ServerSpec], table: Mapping[str, Any], where: str,
+                         source: str) -> list[ServerSpec]:
+    """``[tool.llmserve.matrix.NAME.attach]``: one running server per combination (launched by a cluster
+    manager), keyed by the combination's id inside the brackets (``"max_batch_size=4,eager=on"``; the
+    whole id ``NAME[...]`` is accepted too); each value is ``{ url = "...", log = "..." }`` or just the url.
+
+    Every combination needs exactly one entry: a combination without a server would silently not run.
+    """
+    by_key: dict[str, ServerSpec] = {}
+    for spec in specs:
+        by_key[spec.combination] = spec
+        by_key[spec.id] = spec
+    valid = ", ".join(repr(s.combination) for s in specs)
+    entries: dict[str, tuple[str, str | None]] = {}
+    for key, value in table.items():
+        found = by_key.get(key)
+        if found is None:
+            raise ConfigError(f"{where} {key!r} names no combination of this matrix (its combinations: {valid})")
+        spec = found
+        if spec.id in entries:
+            raise ConfigError(f"{where} {key!r}: combination {spec.combination!r} has two entries")
+        entry_where = f"{where} {key!r}"
+        if isinstance(value, str):
+            value = {"url": value}
+        if not isinstance(value, dict):
+            raise ConfigError(f"{entry_where} = {value!r}: must be {{ url = 'http://host:port', "
+                              "log = '/path/to/server.log' }} (log optional) or the url alone")
+        unknown = sorted(set(value) - set(ATTACH_ENTRY_KEYS))
+        if unknown:
+            raise ConfigError(f"{entry_where}: unknown key(s) {', '.join(unknown)} "
+                              f"(known: {', '.join(ATTACH_ENTRY_KEYS)})")
+        if "url" not in value:
+            raise ConfigError(f"{entry_where} = {value!r}: needs url = 'http://host:port'")
+        url = _check_url(value["url"], f"{entry_where}.url")
+        log = _check_log(value["log"], f"{entry_where}.log", source) if "log" in value else None
+        entries[spec.id] = (url, log)
+    missing = [spec.combination for spec in specs if spec.id not in entries]
+    if missing:
+        raise ConfigError(f"{where} has no entry for {len(missing)} of {len(specs)} combination(s): "
+                          f"{', '.join(repr(m) for m in missing)} (with an attach table every combination "
+                          "needs its server: url, and log if its log is to be read)")
+    return [replace(spec, url=entries[spec.id][0], log=entries[spec.id][1]) for spec in specs]
 
 
 def _matrix_builds(values: Any, where: str) -> list[tuple[str, str, tuple[str, ...]]]:

@@ -266,6 +266,10 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
              f"workload {settings.bench.workload}, metric {settings.bench.metric}, "
              f"tolerance {settings.bench.tolerance}, "
              f"rounds {settings.bench.rounds}..{settings.bench.max_rounds}"]
+    attached = [s for s in specs if s.attached]
+    if attached:
+        lines.append("llmserve: attached, not launched by this run: "
+                     + ", ".join(f"{s.id} at {s.url}" for s in attached))
     return lines
 
 
@@ -333,12 +337,17 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         for spec in specs:
             sizes = spec.cuda_graph.batch_sizes if spec.cuda_graph and spec.cuda_graph.enabled else None
             for case in coverage_plan(None, sizes):
-                pairs.append(pytest.param(spec, case, id=f"{spec.id}-{case.id}",
-                                          marks=[pytest.mark.gpu] if spec.gpu else []))
+                pairs.append(pytest.param(spec, case, id=f"{spec.id}-{case.id}", marks=_gpu_marks(spec)))
         metafunc.parametrize(["llm_server", "llmserve_batch_case"], pairs, indirect=["llm_server"])
         return
-    params = [pytest.param(spec, id=spec.id, marks=[pytest.mark.gpu] if spec.gpu else []) for spec in specs]
+    params = [pytest.param(spec, id=spec.id, marks=_gpu_marks(spec)) for spec in specs]
     metafunc.parametrize("llm_server", params, indirect=True, scope="function")
+
+
+def _gpu_marks(spec: ServerSpec) -> list[pytest.MarkDecorator]:
+    """``gpu = true``: the items need a GPU here (skipped where none is visible); not for a server attached
+    by url, whose GPUs are on the host that runs it."""
+    return [pytest.mark.gpu] if spec.gpu and not spec.attached else []
 
 
 def _is_llmserve_item(item: pytest.Item) -> bool:
@@ -800,18 +809,22 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, exitstatu
         settings.results_dir.mkdir(parents=True, exist_ok=True)
         (settings.results_dir / "hosts.json").write_text(json.dumps([row.to_dict() for row in by_host], indent=2))
     wall = time.monotonic() - state.session_start
-    boot_s = sum(float(b.get("boot_s") or 0) for b in boots)
-    attached = [b for b in boots if b.get("launched") is False]
+    # Attached servers (launched elsewhere) are not boots: each xdist worker records its own attachment.
+    attached = list({b["server"]: b for b in boots if b.get("launched") is False}.values())
     boots = [b for b in boots if b.get("launched") is not False]
+    boot_s = sum(float(b.get("boot_s") or 0) for b in boots)
     ok = [b for b in boots if b.get("ok")]
-    if boots:
+    if boots or attached:
         terminalreporter.write_line(
-            f"server boots: {len(ok)} ({', '.join(b['server'] for b in ok)})"
+            f"server boots: {len(ok)}" + (f" ({', '.join(b['server'] for b in ok)})" if ok else "")
             + (f"; failed boots: {len(boots) - len(ok)}" if len(ok) != len(boots) else ""))
     for b in boots:
         terminalreporter.write_line(f"  {b['server']}: boot {b.get('boot_s')} s, log {b.get('log')}")
     for b in attached:
-        terminalreporter.write_line(f"attached (not booted, not stopped): {b['server']} at {b.get('url')}")
+        terminalreporter.write_line(
+            f"attached: {b['server']} at {b.get('url')}, not launched by this run (nor stopped by it)"
+            + (f"; log {b['log']}" if b.get("log") else "")
+            + ("" if b.get("ok") else f"; not ready: {b.get('error')}"))
     workers = xdist_hooks.workers_accounting(config)  # under xdist the servers were used in the workers
     if state.pool is not None or workers:
         from pytest_llmserve.gates.accounting import format_report, report

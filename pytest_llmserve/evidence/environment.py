@@ -4,9 +4,9 @@
 version, the model, the server arguments, the hardware (:func:`hardware_context`: CPU model and count; GPU
 name, count, driver and CUDA version read through :mod:`pytest_llmserve.server.gpu`), the workload, the
 plugin and the Python version, and the environment variables a launched server inherits from the shell and
-its engine reads (:func:`engine_environment`, under ``engine_env``). Before it is returned the context is
-made portable (paths under the plugin's cache are written ``<cache>/...``) and safe to store (secrets become
-``***``, :func:`redact_context`).
+its engine reads (:func:`engine_environment`, under ``engine_env``; none for a server attached by url).
+Before it is returned the context is made portable (paths under the plugin's cache are written
+``<cache>/...``) and safe to store (secrets become ``***``, :func:`redact_context`).
 """
 
 from __future__ import annotations
@@ -28,8 +28,11 @@ CPUINFO = Path("/proc/cpuinfo")
 REDACTED = "***"
 
 # Fields of ServerSpec.public_dict() left out of context["server_args"]: identity/bookkeeping
-# (name, source, port, variant) and those stored at the top level of the context (engine, model).
-_SPEC_FIELDS_NOT_IN_ARGS = ("name", "source", "port", "variant", "engine", "model")
+# (name, source, port, variant), where an attached server's log is read (log: a place, not a setting; and
+# leaving it out keeps baselines recorded before the field existed comparable) and those stored at the
+# top level of the context (engine, model). An attached server's url stays: this run cannot see the
+# hardware behind it, so the url is what tells one remote server from another.
+_SPEC_FIELDS_NOT_IN_ARGS = ("name", "source", "port", "variant", "log", "engine", "model")
 
 # String-valued keys whose names contain a secret word but are not secrets.
 _NOT_SECRET_KEYS = frozenset({"tokenizer", "tokenizer_mode", "tokenizer_revision", "skip_tokenizer_init"})
@@ -141,7 +144,7 @@ def engine_environment(spec: ServerSpec, environ: Mapping[str, str] | None = Non
     those that only name a place or a device (:data:`_PLACE_ONLY_ENV`, ``*_HOME``, ``*_CACHE_DIR``...).
     """
     prefixes = engine_env_prefixes(spec.engine)
-    if not prefixes:
+    if not prefixes or spec.attached:  # attached: launched elsewhere, the shell here is not its shell
         return {}
     environ = os.environ if environ is None else environ
     own = {name for name, _ in spec.env}

@@ -576,9 +576,9 @@ def run_round(server: RunningServer, workload: Workload, prompts: Any, what: str
 def _engine_of(server: RunningServer) -> Any:
     """The engine's adapter, for its metric names: a worker attached to another worker's server reaches it
     as ``external``, but the engine is the one configured (``spec_for_checks``)."""
-    from pytest_llmserve.engines import adapter_for
+    from pytest_llmserve.server.handle import engine_of
 
-    return adapter_for(server.spec_for_checks) if server.spec_for_checks is not None else server.adapter
+    return engine_of(server)
 
 
 def _alone(server: RunningServer) -> Any:

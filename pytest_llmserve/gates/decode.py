@@ -19,6 +19,7 @@ from pytest_llmserve.config import LLMServeConfig, ServerSpec
 from pytest_llmserve.errors import ConfigError, LLMServeError
 from pytest_llmserve.evidence.client import LLMClient
 from pytest_llmserve.gates.probes import AnswerBook, SentBatch, ServerProbes, plan
+from pytest_llmserve.server.handle import engine_of
 from pytest_llmserve.verdicts import oracles
 
 # An independent check's run: the oracle on a client, given the batch its answers came from (None: sent
@@ -147,7 +148,7 @@ class DecodeCheck:
         return self
 
     def _exact(self) -> bool:
-        return bool(self.server.adapter.deterministic_flag_on(self.spec))
+        return bool(engine_of(self.server).deterministic_flag_on(self.spec))
 
     def _log_since(self, offset: int) -> Callable[[], list[str]]:
         def read() -> list[str]:
@@ -159,7 +160,7 @@ class DecodeCheck:
     # ------------------------------------------------------------------ oracles
     def no_nan(self) -> DecodeCheck:
         """Greedy requests with logprobs; NaN evidence from responses, metrics and the server log."""
-        adapter = self.server.adapter
+        adapter = engine_of(self.server)  # an attached vLLM's log is read for vLLM's NaN lines
 
         def run(client: LLMClient, batch: SentBatch | None) -> oracles.OracleReport:
             # Requests sent ahead left their log lines and counters before this call: read from before them.
@@ -213,7 +214,7 @@ class DecodeCheck:
                           f"{exc}", check="differential")
         ref_spec = getattr(ref_server, "spec_for_checks", None) or ref_server.spec
         if exact is None:
-            exact = self._exact() and bool(ref_server.adapter.deterministic_flag_on(ref_spec))
+            exact = self._exact() and bool(engine_of(ref_server).deterministic_flag_on(ref_spec))
         ref_server.ensure_alive()
         with ref_server.client() as ref_client, self._client() as client:
             report = oracles.run_differential(ref_client, client, name_ref=ref_spec.id,
@@ -285,11 +286,9 @@ class DecodeCheck:
             return self
         spec = self.spec
         facts = self.server.facts()
-        results = self.server.adapter.check_execution(spec, facts) if self.server.adapter.launches else []
-        if getattr(self.server, "spec_for_checks", None) is not None:
-            from pytest_llmserve.engines import adapter_for
-
-            results = adapter_for(spec).check_execution(spec, facts)
+        # Nothing to check for an unknown engine (``external``): it declares no options.
+        engine = engine_of(self.server)
+        results = engine.check_execution(spec, facts) if engine.launches else []
         failed = [r for r in results if r.status == "fail"]
         unverifiable = [r for r in results if r.status == "unverifiable"]
         table = "\n".join(f"  {r.status.upper():<13} {r.name}: requested {r.requested}; observed {r.observed}"

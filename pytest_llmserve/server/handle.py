@@ -81,6 +81,14 @@ class RunningServer(Protocol):
     def facts(self) -> ServerFacts: ...
 
 
+def engine_of(server: RunningServer) -> EngineAdapter:
+    """The adapter of the engine the server runs, for its log lines, NaN patterns and checks: an attached
+    server is reached as ``external`` (``server.adapter``), but its engine is the configured one
+    (``spec_for_checks``: a server attached by url, or another xdist worker's)."""
+    configured = getattr(server, "spec_for_checks", None)  # a script's own stand-in may not have it
+    return adapter_for(configured) if configured is not None else server.adapter
+
+
 def read_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
     """The last ``lines`` lines of a log, with ``\\r``-updated progress bars split into lines."""
     try:
@@ -444,12 +452,14 @@ class ServerHandle:
         return resp.text if resp.status_code == 200 else None
 
     def server_info(self) -> dict[str, Any] | None:
-        """The engine's own account of its resolved settings (SGLang ``/server_info``, llama.cpp ``/props``)."""
-        fetch = getattr(self.adapter, "fetch_server_info", None)
+        """The engine's own account of its resolved settings (SGLang ``/server_info``, llama.cpp ``/props``),
+        asked of the configured engine's adapter (an attached server is reached as ``external``)."""
+        adapter = engine_of(self)
+        fetch = getattr(adapter, "fetch_server_info", None)
         if fetch is not None:
             info = fetch(self.base_url, self.spec.api_key)
             return info if isinstance(info, dict) else None
-        path = self.adapter.server_info_path
+        path = adapter.server_info_path
         if not path:
             return None
         try:

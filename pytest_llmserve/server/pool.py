@@ -33,7 +33,7 @@ from filelock import FileLock
 from pytest_llmserve.config import ServerSpec
 from pytest_llmserve.errors import ServerDiedError, ServerError
 from pytest_llmserve.server import hosts, isolation, procs
-from pytest_llmserve.server.handle import ServerHandle
+from pytest_llmserve.server.handle import ServerHandle, engine_of
 
 if TYPE_CHECKING:
     from pytest_llmserve.evidence.facts import ServerFacts
@@ -44,6 +44,16 @@ def spec_key(spec: ServerSpec) -> str:
     digest = hashlib.sha256(repr(spec).encode()).hexdigest()[:10]
     safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in spec.id)[:60]
     return f"{safe}-{digest}"
+
+
+def url_key(url: str) -> str:
+    """The key of a server attached by url: several configurations may name one server (the same URL under
+    two matrix combinations), and they must share its request lock, or one's benchmark round would not be
+    alone on it."""
+    base = url.rstrip("/").removesuffix("/v1")
+    digest = hashlib.sha256(base.encode()).hexdigest()[:10]
+    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in base.split("://", 1)[-1])[:60]
+    return f"attached-{safe}-{digest}"
 
 
 class ServerPool:
@@ -77,7 +87,8 @@ class ServerPool:
         """The running server for ``spec``; boots it (once) if needed. ``keep`` are not stopped."""
         key = spec_key(spec)
         if key in self.failed:
-            raise ServerError(f"{spec.id} failed to boot earlier in this run:\n{self.failed[key]}")
+            what = "could not be attached" if spec.attached else "failed to boot"
+            raise ServerError(f"{spec.id} {what} earlier in this run:\n{self.failed[key]}")
         if key in self.died:
             raise ServerDiedError(self.died[key])
         handle = self.handles.get(key)
@@ -87,6 +98,10 @@ class ServerPool:
             except ServerDiedError as exc:
                 self._bury(key, handle, str(exc))
                 raise
+            return handle
+        if spec.attached:  # launched elsewhere: nothing of this host's to make room for, nothing to share
+            handle = self._attach_declared(spec, key)
+            self.handles[key] = handle
             return handle
         if not self.shared or self.host_local:
             keep_keys = {spec_key(s) for s in keep}
@@ -122,6 +137,40 @@ class ServerPool:
         started = time.time()
         try:
             with self.accounting.boot(key) if self.accounting is not None else contextlib.nullcontext():
+                handle.start()
+        except Exception as exc:
+            self.failed[key] = str(exc)
+            self._record_boot(spec, handle, started, ok=False, error=str(exc).splitlines()[0])
+            raise
+        self._record_boot(spec, handle, started, ok=True)
+        return handle
+
+    def _attach_declared(self, spec: ServerSpec, key: str) -> ServerHandle:
+        """A server the configuration names by ``url`` (launched by a cluster manager, or ``external``):
+        attached after a readiness check, never launched, preflighted or stopped here. Each xdist worker
+        attaches by itself (the check is one token); the log it names is read whenever facts are taken,
+        by the adapter of its engine (:meth:`AttachedHandle.facts`)."""
+        assert spec.url is not None
+        log_path = Path(spec.log) if spec.log else None
+        if log_path is not None and not log_path.is_file():
+            what = "is not a file" if log_path.exists() else "does not exist"
+            message = (f"{spec.id}: log = {spec.log!r} (from {spec.source}) {what}: name the log file the server "
+                       f"at {spec.url} writes, as this machine sees it (a shared path), or leave log out "
+                       "(facts then come from /metrics and /server_info only)")
+            self.failed[key] = message
+            raise ServerError(message)
+        # Reached as ``external`` (nothing to launch); the model name in requests is the one it serves,
+        # unless served_model_name says which: ``model`` may be a path on the cluster.
+        reach = replace(spec, engine="external", model=spec.model if spec.engine == "external" else None)
+        handle = AttachedHandle(reach, original=spec, pid=None, log_path=log_path)
+        if spec.engine == "external":
+            handle.spec_for_checks = None  # the spec is the configuration: an unknown engine, nothing declared
+        handle.accounting = self.accounting
+        handle.request_lock = self.request_lock(url_key(spec.url))
+        started = time.time()
+        try:
+            # Its readiness check is a request, not a boot: this run boots nothing for it.
+            with self.accounting.requests("other") if self.accounting is not None else contextlib.nullcontext():
                 handle.start()
         except Exception as exc:
             self.failed[key] = str(exc)
@@ -174,7 +223,8 @@ class ServerPool:
                      error: str | None = None) -> None:
         entry = {"server": spec.id, "key": spec_key(spec), "pid": handle.pid, "worker_pid": os.getpid(),
                  "started": started, "boot_s": round(handle.boot.boot_s, 2), "ok": ok, "error": error,
-                 "launched": handle.adapter.launches, "url": handle.plan.base_url if handle.plan else None,
+                 "launched": handle.adapter.launches,
+                 "url": handle.plan.base_url if handle.plan else spec.url,
                  "log": str(handle.log_path) if handle.log_path else None, "hostname": hosts.this_host()}
         with FileLock(str(self.run_dir / "boots.jsonl.lock")), open(self.run_dir / "boots.jsonl", "a") as fh:
             fh.write(json.dumps(entry) + "\n")
@@ -219,7 +269,9 @@ class ServerPool:
 
 
 class AttachedHandle(ServerHandle):
-    """A server another worker launched: readiness and evidence work, teardown is not ours."""
+    """A server this process did not launch: another worker's, or one the configuration names by ``url``
+    (``original.attached``). Readiness and evidence work, with the facts parsed by the adapter of the
+    configured engine; teardown is not ours."""
 
     def __init__(self, spec: ServerSpec, original: ServerSpec, pid: int | None, log_path: Path | None,
                  created: float | None = None) -> None:
@@ -239,13 +291,16 @@ class AttachedHandle(ServerHandle):
     def is_alive(self) -> bool:
         return self._owner_pid is None or procs.pid_alive(self._owner_pid, self._created)
 
-    def facts(self) -> ServerFacts:
-        from pytest_llmserve.engines import adapter_for
+    def describe(self) -> str:
+        if not self.original.attached:
+            return super().describe()
+        where = f"; log: {self.log_path}" if self.log_path else "; no log named"
+        return f"attached server {self.original.id} at {self.spec.url} (not launched by this run{where})"
 
-        adapter = adapter_for(self.original)
-        fetch = getattr(adapter, "fetch_server_info", None)
-        info = fetch(self.base_url, self.spec.api_key) if fetch is not None else None
-        return adapter.parse_facts(self.log_text(), self.metrics_text(), info)
+    def facts(self) -> ServerFacts:
+        """What the log (read now), ``/metrics`` and the engine's server-info endpoint say, parsed by the
+        configured engine's adapter."""
+        return engine_of(self).parse_facts(self.log_text(), self.metrics_text(), self.server_info())
 
     def stop(self) -> procs.TeardownReport | None:
         return None
