@@ -134,9 +134,16 @@ class ServerPool:
         handle.accounting = self.accounting
         handle.request_lock = self.request_lock(key)
         self.launched.append(key)
+        return self._start_recorded(spec, handle, key, self.accounting.boot(key) if self.accounting is not None
+                                    else contextlib.nullcontext())
+
+    def _start_recorded(self, spec: ServerSpec, handle: ServerHandle, key: str,
+                        timed_as: contextlib.AbstractContextManager[Any]) -> ServerHandle:
+        """Start ``handle`` (a launch, or an attachment's readiness check), timed as ``timed_as`` says, and
+        record the outcome in boots.jsonl, a failure also in ``failed``."""
         started = time.time()
         try:
-            with self.accounting.boot(key) if self.accounting is not None else contextlib.nullcontext():
+            with timed_as:
                 handle.start()
         except Exception as exc:
             self.failed[key] = str(exc)
@@ -167,17 +174,9 @@ class ServerPool:
             handle.spec_for_checks = None  # the spec is the configuration: an unknown engine, nothing declared
         handle.accounting = self.accounting
         handle.request_lock = self.request_lock(url_key(spec.url))
-        started = time.time()
-        try:
-            # Its readiness check is a request, not a boot: this run boots nothing for it.
-            with self.accounting.requests("other") if self.accounting is not None else contextlib.nullcontext():
-                handle.start()
-        except Exception as exc:
-            self.failed[key] = str(exc)
-            self._record_boot(spec, handle, started, ok=False, error=str(exc).splitlines()[0])
-            raise
-        self._record_boot(spec, handle, started, ok=True)
-        return handle
+        # Its readiness check is a request, not a boot: this run boots nothing for it.
+        return self._start_recorded(spec, handle, key, self.accounting.requests("other")
+                                    if self.accounting is not None else contextlib.nullcontext())
 
     def _get_shared(self, spec: ServerSpec, key: str) -> ServerHandle:
         info_path = self.run_dir / "servers" / f"{key}.json"
