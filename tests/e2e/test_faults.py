@@ -102,11 +102,18 @@ class Workdir:
     def spawn(self, name: str, *args: str, cwd: Path | None = None,
               env: dict[str, str] | None = None) -> tuple[subprocess.Popen[bytes], Path, float]:
         out = self.path / f"out-{name}.txt"
+        pytest_argv = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-s", "--durations=0",
+                       "--durations-min=0", *args]
+        # The inner run starts as a user's foreground pytest would, with SIGINT at its default: an outer run
+        # launched in the background by a shell (`cmd &`, nohup) inherits SIGINT ignored, and Python then
+        # installs no KeyboardInterrupt handler, so the Ctrl-C scenario would wait forever (seen in a
+        # rehearsal started that way). Reset, then exec: the pid stays the one signalled.
+        reset_sigint = ("import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
+                        "os.execv(sys.executable, sys.argv[1:])")
         with open(out, "wb") as fh:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-s", "--durations=0",
-                 "--durations-min=0", *args], cwd=cwd or self.path, stdout=fh, stderr=subprocess.STDOUT,
-                env={**self.env, **(env or {})})
+                [sys.executable, "-c", reset_sigint, *pytest_argv], cwd=cwd or self.path, stdout=fh,
+                stderr=subprocess.STDOUT, env={**self.env, **(env or {})})
         return proc, out, time.monotonic()
 
     def finish(self, name: str, proc: subprocess.Popen[bytes], out: Path, started: float,
