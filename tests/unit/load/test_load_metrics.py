@@ -16,6 +16,7 @@ from pytest_llmserve.load.metrics import (
     cross_check,
     evaluate,
     invalid_reasons,
+    output_fault,
     server_counter_throughput,
 )
 from pytest_llmserve.load.runner import merge_records, split_evenly
@@ -102,6 +103,26 @@ def test_invalid_reasons_cover_each_fault() -> None:
     assert invalid_reasons([], wl) == ["no timed requests were sent"]
     warm_fail = rec(-1, 0.0, 0.5, [0.1] * 3, error="HTTP 500: x")
     assert any("warm-up" in r for r in invalid_reasons([rec(0, 0.0, 0.5, [0.1] * 3)], wl, warmup=[warm_fail]))
+
+
+def test_output_fault_tells_wrong_output_from_a_measurement_artefact() -> None:
+    # The reasons as invalid_reasons words them (a bisect counts the first kind as a bad build, retries the other).
+    wl = Workload("w", num_prompts=1, output_len=4)
+    textless = rec(0, 0.0, 0.5, [0.1] * 3)
+    textless.empty_chunks = textless.chunks
+    wrong_output = {
+        "failed": invalid_reasons([rec(0, 0.0, 0.5, [0.1] * 3, error="HTTP 500: x")], wl),
+        "wrong length": invalid_reasons([rec(0, 0.0, 0.5, [0.1, 0.1])], wl),
+        "no text": invalid_reasons([textless], wl),
+    }
+    artefacts = {
+        "chunks merged": invalid_reasons([rec(0, 0.0, 0.5, [0.1], n=4)], wl),
+        "TPOT = 0": invalid_reasons([rec(0, 0.0, 0.5, [0.0, 0.0, 0.0])], wl),
+    }
+    for kind, reasons in wrong_output.items():
+        assert reasons and any(output_fault(r) for r in reasons), (kind, reasons)
+    for kind, reasons in artefacts.items():
+        assert reasons and not any(output_fault(r) for r in reasons), (kind, reasons)
 
 
 def test_merge_gives_percentiles_over_all_samples() -> None:
