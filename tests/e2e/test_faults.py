@@ -38,7 +38,15 @@ from pytest_llmserve.config import CACHE_ENV
 from pytest_llmserve.engines import embedded
 from pytest_llmserve.store.baselines import BaselineStore, BenchKey, read_baseline_file
 from tests.e2e.conftest import REAL_CACHE, default_server_toml
-from tests.standins.helpers import MARK_ENV, describe, kill_marked, marked_processes, standin_toml, wait_for
+from tests.standins.helpers import (
+    MARK_ENV,
+    describe,
+    kill_marked,
+    marked_processes,
+    standin_toml,
+    wait_for,
+    wait_or_kill,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -118,12 +126,7 @@ class Workdir:
 
     def finish(self, name: str, proc: subprocess.Popen[bytes], out: Path, started: float,
                timeout_s: float = 600) -> Inner:
-        try:
-            code = proc.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(30)
-            raise AssertionError(f"inner run {name} did not end within {timeout_s} s:\n{out.read_text()}") from None
+        code = wait_or_kill(proc, out, timeout_s, f"inner run {name}")
         text = out.read_text(errors="replace")
         durations = {}
         for line in text.splitlines():

@@ -31,7 +31,7 @@ import pytest
 from pytest_llmserve.engines import embedded
 from tests.e2e.conftest import default_server_toml
 from tests.multihost import sshhosts
-from tests.standins.helpers import MARK_ENV, describe, kill_marked, marked_processes
+from tests.standins.helpers import MARK_ENV, describe, kill_marked, marked_processes, wait_or_kill
 
 pytestmark = [pytest.mark.multihost, pytest.mark.slow]
 
@@ -120,12 +120,7 @@ def _run(root: Path, *, kill_host2: bool) -> Iterator[MultiRun]:
                     killed = hosts.kill(host2, spare=servers)
                     break
                 time.sleep(0.5)
-            try:
-                code = proc.wait(INNER_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(30)
-                raise AssertionError(f"inner run did not end:\n{out_path.read_text()}") from None
+            code = wait_or_kill(proc, out_path, INNER_TIMEOUT_S, "the multihost inner run")
         seconds = time.monotonic() - started
         out = out_path.read_text(errors="replace")
         print(out)

@@ -11,6 +11,7 @@ import contextlib
 import json
 import os
 import signal
+import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -95,3 +96,14 @@ def wait_for(check: Callable[[], T], timeout_s: float, what: str, interval_s: fl
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout_s:g} s waiting for {what}")
         time.sleep(interval_s)
+
+
+def wait_or_kill(proc: subprocess.Popen[bytes], out: Path, timeout_s: float, what: str) -> int:
+    """The exit code of an inner run writing to ``out``; one still running after ``timeout_s`` is killed and
+    the test fails with its output."""
+    try:
+        return proc.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(30)
+        raise AssertionError(f"{what} did not end within {timeout_s} s:\n{out.read_text()}") from None
