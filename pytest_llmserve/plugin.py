@@ -5,16 +5,22 @@ marker); state lives in ``config.stash``; the core gets plain dataclasses.
 
 Inert unless used. A run *configures* the plugin when there is a configuration file (``[tool.llmserve]``
 in pyproject.toml, or llmserve.toml) or any llmserve setting (an ``--llmserve-*`` option, an
-``llmserve_*`` ini key, a ``PYTEST_LLMSERVE_*`` variable named in :data:`pytest_llmserve.settings.OPTIONS`);
+``llmserve_*`` ini key, a ``PYTEST_LLMSERVE_*`` variable named in :data:`pytest_llmserve.options.OPTIONS`);
 it *uses* it when, in addition or instead, a collected item asks for an llmserve fixture or carries an
-``llmserve_*`` marker. Until then the plugin adds no header line, installs no signal handler, creates
-no directory and starts no process. Because the header, and pytest-xdist's choice of scheduler, come
-before collection (and an xdist controller collects nothing), those two follow the configuration only:
+``llmserve_*`` marker. pytest_configure decides the first once; every later hook returns at once while
+neither holds (in the style of hypothesis's hooks). Until then the plugin adds no header line, registers
+no ``gpu`` marker, installs no signal handler, creates no directory, starts no process and imports
+nothing of the package but :mod:`pytest_llmserve.options` (the rest is imported by the hooks that
+run only when used). Because the header, and pytest-xdist's choice of scheduler, come before collection
+(and an xdist controller collects nothing), those follow the configuration only:
 
-* header lines and the ``-n`` ``--dist load`` -> ``loadgroup`` switch: only when configured;
+* header lines, the ``gpu`` marker, the ``-n`` ``--dist load`` -> ``loadgroup`` switch, and across hosts
+  ``--max-worker-restart 0`` and the by-configuration scheduler: only when configured;
 * the SIGTERM handler: at configuration when configured, else once an llmserve item is collected;
 * the run directory: when the first server is booted (an xdist controller hands its path to the workers);
-* the GPU probe: only when a ``gpu``-marked item is collected and the run is not ``--collect-only``.
+* the GPU probe: only when an llmserve item marked ``gpu`` (a server configured with ``gpu = true``
+  marks its items) is collected and the run is not ``--collect-only``; a project's own ``gpu`` tests
+  are left to the project.
 """
 
 from __future__ import annotations
@@ -22,42 +28,41 @@ from __future__ import annotations
 import functools
 import json
 import os
-import shutil
 import sys
-import tempfile
 import time
-import uuid
 from collections.abc import Callable, Generator, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from pytest_llmserve import report_hooks, xdist_hooks
-from pytest_llmserve.config import LLMServeConfig, ServerSpec
-from pytest_llmserve.errors import ConfigError, LLMServeError, ServerError
-from pytest_llmserve.gates.accounting import Accounting
-from pytest_llmserve.settings import OPTIONS, BenchSpec, Settings, Sources, bench_spec, resolve_settings
+# The only module of the package imported with the plugin: a run that does not use llmserve pays for no more.
+from pytest_llmserve.options import OPTIONS, Sources, may_hold_config
 
 if TYPE_CHECKING:
     import openai
 
+    from pytest_llmserve.config import LLMServeConfig, ServerSpec
     from pytest_llmserve.evidence.client import LLMClient
+    from pytest_llmserve.gates.accounting import Accounting
     from pytest_llmserve.gates.bench import ABRunner, BenchGate
     from pytest_llmserve.gates.decode import DecodeCheck
     from pytest_llmserve.gates.probes import AnswerBook, ServerProbes
     from pytest_llmserve.report.checks import CheckOutcome
     from pytest_llmserve.server.handle import RunningServer, ServerHandle
     from pytest_llmserve.server.pool import ServerPool
+    from pytest_llmserve.settings import BenchSpec, Settings
 
 # The built-in suite: every test_llmserve_*.py file here (named one by one, so the user's python_files
 # and norecursedirs settings cannot drop any of them).
 SUITE_DIR = Path(__file__).parent / "suite"
 
 MARKERS = {
-    "gpu": "gpu: the test needs a GPU; skipped with a reason where none is visible",
+    # Registered only when the run is configured: a project's own gpu marker is the project's business.
+    "gpu": "gpu: an llmserve test that needs a GPU (a server with gpu = true marks its tests); skipped with a "
+           "reason where none is visible",
     "llmserve_server": "llmserve_server(*names): run this test once per configuration of the named server(s) "
                        "(matrix combinations included); '*' means every configured server",
     "llmserve_correctness": "llmserve_correctness: a decode-correctness oracle test "
@@ -66,7 +71,8 @@ MARKERS = {
                               "(before its benchmarks): it reads what their requests left in the server's log",
     "llmserve_benchmark": "llmserve_benchmark(workload=None, *, metric=None, tolerance=None, rounds=None, "
                           "max_rounds=None, variable=None, higher_is_better=None, baseline_server=None, "
-                          "baseline_test=None): a throughput/latency gate "
+                          "baseline_test=None, warmup_rounds=None, warmup_agreement=None, extend_to_resolve=None, "
+                          "extend_budget_s=None, contention_bound=None): a throughput/latency gate "
                           "against the stored baseline (of another server/test when baseline_server/baseline_test "
                           "name one, e.g. 'test_llmserve_suite.py::test_throughput'); runs on one xdist worker only",
 }
@@ -92,10 +98,11 @@ class RunState:
     probes: dict[str, ServerProbes] = field(default_factory=dict)  # by server id: independent probes sent ahead
 
 
-SETTINGS_KEY = pytest.StashKey[Settings]()
-STATE_KEY = pytest.StashKey[RunState]()
-SPEC_KEY = pytest.StashKey[ServerSpec]()
+SETTINGS_KEY = pytest.StashKey["Settings"]()
+STATE_KEY = pytest.StashKey[RunState]()  # set once the run uses llmserve (see _use)
+SPEC_KEY = pytest.StashKey["ServerSpec"]()
 SIGTERM_KEY = pytest.StashKey[Any]()  # the SIGTERM handler ours replaced
+RUN_DIR_NAME_KEY = pytest.StashKey[Path]()  # the run directory's name, handed to xdist workers before use
 
 
 # ---------------------------------------------------------------------------- options
@@ -116,7 +123,7 @@ def _sources(config: pytest.Config) -> Sources:
         try:
             ini[option.name] = config.getini(option.ini)
         except (ValueError, TypeError, pytest.UsageError) as exc:  # a value of the wrong type
-            raise ConfigError(f"ini {option.ini}: {exc}") from None
+            raise pytest.UsageError(f"pytest-llmserve: ini {option.ini}: {exc}") from None
     return Sources(cli={option.name: config.getoption(option.flag) for option in OPTIONS}, ini=ini,
                    env=dict(os.environ))
 
@@ -125,17 +132,90 @@ def _sources(config: pytest.Config) -> Sources:
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_configure(config: pytest.Config) -> None:
-    for line in MARKERS.values():
-        config.addinivalue_line("markers", line)
+    for name, line in MARKERS.items():
+        if name != "gpu":
+            config.addinivalue_line("markers", line)
+    sources = _sources(config)
+    configured = False
+    # The settings (and the modules they need) only where a setting or a configuration file may be.
+    if any(sources.lookup(option) is not None for option in OPTIONS) or may_hold_config(Path(config.rootpath)):
+        configured = _resolve_settings(config, sources).configured
+    if _is_xdist_controller(config):
+        # lazy: the plugin imports only options.py until a run uses it (tests/plugin/test_inert.py)
+        from pytest_llmserve import xdist_hooks
+
+        # The run directory's name goes to the workers even unconfigured: their tests may still use a server.
+        xdist_hooks.register(config, str(_run_dir_name(config)), lambda: _config_groups(_settings(config)),
+                             configured=configured)
+    if not configured:
+        return
+    config.addinivalue_line("markers", MARKERS["gpu"])
+    _use(config)
+    # lazy: the plugin imports only options.py until a run uses it (tests/plugin/test_inert.py)
+    from pytest_llmserve import xdist_hooks
+
+    xdist_hooks.keep_benchmarks_on_one_worker(config)
+    _start_using(config)
+    if config.stash[SETTINGS_KEY].suite:
+        _add_suite(config)
+
+
+def _is_worker(config: pytest.Config) -> bool:
+    """An xdist worker (as :func:`pytest_llmserve.xdist_hooks.is_worker`, without importing that module)."""
+    return hasattr(config, "workerinput")
+
+
+def _is_xdist_controller(config: pytest.Config) -> bool:
+    distributing = bool(getattr(config.option, "numprocesses", None)) or bool(getattr(config.option, "tx", None))
+    return distributing and not _is_worker(config) and config.pluginmanager.hasplugin("xdist")
+
+
+def _resolve_settings(config: pytest.Config, sources: Sources) -> Settings:
+    # lazy: the plugin imports only options.py until a run uses it (tests/plugin/test_inert.py)
+    from pytest_llmserve.builds import install_builds
     from pytest_llmserve.engines import embedded
+    from pytest_llmserve.errors import LLMServeError
+    from pytest_llmserve.settings import resolve_settings
 
     try:
-        settings = resolve_settings(Path(config.rootpath), _sources(config), embedded.default_spec)
+        settings = resolve_settings(Path(config.rootpath), sources, embedded.default_spec)
+        # The builds the matrices want, installed now (cached): a step of its own, never the configuration's.
+        settings = replace(settings, cfg=install_builds(settings.cfg))
     except LLMServeError as exc:
         raise pytest.UsageError(f"pytest-llmserve: {exc}") from None
     config.stash[SETTINGS_KEY] = settings
+    return settings
+
+
+def _settings(config: pytest.Config) -> Settings:
+    _use(config)
+    return config.stash[SETTINGS_KEY]
+
+
+def _run_dir_name(config: pytest.Config) -> Path:
+    """Only a name: the directory is made when a server boots (in this process or an xdist worker)."""
+    if RUN_DIR_NAME_KEY not in config.stash:
+        import tempfile
+        import uuid
+
+        config.stash[RUN_DIR_NAME_KEY] = Path(tempfile.gettempdir()) / f"llmserve-run-{uuid.uuid4().hex[:16]}"
+    return config.stash[RUN_DIR_NAME_KEY]
+
+
+def _use(config: pytest.Config) -> RunState:
+    """The run uses llmserve from here on: its settings, run state and, on an xdist worker, the worker's
+    hooks (made once; at configuration when configured, else by the first llmserve item collected)."""
+    state = config.stash.get(STATE_KEY, None)
+    if state is not None:
+        return state
+    settings = config.stash.get(SETTINGS_KEY, None) or _resolve_settings(config, _sources(config))
+    # lazy: the plugin imports only options.py until a run uses it (tests/plugin/test_inert.py)
+    from pytest_llmserve import xdist_hooks
+    from pytest_llmserve.gates.accounting import Accounting
+
     host_local = False
-    if xdist_hooks.is_worker(config):
+    if _is_worker(config):
+        # lazy: the plugin imports only options.py until a run uses it (tests/plugin/test_inert.py)
         from pytest_llmserve.server.hosts import host_run_dir
 
         gateway = xdist_hooks.worker_gateway(config)
@@ -143,24 +223,34 @@ def pytest_configure(config: pytest.Config) -> None:
                                            remote=bool(gateway.get("remote")), label=str(gateway.get("label", "host")))
         owns = False
     else:
-        # Only a name: the directory is made when a server boots (in this process or an xdist worker).
-        run_dir, owns = Path(tempfile.gettempdir()) / f"llmserve-run-{uuid.uuid4().hex[:16]}", True
-        xdist_hooks.register(config, str(run_dir), lambda: _config_groups(settings))
+        run_dir, owns = _run_dir_name(config), True
     state = config.stash[STATE_KEY] = RunState(run_dir=run_dir, owns_run_dir=owns, accounting=Accounting(),
                                                host_local=host_local)
-    if xdist_hooks.is_worker(config):
+    if _is_worker(config):
         xdist_hooks.register_worker(config, state.accounting, lambda: state.run_dir)
         if xdist_hooks.distributes_by_config(config):
             config.pluginmanager.register(ConfigGroups(), "llmserve-config-groups")
-    if settings.configured:
-        xdist_hooks.keep_benchmarks_on_one_worker(config)
-        _start_using(config)
-    if settings.suite:
-        _add_suite(config)
+        else:
+            config.pluginmanager.register(ReferenceGroups(settings), "llmserve-reference-groups")
+    return state
+
+
+def _used_state(config: pytest.Config) -> RunState | None:
+    """The run state, if the run used llmserve; an unconfigured xdist controller, which collects nothing,
+    learns it from its workers (their reports home, or the run directory a boot of theirs made)."""
+    state = config.stash.get(STATE_KEY, None)
+    if state is None and RUN_DIR_NAME_KEY in config.stash:
+        # lazy: the plugin imports only options.py until a run uses it (tests/plugin/test_inert.py)
+        from pytest_llmserve import xdist_hooks
+
+        if xdist_hooks.workers_used_llmserve(config) or config.stash[RUN_DIR_NAME_KEY].exists():
+            state = _use(config)
+    return state
 
 
 def _config_groups(settings: Settings) -> dict[str, str]:
     """Each configuration's server id -> its xdist group (how the controller places and names tests)."""
+    # lazy: the plugin imports only options.py until a run uses it (tests/plugin/test_inert.py)
     from pytest_llmserve.server.hosts import config_group
 
     return {spec.id: config_group(spec) for spec in settings.cfg.all_specs()}
@@ -169,7 +259,7 @@ def _config_groups(settings: Settings) -> dict[str, str]:
 def _start_using(config: pytest.Config) -> None:
     """What the plugin does once it is in use: guard the run's servers against SIGTERM (not on xdist
     workers: their controller stops the shared servers)."""
-    if not xdist_hooks.is_worker(config) and SIGTERM_KEY not in config.stash:
+    if not _is_worker(config) and SIGTERM_KEY not in config.stash:
         _install_sigterm_handler(config)
 
 
@@ -234,15 +324,17 @@ def pytest_pycollect_makemodule(module_path: Path, parent: pytest.Collector) -> 
 def _pool(config: pytest.Config) -> ServerPool:
     state = config.stash[STATE_KEY]
     if state.pool is None:
+        # lazy: the plugin imports only options.py until a run uses it (tests/plugin/test_inert.py)
         from pytest_llmserve.server.pool import ServerPool
 
         settings = config.stash[SETTINGS_KEY]
         if settings.kill_stale:
+            # lazy: the plugin imports only options.py until a run uses it (tests/plugin/test_inert.py)
             from pytest_llmserve.server.handle import kill_stale
 
             kill_stale(say=lambda msg: _say(config, msg))
         state.run_dir.mkdir(mode=0o700, parents=state.host_local, exist_ok=True)
-        state.pool = ServerPool(state.run_dir, settings.results_dir / "logs", shared=xdist_hooks.is_worker(config),
+        state.pool = ServerPool(state.run_dir, settings.results_dir / "logs", shared=_is_worker(config),
                                 say=lambda msg: _say(config, msg), host_local=state.host_local)
         state.pool.accounting = state.accounting
     return state.pool
@@ -250,7 +342,7 @@ def _pool(config: pytest.Config) -> ServerPool:
 
 def _say(config: pytest.Config, msg: str) -> None:
     tr = config.pluginmanager.get_plugin("terminalreporter")
-    if tr is not None and not xdist_hooks.is_worker(config):
+    if tr is not None and not _is_worker(config):
         tr.write_line(f"[llmserve] {msg}")
     else:
         print(f"[llmserve] {msg}", file=sys.stderr, flush=True)
@@ -265,7 +357,9 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
              f"llmserve: baselines {settings.baseline_dir}; results {settings.results_dir}; "
              f"workload {settings.bench.workload}, metric {settings.bench.metric}, "
              f"tolerance {settings.bench.tolerance}, "
-             f"rounds {settings.bench.rounds}..{settings.bench.max_rounds}"]
+             f"rounds {settings.bench.rounds}..{settings.bench.max_rounds} after up to "
+             f"{settings.bench.warmup_rounds} warm-up (agreeing within {settings.bench.warmup_agreement:.0%}); "
+             f"rounds with host contention above {settings.bench.contention_bound:.0%} are not samples"]
     attached = [s for s in specs if s.attached]
     if attached:
         lines.append("llmserve: attached, not launched by this run: "
@@ -295,6 +389,9 @@ def marker_server_names(marker: pytest.Mark | None, cfg: LLMServeConfig) -> tupl
     ``'*'``; a :class:`ConfigError` listing what is allowed otherwise."""
     if marker is None:
         return None
+    # lazy: the plugin imports only options.py until a run uses it (tests/plugin/test_inert.py)
+    from pytest_llmserve.errors import ConfigError
+
     known = f"configured servers: {', '.join(s.name for s in cfg.servers)} or '*'; from {cfg.source}"
     if marker.kwargs:
         given = ", ".join(f"{key}={value!r}" for key, value in marker.kwargs.items())
@@ -320,7 +417,10 @@ MARKER_PROBLEMS_KEY = pytest.StashKey[list[str]]()
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "llm_server" not in metafunc.fixturenames:
         return
-    settings = metafunc.config.stash[SETTINGS_KEY]
+    # lazy: the plugin imports only options.py until a run uses it (tests/plugin/test_inert.py)
+    from pytest_llmserve.errors import ConfigError
+
+    settings = _settings(metafunc.config)
     try:
         names = marker_server_names(metafunc.definition.get_closest_marker("llmserve_server"), settings.cfg)
     except ConfigError as exc:
@@ -331,6 +431,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     # Parametrization comes from configuration only (never a live server), so every xdist worker
     # collects the same items in the same order.
     if "llmserve_batch_case" in metafunc.fixturenames:
+        # lazy: the plugin imports only options.py until a run uses it (tests/plugin/test_inert.py)
         from pytest_llmserve.verdicts.oracles import coverage_plan
 
         pairs = []
@@ -357,6 +458,10 @@ def _is_llmserve_item(item: pytest.Item) -> bool:
 
 def _benchmark_spec(item: pytest.Item, settings: Settings) -> BenchSpec:
     """The item's benchmark gate; a bad marker argument is a usage error naming the test and the value."""
+    # lazy: the plugin imports only options.py until a run uses it (tests/plugin/test_inert.py)
+    from pytest_llmserve.errors import ConfigError
+    from pytest_llmserve.settings import bench_spec
+
     marker = item.get_closest_marker("llmserve_benchmark")
     args, kwargs = (tuple(marker.args), dict(marker.kwargs)) if marker is not None else ((), {})
     try:
@@ -368,6 +473,10 @@ def _benchmark_spec(item: pytest.Item, settings: Settings) -> BenchSpec:
 def _marker_problems(config: pytest.Config, items: list[pytest.Item]) -> list[str]:
     """Every bad llmserve marker of the run (server names found while parametrizing, benchmark arguments
     checked here), so that a typo costs no server boot and all of them are shown at once."""
+    # lazy: the plugin imports only options.py until a run uses it (tests/plugin/test_inert.py)
+    from pytest_llmserve.errors import ConfigError
+    from pytest_llmserve.settings import bench_spec
+
     settings = config.stash[SETTINGS_KEY]
     problems: list[str] = list(config.stash.get(MARKER_PROBLEMS_KEY, None) or ())
     for item in items:
@@ -383,21 +492,29 @@ def _marker_problems(config: pytest.Config, items: list[pytest.Item]) -> list[st
 
 
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
-    settings = config.stash[SETTINGS_KEY]
+    llmserve_items = [item for item in items if _is_llmserve_item(item)]
+    if not llmserve_items:
+        return  # nothing of ours to check, mark, probe for or order (configured or not)
+    # lazy: the plugin imports only options.py until a run uses it (tests/plugin/test_inert.py)
+    from pytest_llmserve import xdist_hooks
+
+    settings = _settings(config)
     problems = _marker_problems(config, items)
     if problems:
         raise pytest.UsageError("\n".join(f"pytest-llmserve: {problem}" for problem in problems))
-    if any(_is_llmserve_item(item) for item in items):
-        _start_using(config)
-    if not config.option.collectonly and any(item.get_closest_marker("gpu") for item in items):
+    _start_using(config)
+    # The GPU probe is for llmserve's own items (a gpu = true server marks its items): a project's own
+    # gpu-marked tests keep whatever the project does with its marker.
+    gpu_items = [item for item in llmserve_items if item.get_closest_marker("gpu")]
+    if not config.option.collectonly and gpu_items:
+        # lazy: the plugin imports only options.py until a run uses it (tests/plugin/test_inert.py)
         from pytest_llmserve.server.gpu import no_gpu_reason
 
         gpu_reason = no_gpu_reason()
         if gpu_reason:
-            for item in items:
-                if item.get_closest_marker("gpu"):
-                    item.add_marker(pytest.mark.skip(reason=gpu_reason))
-    order: dict[str, int] = {s.id: i for i, s in enumerate(settings.cfg.all_specs())}
+            for item in gpu_items:
+                item.add_marker(pytest.mark.skip(reason=gpu_reason))
+    order: dict[str, int] = {s.id: i for i, s in enumerate(_run_order(settings.cfg))}
     by_config = xdist_hooks.distributes_by_config(config)
     for item in items:
         if by_config and _item_spec(item) is not None:
@@ -422,6 +539,41 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
     items[:] = [item for _, item in sorted(enumerate(items), key=key)]
 
 
+def _run_order(cfg: LLMServeConfig) -> list[ServerSpec]:
+    """The configurations in the order they run: as configured, except that a matrix's declared reference
+    combination comes first among its server's (its test_matches_reference records what the others replay)."""
+    out: list[ServerSpec] = []
+    for server in cfg.servers:
+        combos = list(cfg.expanded(server.name))
+        reference = cfg.reference_of(server.name)
+        if reference is not None:
+            combos.sort(key=lambda spec: spec.id != reference.id)
+        out.extend(combos)
+    return out
+
+
+def _is_reference_differential(item: pytest.Item) -> bool:
+    return (getattr(item, "originalname", None) == "test_matches_reference"
+            and Path(str(item.path)).parent == SUITE_DIR)
+
+
+class ReferenceGroups:
+    """On each xdist worker (one host): a server's reference differentials (test_matches_reference) join one
+    ``xdist_group``, so that under ``--dist loadgroup`` one worker runs them in the run's order, the reference
+    combination first (it records what the others replay; without the group, a combination that comes first
+    boots the reference and records it). First among the collection hooks, as for :class:`ConfigGroups`."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
+        for item in items:
+            spec = _item_spec(item)
+            if spec is not None and _is_reference_differential(item) and self.settings.cfg.reference_of(spec.name):
+                item.add_marker(pytest.mark.xdist_group(f"llmserve-reference-{spec.name}"))
+
+
 class ConfigGroups:
     """Across hosts, on each worker: every test of a configuration joins that configuration's
     ``xdist_group``, so one host runs (and boots) it, its benchmarks included (they run alone on the host
@@ -430,6 +582,7 @@ class ConfigGroups:
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
+        # lazy: the plugin imports only options.py until a run uses it (tests/plugin/test_inert.py)
         from pytest_llmserve.server.hosts import config_group
 
         for item in items:
@@ -443,6 +596,11 @@ def _item_spec(item: pytest.Item) -> ServerSpec | None:
     if callspec is None:
         return None
     value = callspec.params.get("llm_server")
+    if value is None:
+        return None
+    # lazy: the plugin imports only options.py until a run uses it (tests/plugin/test_inert.py)
+    from pytest_llmserve.config import ServerSpec
+
     return value if isinstance(value, ServerSpec) else None
 
 
@@ -464,6 +622,9 @@ def llm_server(request: pytest.FixtureRequest) -> RunningServer:
     spec = getattr(request, "param", None)
     if spec is None:
         spec = _selected_specs(config.stash[SETTINGS_KEY], None)[0]
+    # lazy: the plugin imports only options.py until a run uses it (tests/plugin/test_inert.py)
+    from pytest_llmserve.errors import ServerError
+
     problem = None
     try:
         handle = _pool(config).get(spec)
@@ -479,7 +640,8 @@ def llm_server(request: pytest.FixtureRequest) -> RunningServer:
 def decode_check(llm_server: RunningServer, request: pytest.FixtureRequest) -> DecodeCheck:
     """Decode oracles bound to this test's server: ``decode_check.no_nan().coherent()...``;
     ``decode_check.matches("other-server-id")`` boots that configuration beside this one as the reference."""
-    from pytest_llmserve.gates.decode import DecodeCheck, resolve_reference_spec
+    # lazy: the plugin imports only options.py until a run uses it (tests/plugin/test_inert.py)
+    from pytest_llmserve.gates.decode import DecodeCheck, reference_plan, resolve_reference_spec
 
     config = request.config
     current = request.node.stash.get(SPEC_KEY, None) or llm_server.spec_for_checks or llm_server.spec
@@ -499,15 +661,21 @@ def decode_check(llm_server: RunningServer, request: pytest.FixtureRequest) -> D
 
     def fail(message: str) -> None:
         # Noted for the run's benchmarks of this server (any xdist worker): their figures are not a pass.
+        # lazy: the plugin imports only options.py until a run uses it (tests/plugin/test_inert.py)
         from pytest_llmserve.gates.bench import record_correctness_failure
 
         record_correctness_failure(config.stash[STATE_KEY].run_dir, current.id, request.node.nodeid, message)
         _fail(message)
 
+    # lazy: the plugin imports only options.py until a run uses it (tests/plugin/test_inert.py)
+    from pytest_llmserve import report_hooks
+
     probes = _server_probes(config, llm_server, current)
+    settings = config.stash[SETTINGS_KEY]
+    plan = reference_plan(settings.cfg, current, config.stash[STATE_KEY].run_dir, settings.reference_answers)
     return DecodeCheck(llm_server, fail=fail, skip=_skip, reference_server=reference_server,
                        verbose=config.option.verbose, record=report_hooks.oracle_recorder(node),
-                       probes=probes, prefetched=_prefetched(node, llm_server, probes))
+                       probes=probes, prefetched=_prefetched(node, llm_server, probes), reference_plan=plan)
 
 
 @pytest.fixture
@@ -531,6 +699,7 @@ def llm_client(llm_server: RunningServer, request: pytest.FixtureRequest) -> Ite
 def _suite_requests(item: pytest.Item) -> tuple[str, bool] | None:
     """A built-in test's request kind and whether its probes are independent (see
     :func:`pytest_llmserve.suite.suite_requests`); None for other tests."""
+    # lazy: the plugin imports only options.py until a run uses it (tests/plugin/test_inert.py)
     from pytest_llmserve.suite import SUITE_REQUESTS_ATTR
 
     declared = getattr(getattr(item, "obj", None), SUITE_REQUESTS_ATTR, None)
@@ -544,6 +713,7 @@ def _independent(item: pytest.Item) -> bool:
 
 def _server_probes(config: pytest.Config, server: RunningServer, spec: ServerSpec) -> ServerProbes:
     """This process's independent probes of ``server``, bounded by its batch capacity (made once)."""
+    # lazy: the plugin imports only options.py until a run uses it (tests/plugin/test_inert.py)
     from pytest_llmserve.gates.probes import ServerProbes, concurrency_bound
 
     state = config.stash[STATE_KEY]
@@ -566,6 +736,7 @@ def _prefetched(item: pytest.Item, server: RunningServer, probes: ServerProbes) 
     if not probes.together or not _independent(item):
         return None
     if item.nodeid not in probes.planned_items:
+        # lazy: the plugin imports only options.py until a run uses it (tests/plugin/test_inert.py)
         from pytest_llmserve.gates.probes import plan
 
         plans = {}
@@ -581,7 +752,7 @@ def _prefetched(item: pytest.Item, server: RunningServer, probes: ServerProbes) 
 def _prefetch_scope(item: pytest.Item) -> list[pytest.Item]:
     spec = _item_spec(item)
     config = item.config
-    if xdist_hooks.is_worker(config) and getattr(config.option, "dist", None) != "loadgroup":
+    if _is_worker(config) and getattr(config.option, "dist", None) != "loadgroup":
         return [item]  # which of the others this worker will run is not known here
     group = _probe_group(item)
     return [other for other in item.session.items
@@ -598,6 +769,7 @@ def _dry_run(item: pytest.Item, server: RunningServer, recorder: LLMClient) -> N
     same derandomized draws as the real run): what it would send is recorded, nothing is judged."""
     import inspect
 
+    # lazy: the plugin imports only options.py until a run uses it (tests/plugin/test_inert.py)
     from pytest_llmserve.gates.decode import DecodeCheck
 
     def ignore(message: str) -> None:
@@ -645,6 +817,7 @@ def llm_async_openai(llm_server: RunningServer) -> openai.AsyncOpenAI:
 @pytest.fixture
 def llm_bench(llm_server: RunningServer, request: pytest.FixtureRequest) -> BenchGate:
     """Benchmark gate bound to this test's server and its ``llmserve_benchmark`` marker: ``llm_bench.run()``."""
+    # lazy: the plugin imports only options.py until a run uses it (tests/plugin/test_inert.py)
     from pytest_llmserve.gates.bench import BenchGate, correctness_failures, save_command
 
     config = request.config
@@ -658,7 +831,8 @@ def llm_bench(llm_server: RunningServer, request: pytest.FixtureRequest) -> Benc
                            suite=SUITE_DIR in node.path.parents)
     return BenchGate(server=llm_server, cfg=settings.cfg, options=_benchmark_spec(node, settings),
                      store_dir=settings.baseline_dir, results_dir=settings.results_dir, save=settings.save_baseline,
-                     allow_confounded=settings.allow_confounded, test_id=node.nodeid,
+                     allow_confounded=settings.allow_confounded, allow_host_change=settings.allow_host_change,
+                     test_id=node.nodeid,
                      key_test=_key_test(node), record=_outcome_recorder(request), fail=_fail, pool=_pool(config),
                      skip=_skip, say=lambda msg: _say(config, msg), inconclusive=settings.inconclusive,
                      record_command=command,
@@ -680,12 +854,15 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     settings = item.config.stash[SETTINGS_KEY]
     if spec is None or settings.url:
         return
+    # lazy: the plugin imports only options.py until a run uses it (tests/plugin/test_inert.py)
+    from pytest_llmserve.errors import LLMServeError
     from pytest_llmserve.gates.bench import preflight_refusal
 
     try:
         refusal = preflight_refusal(spec=spec, cfg=settings.cfg, options=_benchmark_spec(item, settings),
                                     store_dir=settings.baseline_dir, key_test=_key_test(item), test_id=item.nodeid,
                                     save=settings.save_baseline, allow_confounded=settings.allow_confounded,
+                                    allow_host_change=settings.allow_host_change,
                                     results_dir=settings.results_dir)
     except LLMServeError as exc:
         refusal = None
@@ -705,6 +882,7 @@ def llm_ab(request: pytest.FixtureRequest) -> ABRunner:
 
     Both servers stay up; rounds are interleaved A B A B; fails when B regressed against A.
     """
+    # lazy: the plugin imports only options.py until a run uses it (tests/plugin/test_inert.py)
     from pytest_llmserve.gates.bench import ABRunner
 
     config = request.config
@@ -759,6 +937,11 @@ def server_death_failure(death: str, error: str) -> str:
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item: pytest.Item,
                               call: pytest.CallInfo[None]) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    if STATE_KEY not in item.config.stash:
+        return (yield)  # the run does not use llmserve
+    # lazy: the plugin imports only options.py until a run uses it (tests/plugin/test_inert.py)
+    from pytest_llmserve import report_hooks
+
     server = _item_server(item) if call.excinfo is not None and call.when == "call" else None
     death = server.death_report() if server is not None else None
     if death is not None and call.excinfo is not None and not call.excinfo.errisinstance(pytest.skip.Exception):
@@ -768,13 +951,13 @@ def pytest_runtest_makereport(item: pytest.Item,
         except pytest.fail.Exception:
             call.excinfo = pytest.ExceptionInfo.from_current()
     report = yield
-    if STATE_KEY in item.config.stash:
-        spec = item.stash.get(SPEC_KEY, None) or _item_spec(item)
-        report_hooks.record_verdict(item, call, report, spec.id if spec else None, SUITE_DIR)
+    spec = item.stash.get(SPEC_KEY, None) or _item_spec(item)
+    report_hooks.record_verdict(item, call, report, spec.id if spec else None, SUITE_DIR)
     if report.failed and death is None and call.when == "call":
         server = _item_server(item)
         if server is not None and server.log_path is not None:
             # The server is up: its last lines often say why a request failed.
+            # lazy: the plugin imports only options.py until a run uses it (tests/plugin/test_inert.py)
             from pytest_llmserve.server.handle import LOG_TAIL_LINES, read_tail, redact_text, secret_values
 
             # Masked as in a death report: some engines print their arguments, an API key included.
@@ -787,11 +970,15 @@ def pytest_runtest_makereport(item: pytest.Item,
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, exitstatus: int,
                             config: pytest.Config) -> None:
-    state = config.stash.get(STATE_KEY, None)
-    settings = config.stash.get(SETTINGS_KEY, None)
-    if state is None or settings is None or xdist_hooks.is_worker(config):
+    state = _used_state(config)
+    if state is None or _is_worker(config):
         return
+    # lazy: the plugin imports only options.py until a run uses it (tests/plugin/test_inert.py)
+    from pytest_llmserve import xdist_hooks
+    from pytest_llmserve.gates.accounting import Accounting
     from pytest_llmserve.server.pool import read_boots
+
+    settings = config.stash[SETTINGS_KEY]
 
     host_reports = xdist_hooks.host_reports(config)
     # Across hosts the boots were recorded in each host's own run directory and came home with its report.
@@ -827,20 +1014,28 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, exitstatu
             + ("" if b.get("ok") else f"; not ready: {b.get('error')}"))
     workers = xdist_hooks.workers_accounting(config)  # under xdist the servers were used in the workers
     if state.pool is not None or workers:
+        # lazy: the plugin imports only options.py until a run uses it (tests/plugin/test_inert.py)
         from pytest_llmserve.gates.accounting import format_report, report
 
         snapshot = Accounting.merge([state.accounting.snapshot(), *workers])
         terminalreporter.write_line("time: " + format_report(report(snapshot)))
+    # lazy: the plugin imports only options.py until a run uses it (tests/plugin/test_inert.py)
     from pytest_llmserve.report.session import render_session
+    from pytest_llmserve.store.reference_answers import DIR_NAME
 
+    # A matrix reference's answers, recorded in the run's shared directory (removed at the end), kept with
+    # the run's reports, where --llmserve-reference-answers can name them in a later run.
+    recorded = sorted((state.run_dir / DIR_NAME).glob("*.json")) if (state.run_dir / DIR_NAME).is_dir() else []
     for line in render_session(outcomes, checks, settings.results_dir, bench_json=settings.bench_json,
-                               wall_s=wall, boot_s=boot_s).splitlines():
+                               wall_s=wall, boot_s=boot_s,
+                               files=[(f"{DIR_NAME}/{path.name}", path) for path in recorded]).splitlines():
         terminalreporter.write_line(line)
 
 
 def _rows_by_host(terminalreporter: pytest.TerminalReporter, settings: Settings,
                   host_reports: dict[str, Any]) -> list[Any]:
     """Per configuration run on a remote host: that host, its boots and the verdicts of its tests."""
+    # lazy: the plugin imports only options.py until a run uses it (tests/plugin/test_inert.py)
     from pytest_llmserve.server.hosts import merge_by_config, server_of_nodeid
 
     if not any(report.label != "localhost" for report in host_reports.values()):
@@ -863,6 +1058,9 @@ def _session_verdicts(terminalreporter: pytest.TerminalReporter,
                       state: RunState) -> tuple[list[dict[str, Any]], list[CheckOutcome]]:
     """Every benchmark record and check row of the session: from the reports (which, under xdist, come
     from the workers) and the benchmark records made in this process."""
+    # lazy: the plugin imports only options.py until a run uses it (tests/plugin/test_inert.py)
+    from pytest_llmserve import report_hooks
+
     reports = [report for category in terminalreporter.stats.values() for report in category]
     benches, checks = report_hooks.collected(reports)
     outcomes = list(state.outcomes)
@@ -879,7 +1077,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         for err in state.pool.stop_owned():
             _say(config, f"teardown problem: {err}")
         return
-    if state is None or state.pool is None or xdist_hooks.is_worker(config):
+    if state is None or state.pool is None or _is_worker(config):
         return
     errors = state.pool.stop_all()
     for err in errors:
@@ -887,16 +1085,19 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
-    state = config.stash.get(STATE_KEY, None)
+    state = _used_state(config)
     if state is None:
         return
-    if state.pool is not None and not xdist_hooks.is_worker(config):
+    if state.pool is not None and not _is_worker(config):
         state.pool.stop_all()
     if state.owns_run_dir and state.run_dir.exists():
+        # lazy: the plugin imports only options.py until a run uses it (tests/plugin/test_inert.py)
         from pytest_llmserve.server.pool import stop_shared_servers
 
         leftovers = stop_shared_servers(state.run_dir, say=lambda msg: _say(config, msg))
         if leftovers:
             _say(config, f"processes left after teardown: {', '.join(leftovers)}")
+        import shutil
+
         shutil.rmtree(state.run_dir, ignore_errors=True)
     _restore_sigterm_handler(config)

@@ -21,7 +21,8 @@ from typing import Any
 
 import pytest
 
-from pytest_llmserve.report.checks import CheckOutcome, CheckVerdict, one_line
+from pytest_llmserve.report.checks import NOT_APPLICABLE, CheckOutcome, CheckVerdict, one_line
+from pytest_llmserve.report.outcome import outcome_from_gate
 
 ROW_ATTR = "llmserve_check"  # the report attribute that carries a check's row
 BENCH_PROPERTY = "llmserve_benchmark"  # the user property the benchmark gate's record travels in
@@ -86,9 +87,13 @@ def _verdict(item: pytest.Item, report: pytest.TestReport, message: str,
         return "pass"
     if report.failed:
         return "fail" if report.when == "call" else "error"
-    # Skipped: unverifiable when the check said its evidence does not exist, else it did not apply.
-    if records and records[-1]["verdict"] == "unverifiable":
-        return "unverifiable"
+    # Skipped: unverifiable when the check said its evidence does not exist; not applicable when the oracle
+    # needs a trained model and this one is not; else it did not apply here.
+    said: CheckVerdict | None = records[-1]["verdict"] if records else None
+    if said in ("unverifiable", "not-applicable"):
+        return said
+    if message.lstrip().lower().startswith(NOT_APPLICABLE):
+        return "not-applicable"
     return "unverifiable" if "unverifiable" in message.lower() else "skipped"
 
 
@@ -105,15 +110,20 @@ def check_row(item: pytest.Item, call: pytest.CallInfo[None], report: pytest.Tes
     return CheckOutcome(
         test_id=item.nodeid, check=check_name(item, server_id), server_id=server_id or "", verdict=verdict,
         kind="benchmark" if is_benchmark(item) else "correctness", first_finding=first, findings=findings,
-        message=message or None, detail=(failing or {}).get("detail") or message or None,
+        message=message or None, detail=(failing or {}).get("detail") or message or _passed_detail(verdict, records),
         oracles=[{"check": r["check"], "verdict": r["verdict"], "findings": len(r.get("findings") or [])}
                  for r in records],
         duration_s=round(report.duration, 3))
 
 
-def _bench_properties(record: dict[str, Any]) -> list[tuple[str, object]]:
-    from pytest_llmserve.report.outcome import outcome_from_gate
+def _passed_detail(verdict: str, records: list[dict[str, Any]]) -> str | None:
+    """A passed check's evidence, where its oracle left one (a differential's per-request table)."""
+    if verdict != "pass":
+        return None
+    return next((r["detail"] for r in reversed(records) if r["verdict"] == "pass" and r.get("detail")), None)
 
+
+def _bench_properties(record: dict[str, Any]) -> list[tuple[str, object]]:
     o = outcome_from_gate(record)
     props: list[tuple[str, object]] = [("llmserve_check", o.test_id.rsplit("::", 1)[-1].split("[", 1)[0]),
                                        ("llmserve_server", o.server_id), ("llmserve_verdict", o.status),

@@ -3,7 +3,9 @@
 Every setting has three spellings: an ini key (``llmserve_tolerance`` in ``[tool.pytest.ini_options]``
 or pytest.ini), an environment variable (``PYTEST_LLMSERVE_TOLERANCE``) and a command-line option
 (``--llmserve-tolerance``), with one help text (:data:`OPTIONS`). The benchmark defaults
-(:data:`pytest_llmserve.config.BENCH_KEYS`: workload, metric, tolerance, rounds, max_rounds, alpha) may
+(:data:`pytest_llmserve.config.BENCH_KEYS`: workload, metric, tolerance, rounds, max_rounds, alpha,
+warmup_rounds, warmup_agreement, extend_to_resolve, extend_budget_s,
+contention_bound) may
 also be written in the configuration file's ``[tool.llmserve.bench]`` table. Precedence, lowest first::
 
     ini  <  [tool.llmserve.bench]  <  environment (PYTEST_LLMSERVE_*)  <  command line (--llmserve-*)  <  marker
@@ -35,11 +37,10 @@ import tomllib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from pytest_llmserve.config import (
     BENCH_KEYS,
-    BenchDefaults,
     LLMServeConfig,
     ServerSpec,
     config_from_table,
@@ -50,70 +51,19 @@ from pytest_llmserve.config import (
     parse_positive_int,
 )
 from pytest_llmserve.errors import ConfigError
+from pytest_llmserve.metrics import METRICS, is_known
 
-ENV_PREFIX = "PYTEST_LLMSERVE_"
-
-OptionKind = Literal["flag", "string", "int", "float"]
-
-
-@dataclass(frozen=True, slots=True)
-class Option:
-    """One setting: its command-line option, ini key and environment variable share ``help``."""
-
-    name: str  # the key in the resolved sources, e.g. "max_rounds"
-    kind: OptionKind
-    help: str
-    flag_name: str | None = None  # when the option's spelling differs from the name
-    ini_name: str | None = None
-
-    @property
-    def flag(self) -> str:
-        return "--llmserve-" + (self.flag_name or self.name).replace("_", "-")
-
-    @property
-    def ini(self) -> str:
-        return "llmserve_" + (self.ini_name or self.name)
-
-    @property
-    def env(self) -> str:
-        return ENV_PREFIX + (self.ini_name or self.name).upper()
-
+# The settings' spellings and the raw sources live in options.py, which the plugin's entry module imports alone.
+from pytest_llmserve.options import ENV_PREFIX as ENV_PREFIX
+from pytest_llmserve.options import OPTIONS as OPTIONS
+from pytest_llmserve.options import OPTIONS_BY_NAME as OPTIONS_BY_NAME
+from pytest_llmserve.options import BenchDefaults
+from pytest_llmserve.options import Option as Option
+from pytest_llmserve.options import Sources as Sources
 
 _DEFAULTS = BenchDefaults()
 
-OPTIONS: tuple[Option, ...] = (
-    Option("suite", "flag", "run the built-in suite (boot, config-is-execution, decode oracles, throughput gate) "
-                            "on every configured server"),
-    Option("servers", "string", "server name(s) from [tool.llmserve.servers] to use (comma separated); "
-                                "default: all for the suite", flag_name="server"),
-    Option("url", "string", "attach to an already-running OpenAI-compatible server at this URL instead of booting one"),
-    Option("config", "string", "configuration file (default: llmserve.toml or pyproject.toml in the rootdir)"),
-    Option("save_baseline", "flag", "save the measured samples as a new baseline record "
-                                    "(append; old records are kept)"),
-    Option("baseline_dir", "string", "directory of the baseline store (default: baselines/ in the rootdir)"),
-    Option("tolerance", "float", "relative change of the gated metric that counts as a regression "
-                                 f"(default {_DEFAULTS.tolerance})"),
-    Option("rounds", "int", f"benchmark rounds per side before the first verdict (default {_DEFAULTS.rounds})"),
-    Option("max_rounds", "int", "most rounds per side when the verdict is inconclusive "
-                                f"(default {_DEFAULTS.max_rounds})"),
-    Option("workload", "string", "default workload of benchmarks without one in their marker "
-                                 f"(default {_DEFAULTS.workload})"),
-    Option("metric", "string", f"default gated metric (default {_DEFAULTS.metric})"),
-    Option("results_dir", "string", "where logs, reports, plots and result JSON are written "
-                                    "(default llmserve-results/ in the rootdir)"),
-    Option("kill_stale", "flag", "kill servers left running by an earlier, interrupted run "
-                                 "instead of refusing to boot"),
-    Option("allow_confounded", "flag", "compare against a baseline whose context differs in more than the variable "
-                                       "under test (reported)"),
-    Option("benchmark_json", "string", "also write results as pytest-benchmark compatible JSON to this path"),
-    Option("probe_concurrency", "int", "most independent correctness probes (known answers, NaN, long decode, "
-                                       "property examples) in flight at once (default: the server's max batch "
-                                       "size when configured or reported, else 8); 1 sends them one at a time"),
-    Option("inconclusive", "string", "what a benchmark verdict still inconclusive after max_rounds does: "
-                                     "warn (default: reported, the test passes with a warning) or fail"),
-)
 INCONCLUSIVE_POLICIES = ("warn", "fail")
-OPTIONS_BY_NAME = {option.name: option for option in OPTIONS}
 
 EMBEDDED_DEFAULT_SOURCE = "<no configuration: embedded default>"
 
@@ -132,10 +82,12 @@ class Settings:
     bench: BenchDefaults
     kill_stale: bool
     allow_confounded: bool
+    allow_host_change: bool
     bench_json: Path | None
     suite: bool
     inconclusive: str  # "warn" or "fail" (INCONCLUSIVE_POLICIES)
     probe_concurrency: int | None  # None: the server's batch capacity (gates.probes.concurrency_bound)
+    reference_answers: Path | None  # an earlier run's recording of the matrices' references (None: record)
     #: A configuration file or any llmserve setting was given: the plugin is in use before collection
     #: (see :mod:`pytest_llmserve.plugin` for what it does only then).
     configured: bool
@@ -151,6 +103,11 @@ class BenchSpec:
     rounds: int
     max_rounds: int
     alpha: float
+    warmup_rounds: int = _DEFAULTS.warmup_rounds
+    warmup_agreement: float = _DEFAULTS.warmup_agreement
+    extend_to_resolve: bool = _DEFAULTS.extend_to_resolve
+    extend_budget_s: float = _DEFAULTS.extend_budget_s
+    contention_bound: float = _DEFAULTS.contention_bound
     variable: str | None = None  # the context key the comparison may differ in (e.g. "cuda_graph")
     higher_is_better: bool | None = None  # None: the metric's own direction
     baseline_server: str | None = None  # compare against another server's baseline
@@ -158,29 +115,8 @@ class BenchSpec:
 
 
 BENCH_MARKER_ARGS = ("workload", "metric", "tolerance", "rounds", "max_rounds", "variable", "higher_is_better",
-                     "alpha", "baseline_server", "baseline_test")
-
-
-@dataclass(frozen=True, slots=True)
-class Sources:
-    """The raw values, as the plugin read them: ``cli`` and ``ini`` by option name (None = not given)."""
-
-    cli: Mapping[str, Any]
-    ini: Mapping[str, Any]
-    env: Mapping[str, str]
-
-    def lookup(self, option: Option) -> tuple[Any, str] | None:
-        """The winning value of one setting and where it came from, or None when none was given."""
-        cli = self.cli.get(option.name)
-        if cli is not None:
-            return cli, option.flag
-        env = self.env.get(option.env)
-        if env not in (None, ""):
-            return env, f"${option.env}"
-        ini = self.ini.get(option.name)
-        if ini not in (None, "", []):
-            return ini, f"ini {option.ini}"
-        return None
+                     "alpha", "baseline_server", "baseline_test", "warmup_rounds", "warmup_agreement",
+                     "extend_to_resolve", "extend_budget_s", "contention_bound")
 
 
 def _flag(got: tuple[Any, str] | None) -> bool:
@@ -242,6 +178,9 @@ def resolve_settings(rootdir: Path, sources: Sources,
     baseline_dir, results_dir, bench_json = get("baseline_dir"), get("results_dir"), get("benchmark_json")
     inconclusive = get("inconclusive")
     probe_concurrency = get("probe_concurrency")
+    reference_answers = get("reference_answers")
+    if reference_answers and not (rootdir / Path(str(reference_answers[0])).expanduser()).exists():
+        raise ConfigError(f"{reference_answers[1]} = {reference_answers[0]!r}: no such file or directory")
     if inconclusive and str(inconclusive[0]).strip().lower() not in INCONCLUSIVE_POLICIES:
         raise ConfigError(f"{inconclusive[1]} = {inconclusive[0]!r}: must be one of "
                           f"{', '.join(INCONCLUSIVE_POLICIES)}")
@@ -256,10 +195,12 @@ def resolve_settings(rootdir: Path, sources: Sources,
         bench=bench,
         kill_stale=_flag(get("kill_stale")),
         allow_confounded=_flag(get("allow_confounded")),
+        allow_host_change=_flag(get("allow_host_change")),
         bench_json=Path(str(bench_json[0])) if bench_json else None,
         suite=_flag(get("suite")),
         inconclusive=str(inconclusive[0]).strip().lower() if inconclusive else "warn",
         probe_concurrency=parse_positive_int(*probe_concurrency) if probe_concurrency else None,
+        reference_answers=(rootdir / Path(str(reference_answers[0])).expanduser()) if reference_answers else None,
         configured=from_file or any(sources.lookup(option) is not None for option in OPTIONS),
     )
 
@@ -273,7 +214,10 @@ def bench_spec(settings: Settings, args: tuple[Any, ...] = (), kwargs: Mapping[s
     """
     base = settings.bench
     spec = BenchSpec(workload=base.workload, metric=base.metric, tolerance=base.tolerance, rounds=base.rounds,
-                     max_rounds=base.max_rounds, alpha=base.alpha)
+                     max_rounds=base.max_rounds, alpha=base.alpha, warmup_rounds=base.warmup_rounds,
+                     warmup_agreement=base.warmup_agreement, extend_to_resolve=base.extend_to_resolve,
+                     extend_budget_s=base.extend_budget_s,
+                     contention_bound=base.contention_bound)
     given = dict(kwargs or {})
     if len(args) > 1:
         raise ConfigError(f"{where}: takes at most one positional argument (the workload), got {args!r}")
@@ -310,6 +254,19 @@ def parse_fraction(value: Any, where: str) -> float:
     return number
 
 
+def parse_count(value: Any, where: str) -> int:
+    """A number of rounds that may be 0 (``warmup_rounds = 0``: no warm-up round), whichever source it came from."""
+    if isinstance(value, bool):
+        raise ConfigError(f"{where} = {value!r}: must be a whole number >= 0")
+    try:
+        number = int(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{where} = {value!r}: must be a whole number >= 0") from None
+    if number < 0 or (isinstance(value, float) and value != number):
+        raise ConfigError(f"{where} = {value!r}: must be a whole number >= 0")
+    return number
+
+
 def parse_bench_default(cfg: LLMServeConfig, key: str, value: Any, where: str) -> Any:
     """One benchmark default (a :data:`~pytest_llmserve.config.BENCH_KEYS` name) by the rule every source
     shares; ``where`` names the source and key, e.g. ``--llmserve-tolerance``."""
@@ -317,17 +274,23 @@ def parse_bench_default(cfg: LLMServeConfig, key: str, value: Any, where: str) -
         cfg.workload(str(value), where=where)
         return str(value)
     if key == "metric":
-        from pytest_llmserve.metrics import METRICS, is_known
-
         if not is_known(str(value)):
             flat = [name for name in METRICS if not name.endswith("_ms")]
             raise ConfigError(f"{where} = {value!r}: unknown metric (known: {', '.join(flat)} and the "
                               "latencies <mean|median|p90|p99|std>_<ttft|tpot|itl|e2e>_ms)")
         return str(value)
-    if key in ("tolerance", "alpha"):
+    if key in ("tolerance", "alpha", "warmup_agreement", "contention_bound"):
         return parse_fraction(value, where)
+    if key == "warmup_rounds":
+        return parse_count(value, where)
     if key in ("rounds", "max_rounds"):
         return parse_positive_int(value, where)
+    if key == "extend_to_resolve":
+        return value if isinstance(value, bool) else parse_bool(str(value), where)
+    if key == "extend_budget_s":
+        if isinstance(value, bool):
+            raise ConfigError(f"{where} = {value!r}: must be a number of seconds > 0")
+        return parse_positive_float(value, where)
     raise ConfigError(f"{where}: not a benchmark setting (known: {', '.join(BENCH_KEYS)})")
 
 

@@ -86,19 +86,23 @@ class XdistHooks:
     all happen in the workers, so the controller's own accounting is empty). Across hosts it also keeps
     each worker's host report, and why a worker went down."""
 
-    def __init__(self, run_dir: str, config: pytest.Config, groups: Callable[[], dict[str, str]]) -> None:
+    def __init__(self, run_dir: str, config: pytest.Config, groups: Callable[[], dict[str, str]],
+                 by_config: bool) -> None:
         self.run_dir = run_dir
         self.config = config
         self.groups = groups  # server id -> its configuration group
+        # Tests go to hosts by configuration (decided once, at configure): only a configured run asks for it.
+        self.by_config = by_config
         self.worker_accounting: list[dict[str, Any]] = []
         self.host_reports: dict[str, hosts.HostReport] = {}  # by gateway id
+        self.used = False  # a worker used llmserve (it sent its host report: see WorkerAccounting)
 
     def pytest_configure_node(self, node: Any) -> None:
         node.workerinput[RUN_DIR_KEY] = self.run_dir
         spec = node.gateway.spec
         node.workerinput[GATEWAY_KEY] = {"id": str(node.gateway.id), "label": hosts.gateway_label(spec),
                                          "remote": hosts.gateway_is_remote(spec),
-                                         "by_config": distributes_by_config(self.config)}
+                                         "by_config": self.by_config}
 
     def pytest_testnodedown(self, node: Any, error: Any) -> None:
         output = getattr(node, "workeroutput", None) or {}
@@ -106,6 +110,7 @@ class XdistHooks:
         if isinstance(snapshot, dict):
             self.worker_accounting.append(snapshot)
         sent = output.get(HOST_REPORT_KEY)
+        self.used = self.used or isinstance(sent, dict)
         sent = sent if isinstance(sent, dict) else {}
         gateway = str(node.gateway.id)
         self.host_reports[gateway] = hosts.HostReport(
@@ -114,14 +119,14 @@ class XdistHooks:
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_xdist_make_scheduler(self, config: pytest.Config, log: Any) -> Any:
-        if distributes_by_config(config) and config.getvalue("dist") == "loadgroup":
+        if self.by_config and config.getvalue("dist") == "loadgroup":
             return by_config_scheduler(config, log, self)
         return None
 
     def pytest_handlecrashitem(self, crashitem: str, report: Any, sched: Any) -> None:
         """The test a worker was running when its host went down: name the host and the reason."""
         node = getattr(report, "node", None)
-        if node is None or not distributes_by_config(self.config):
+        if node is None or not self.by_config:
             return
         gateway = str(node.gateway.id)
         down = self.host_reports.get(gateway)
@@ -202,6 +207,7 @@ class WorkerAccounting:
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
         import os
 
+        # lazy: the pool's modules (153 ms) load where servers run, not with every configured run's hooks
         from pytest_llmserve.server.pool import read_boots
 
         snapshot = self.accounting.snapshot()
@@ -212,10 +218,15 @@ class WorkerAccounting:
             "hostname": hosts.this_host(), "boots": boots}
 
 
-def register(config: pytest.Config, run_dir: str, groups: Callable[[], dict[str, str]]) -> None:
+def register(config: pytest.Config, run_dir: str, groups: Callable[[], dict[str, str]], *, configured: bool) -> None:
+    """The controller's hooks. Unconfigured (no llmserve configuration file or setting), they only hand the
+    run directory's name to the workers: the dist mode, ``--max-worker-restart`` and the scheduler stay
+    the user's (pytest-xdist's own)."""
     if config.pluginmanager.hasplugin("xdist"):
-        config.pluginmanager.register(XdistHooks(run_dir, config, groups), "llmserve-xdist-hooks")
-        prepare_controller(config)
+        by_config = configured and distributes_by_config(config)
+        config.pluginmanager.register(XdistHooks(run_dir, config, groups, by_config), "llmserve-xdist-hooks")
+        if by_config:
+            prepare_controller(config)
 
 
 def register_worker(config: pytest.Config, accounting: Accounting, run_dir: Callable[[], Path]) -> None:
@@ -226,6 +237,12 @@ def workers_accounting(config: pytest.Config) -> list[dict[str, Any]]:
     """The accounting snapshots of the workers that finished (empty outside an xdist controller)."""
     hooks = config.pluginmanager.get_plugin("llmserve-xdist-hooks")
     return list(hooks.worker_accounting) if isinstance(hooks, XdistHooks) else []
+
+
+def workers_used_llmserve(config: pytest.Config) -> bool:
+    """Whether a finished worker used llmserve (an unconfigured controller collects nothing to tell it)."""
+    hooks = config.pluginmanager.get_plugin("llmserve-xdist-hooks")
+    return isinstance(hooks, XdistHooks) and hooks.used
 
 
 def host_reports(config: pytest.Config) -> dict[str, hosts.HostReport]:

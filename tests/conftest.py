@@ -31,3 +31,41 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if len(kept) != len(items):
         config.hook.pytest_deselected(items=[item for item in items if item not in kept])
         items[:] = kept
+
+
+# --------------------------------------------------------------------------- the suite's own time split
+# Printed at the end of every run of this repository's tests (CI's log included), so that a change in test time
+# shows where it came from: seconds per group (the top folder under tests/) and the slowest files, each summed
+# over set-up, call and tear-down. Measured per report, so it holds under xdist on the controller as well.
+_TEST_SECONDS: dict[str, float] = {}
+_TEST_COUNTS: dict[str, int] = {}
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    path = report.nodeid.split("::", 1)[0]
+    _TEST_SECONDS[path] = _TEST_SECONDS.get(path, 0.0) + report.duration
+    if report.when == "call":
+        _TEST_COUNTS[path] = _TEST_COUNTS.get(path, 0) + 1
+
+
+def _group(path: str) -> str:
+    parts = path.split("/")
+    return parts[1] if len(parts) > 2 and parts[0] == "tests" else parts[0]
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if not _TEST_SECONDS:
+        return
+    groups: dict[str, list[float]] = {}
+    for path, seconds in _TEST_SECONDS.items():
+        entry = groups.setdefault(_group(path), [0.0, 0.0])
+        entry[0] += seconds
+        entry[1] += _TEST_COUNTS.get(path, 0)
+    total = sum(_TEST_SECONDS.values())
+    terminalreporter.section("test time by group (set-up + call + tear-down)")
+    for name, (seconds, count) in sorted(groups.items(), key=lambda kv: -kv[1][0]):
+        terminalreporter.write_line(f"{name:<16} {seconds:8.1f} s  {seconds / total:6.1%}  {int(count)} tests")
+    terminalreporter.write_line(f"{'total':<16} {total:8.1f} s")
+    terminalreporter.write_line("slowest files:")
+    for path, seconds in sorted(_TEST_SECONDS.items(), key=lambda kv: -kv[1])[:12]:
+        terminalreporter.write_line(f"  {seconds:8.1f} s  {path} ({_TEST_COUNTS.get(path, 0)} tests)")

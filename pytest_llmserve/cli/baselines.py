@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from pytest_llmserve.errors import BaselineError
+from pytest_llmserve.metrics import higher_is_better
 from pytest_llmserve.report.json import RESULTS_FORMAT, read_results_json
 from pytest_llmserve.report.outcome import BenchOutcome
 from pytest_llmserve.report.text import aligned_columns, format_markdown, format_table
@@ -354,8 +355,6 @@ def _compare_pair(a: _Side, b: _Side, args: argparse.Namespace) -> BenchOutcome:
     metric = args.metric or a.metric
     higher = a.higher_is_better if metric == a.metric else b.higher_is_better if metric == b.metric else None
     if higher is None:
-        from pytest_llmserve.metrics import higher_is_better
-
         higher = higher_is_better(metric)
     tolerance = (
         args.tolerance

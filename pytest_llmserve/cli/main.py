@@ -9,13 +9,16 @@
     llmserve builds list|install|remove ...   # engine builds, one cached venv each
     llmserve builds compare A B    # one server configuration under two builds: correctness + A/B verdict
     llmserve bisect --builds B0 B1 ... Bn     # the first bad build, with a verdict at every step
+    llmserve checkpoint dsa-tiny OUT [--variant V]  # a tiny random-weight DeepSeek-V3.2 (DSA) checkpoint
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
+from pytest_llmserve.config import find_config_file
 from pytest_llmserve.errors import LLMServeError
 
 
@@ -35,15 +38,18 @@ def main(argv: list[str] | None = None) -> int:
                                "(every argument goes to pytest; `llmserve run --help` shows pytest's)")
     p_kill = sub.add_parser("kill-stale", help="stop servers left running by an interrupted run")
     p_kill.set_defaults(func=_kill_stale)
+    # lazy: `llmserve run` hands over to pytest without the commands' modules (88 ms)
     from pytest_llmserve.cli import baselines as cli_baselines
     from pytest_llmserve.cli import bisect as cli_bisect
     from pytest_llmserve.cli import builds as cli_builds
+    from pytest_llmserve.cli import checkpoint as cli_checkpoint
     from pytest_llmserve.cli import facts as cli_facts
 
     cli_baselines.add_parser(sub)
     cli_facts.add_parser(sub)
     cli_builds.add_parser(sub)
     cli_bisect.add_parser(sub)
+    cli_checkpoint.add_parser(sub)
     args = parser.parse_args(argv)
     try:
         return int(args.func(args))
@@ -53,6 +59,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _setup(args: argparse.Namespace) -> int:
+    # lazy: the embedded set-up (27 ms), which the other commands do not need
     from pytest_llmserve.engines.embedded import SetupError, setup
 
     try:
@@ -70,14 +77,11 @@ def _run(pytest_args: list[str]) -> int:
     """
     import pytest
 
+    # lazy: the embedded set-up (27 ms), which the other commands do not need
     from pytest_llmserve.engines import embedded
 
     extra = pytest_args[1:] if pytest_args[:1] == ["--"] else list(pytest_args)
     if not embedded.is_ready() and not any(a.startswith("--llmserve-url") for a in extra):
-        from pathlib import Path
-
-        from pytest_llmserve.config import find_config_file
-
         try:
             unconfigured = find_config_file(Path.cwd()) is None
             if unconfigured:
@@ -89,6 +93,7 @@ def _run(pytest_args: list[str]) -> int:
 
 
 def _kill_stale(args: argparse.Namespace) -> int:
+    # lazy: the server's modules (httpx, psutil, tenacity: 198 ms), which the other commands do not need
     from pytest_llmserve.server.handle import kill_stale
 
     killed = kill_stale()

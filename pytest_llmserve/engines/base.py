@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import re
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from pytest_llmserve.evidence.facts import ServerFacts
+from pytest_llmserve.verdicts.execution import CheckResult, check_config_is_execution
+
 if TYPE_CHECKING:
     from pytest_llmserve.config import ServerSpec
-    from pytest_llmserve.evidence.facts import ServerFacts
-    from pytest_llmserve.verdicts.execution import CheckResult
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,8 +67,6 @@ class EngineAdapter(ABC):
     def parse_facts(self, log_text: str, metrics_text: str | None = None,
                     server_info: dict[str, Any] | None = None) -> ServerFacts:
         """What the server's own log and metrics say it did."""
-        from pytest_llmserve.evidence.facts import ServerFacts
-
         return ServerFacts(engine=self.name)
 
     def merge_metrics(self, facts: ServerFacts, metrics_text: str) -> None:
@@ -75,9 +75,13 @@ class EngineAdapter(ABC):
 
     def check_execution(self, spec: ServerSpec, facts: ServerFacts) -> list[CheckResult]:
         """Config-is-execution checks: each requested option against what the server reports."""
-        from pytest_llmserve.verdicts.execution import check_config_is_execution
-
         return check_config_is_execution(spec, facts)
+
+    def preflight_problems(self, spec: ServerSpec, gpus: Sequence[tuple[str, str | None]]) -> list[str]:
+        """What stops this configuration before its boot, on the GPUs it will use (``(label, compute
+        capability or None)`` each): a kernel built for other GPUs, a kernel library that is not installed. Each
+        problem names the option, where it was set and why; [] when nothing does, or nothing can be known."""
+        return []
 
     def deterministic_flag_on(self, spec: ServerSpec) -> bool:
         """True when the engine promises bit-exact greedy output across batch sizes."""

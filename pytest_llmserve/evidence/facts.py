@@ -13,17 +13,19 @@ from __future__ import annotations
 
 import ast
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, fields
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 __all__ = [
     "DecodeBatch",
+    "LineRule",
     "NanLogPattern",
     "ServerFacts",
     "as_bool",
     "as_float",
+    "apply_line_rules",
     "as_int",
     "fill_missing",
     "focus_line",
@@ -183,6 +185,23 @@ def focus_line(line: str, needles: Iterable[str], width: int = 400) -> str:
             end = min(len(line), at + (3 * width) // 4)
             return ("…" if start else "") + line[start:end] + ("…" if end < len(line) else "")
     return line[: width // 2] + " … " + line[-width // 2 :]
+
+
+Reading = TypeVar("Reading")
+#: One row of an engine's log parser: a line ``pattern`` and the ``handler`` that records what a line it
+#: matches proves, given the parser's reading so far (its facts and what later lines need), the line and the
+#: match. A handler returns False to hand the line on to the next rule (its pattern matched, but the line is
+#: not one it reads); anything else ends the line's reading.
+LineRule = tuple["re.Pattern[str]", Callable[[Reading, str, "re.Match[str]"], "bool | None"]]
+
+
+def apply_line_rules(reading: Reading, line: str, rules: Sequence[LineRule[Reading]]) -> bool:
+    """Give ``line`` to the first rule, in table order, whose pattern it matches and whose handler takes it;
+    True when one took it."""
+    for pattern, handler in rules:
+        if (match := pattern.search(line)) and handler(reading, line, match) is not False:
+            return True
+    return False
 
 
 def split_lines(text: str) -> list[str]:

@@ -2,11 +2,38 @@
 
 One round = one run of the workload (every request streamed, tokens counted from the server's usage).
 A round that is invalid (failed requests, wrong lengths, negative TPOT, empty ITL, tokens without text,
-collapse in a sampled output) is never a number: the gate records the reasons and fails. The verdict
+collapse in a sampled output of a trained model) is never a number: the gate records the reasons and fails. Only
+when every reason is a measurement artefact of the machine, not the server's output (chunks merged or buffered
+on a starved host, other traffic on the server: :func:`pytest_llmserve.load.metrics.output_fault` says which), the
+round is discarded, said and recorded (``discarded_rounds``), and run again, at most :data:`ARTEFACT_RETRIES`
+times per benchmark: a busy machine must not fail the server. The verdict
 (:func:`pytest_llmserve.verdicts.stats.decide_sequential`, a group-sequential test that looks after every
 round) needs significance AND a median change beyond the tolerance; with too little evidence it runs one more
 round, up to ``max_rounds``, then "inconclusive" is reported by the policy ``inconclusive = warn | fail`` (a
 warning, or a failure). The gate and the A/B runner share that loop (:func:`until_verdict`).
+
+Warm-up: a GPU server's first rounds are slow (a CUDA graph replayed for a batch size for the first time, the
+first prefill shapes, JIT-compiled kernels): on an H200 two rounds of SGLang measured 1,118 and 2,217 tok/s
+(CV 46.6 %). So before the measured rounds the gate runs the same workload (same prompts, same concurrency:
+every batch shape the measured rounds use is seen) until a round agrees with the round before it within
+``warmup_agreement`` (default 5 %) on the gated metric; the rounds before the agreeing one are discarded, and the
+agreeing round is the first measured round, not a third one: on the vLLM CPU default, where the first rounds
+usually agree, the warm-up then costs one round. Measured there (docs/performance.md, section 7): each round's two
+``Workload.warmup`` requests take 3.1-3.3 s of its 11.3-12.3 s, so about 0.6 of a round over the default 2 rounds
+(they stay: the workload's recorded context includes them); the new warm-up added one round (13.6 s). At most
+``warmup_rounds`` (default 3) rounds are discarded, and none once the warm-up has taken :data:`WARMUP_BUDGET_S`;
+then the next round is measured whatever it says and the result records "warm-up did not settle: ..." (reported,
+not failed). ``warmup_rounds = 0`` measures from the first round. The agreeing round was picked for being close
+to its predecessor, which narrows its spread a little; with a bound wider than the usual round-to-round noise
+(3 % on the CPU default) that selection is mild.
+
+Host contention: every round samples what processes other than the server's and the load generator's took of
+the host (CPU, and GPU SM where NVML accounts per process: :mod:`pytest_llmserve.load.contention`), stored with
+the round's samples as ``host_contention`` (a share of the machine) and printed after it. A round above
+``contention_bound`` (default 10 %) is not a sample: it is discarded, named with the top processes, and
+measured again; after :data:`MAX_CONTENDED_ROUNDS` discarded rounds in one benchmark the outcome is
+"confounded: host busy" naming them (the test is skipped), never a verdict: only clean rounds ever reach
+the statistics, so a busy host cannot make a benchmark REGRESSED (or IMPROVED).
 
 A figure always: with no baseline, or a refused comparison, the rounds still run and the outcome carries
 their figures, the reason, and the one command that records a baseline for this context. What can be
@@ -17,15 +44,20 @@ never passes.
 
 Baselines: a file per (test, server, workload) under ``baselines/`` holding every sample and the full
 context. A comparison whose context differs in more than the declared variable is refused with the
-differing keys; a baseline recorded on other hardware (or another Python/plugin version) is reported as
-"no baseline for this environment" and skipped, after measuring, so a newcomer's first run on another
-machine is not a failure but shows its figure and an invitation to record one. Saving takes at least
+differing keys; a baseline recorded on another host (its identity, ``hardware``, differs: CPU, instruction sets,
+cores, memory, GPUs; or it was recorded before that identity was stored: an unknown host) or with another
+Python/plugin version is reported as "no baseline for this environment", the host fields named, and skipped,
+after measuring, so a newcomer's first run on another machine is not a failure but shows its figure and an
+invitation to record one. (The host is known before the boot, but a skip must carry a figure, so only a refusal
+that also differs elsewhere is decided before it.) ``allow_host_change`` compares across hosts on purpose, the
+differing host fields printed beside the verdict. Saving takes at least
 :data:`SAVE_MIN_ROUNDS` rounds, more while the CI of the median is wider than the tolerance.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 import uuid
@@ -35,19 +67,56 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
-from pytest_llmserve.config import LLMServeConfig, ServerSpec, Workload
-from pytest_llmserve.metrics import higher_is_better
-from pytest_llmserve.settings import INCONCLUSIVE_POLICIES
+from pytest_llmserve.config import LLMServeConfig, ServerSpec, Workload, untrained_reason
+from pytest_llmserve.errors import BaselineError, ConfigError
+from pytest_llmserve.gates.context import build_context
+from pytest_llmserve.load.metrics import output_fault
+from pytest_llmserve.load.prompts import build_prompts
+from pytest_llmserve.load.runner import judge_contention, run_workload
+from pytest_llmserve.metrics import METRICS, higher_is_better
+from pytest_llmserve.options import OPTIONS, BenchDefaults
+from pytest_llmserve.server.handle import RunningServer, engine_of
+from pytest_llmserve.settings import INCONCLUSIVE_POLICIES, BenchSpec
+from pytest_llmserve.store.baselines import BaselineStore, BenchKey
+from pytest_llmserve.verdicts import stats
+from pytest_llmserve.verdicts.comparability import (
+    Comparability,
+    comparability,
+    diff_context,
+    host_change_text,
+    is_host_key,
+    unknown_host,
+)
 
 if TYPE_CHECKING:
-    from pytest_llmserve.server.handle import RunningServer
     from pytest_llmserve.server.pool import ServerPool
-    from pytest_llmserve.settings import BenchSpec
-    from pytest_llmserve.verdicts.comparability import Comparability
 
 ENVIRONMENT_KEYS = ("hardware", "python", "plugin_version")
 SAVE_MIN_ROUNDS = 5  # at 5 vs 3+ samples an exact one-sided Mann-Whitney test can reach p < 0.05
+# No round is discarded as warm-up once the warm-up has taken this long: a bound for long workloads (a
+# CPU smoke round takes ~20 s, ~80 s on a slow host; a saturated H200 round ~10 s), where the round cap alone
+# could add many minutes; generous enough for a first GPU round that pays for JIT compilation.
+WARMUP_BUDGET_S = 300.0
+
+# Rounds discarded as measurement artefacts (see the module docstring) before one more fails the benchmark:
+# seen in CI on 2 cores, a round of a healthy server invalid for chunk timing once in a run; a host where it
+# happens three times in one benchmark is too busy to measure, and says so.
+ARTEFACT_RETRIES = 2
 CORRECTNESS_FAILURES_FILE = "correctness-failures.jsonl"
+# The most current rounds ``extend_to_resolve`` takes a comparison to, whatever the noise asks for: at ~12 s a
+# smoke round on the CPU default that is 6 minutes of rounds (and the time budget, extend_budget_s, may stop it
+# sooner).
+EXTEND_ROUND_LIMIT = 30
+# Contended rounds discarded before a benchmark gives up with "confounded: host busy": one or two let a
+# passing burst (a cron job, a package index refresh) go by at the cost of a round each; a host that stays
+# busy is told within three rounds' time instead of spending max_rounds on figures that cannot be samples.
+MAX_CONTENDED_ROUNDS = 3
+#: The key of a round's host contention (a share of the machine) among its samples.
+HOST_CONTENTION = "host_contention"
+
+
+# One measured round: (server, workload, prompts, what the round is called, fail) -> its RunResult (run_round).
+RoundRunner = Callable[[Any, Workload, Any, str, Callable[[str], Any]], Any]
 
 
 class InconclusiveWarning(UserWarning):
@@ -59,25 +128,54 @@ class BaselineSpreadWarning(UserWarning):
 
 
 def round_samples(result: Any) -> dict[str, float]:
-    """The per-round sample of every metric (throughputs; latency mean/median/p90/p99 in ms)."""
+    """The per-round sample of every metric (throughputs; latency mean/median/p90/p99 in ms), and the host
+    contention measured during the round (:data:`HOST_CONTENTION`, a share of the machine) when sampled."""
     import math
 
-    return {name: float(value) for name, value in result.metrics.items()
-            if isinstance(value, int | float) and math.isfinite(value)}
+    out = {name: float(value) for name, value in result.metrics.items()
+           if isinstance(value, int | float) and math.isfinite(value)}
+    busy = getattr(result, "host_contention", None)
+    if busy is not None and math.isfinite(busy.share):
+        out[HOST_CONTENTION] = float(busy.share)
+    return out
+
+
+def clean_round(run: Callable[[str], Any], what: str, *, bound: float, contended: list[dict[str, Any]],
+                say: Callable[[str], None], confounded: Callable[[str], None]) -> Any:
+    """One round that is a sample: ``run(what)`` again while the host was busier than ``bound`` during it
+    (:func:`pytest_llmserve.load.runner.judge_contention`). Each discarded round goes to ``contended`` (shared by
+    the benchmark's rounds); at :data:`MAX_CONTENDED_ROUNDS` of them ``confounded`` gets the message
+    ("confounded: host busy", naming the processes) and the last result is returned (invalid) if it returns."""
+    first = what
+    while True:
+        result = run(what)
+        busy = getattr(result, "host_contention", None)
+        if busy is None:  # not sampled (a stand-in round, a script's runner)
+            return result
+        reason = judge_contention(result, bound)
+        if reason is None:
+            say(f"{what}: {busy.describe()}")
+            return result
+        contended.append({"round": what, "reason": reason, "host_contention": busy.to_dict()})
+        say(f"{what} is not a sample: {reason}")
+        if len(contended) >= MAX_CONTENDED_ROUNDS:
+            lines = "\n".join(f"  - {c['round']}: {c['reason']}" for c in contended)
+            confounded(f"confounded: host busy: {len(contended)} rounds discarded because other processes took "
+                       f"more than {bound:.0%} of the host (contention_bound) during them; no verdict, the server "
+                       f"is not blamed for the machine:\n{lines}\nRun again on a quiet host (or raise "
+                       "contention_bound, knowing the figures then include the others' share).")
+            return result
+        what = f"{first} (again: {len(contended)} contended so far)"
 
 
 def unit_of(metric: str) -> str:
     """The metric's unit as reports print it (``tok/s``, ``ms``); empty for an unknown metric."""
-    from pytest_llmserve.metrics import METRICS
-
     known = METRICS.get(metric)
     return known.unit.replace("tokens/s", "tok/s") if known is not None else ""
 
 
 def figure_line(metric: str, values: list[float]) -> str:
     """``output_throughput: median 108.5 tok/s over 3 rounds (107.9..109.0, CV 0.5%)``."""
-    from pytest_llmserve.verdicts import stats
-
     if not values:
         return f"{metric}: no valid round"
     s = stats.summarize(values)
@@ -94,10 +192,18 @@ def environment_only(comp: Comparability) -> bool:
         any(d.key == k or d.key.startswith(k + ".") for k in ENVIRONMENT_KEYS) for d in comp.confounders)
 
 
+def elsewhere(comp: Comparability) -> str:
+    """Where an environment-only refusal's baseline was recorded, as the refusal says it: on another host
+    (its differing fields named), before the host's identity was stored (an unknown host), or elsewhere."""
+    if unknown_host(comp.diffs):
+        return ("recorded before baselines stored their host's identity: from an unknown host, "
+                "re-record it on this one")
+    host = host_change_text(comp.diffs)
+    return f"recorded on another host: {host}" if host else "recorded elsewhere"
+
+
 def median_half_width(values: list[float]) -> float:
     """Half the width of the 95 % bootstrap CI of the median, relative to the median (0.03 = ±3 %)."""
-    from pytest_llmserve.verdicts import stats
-
     low, high = stats.median_ci(values)
     median = stats.summarize(values).median
     return (high - low) / 2 / abs(median) if median else float("inf")
@@ -127,7 +233,7 @@ def save_command(invocation: Sequence[str], *, nodeid: str, test_name: str, serv
         name = arg.split("=", 1)[0]
         if arg.startswith("--llmserve-") and name not in ("--llmserve-save-baseline", "--llmserve-server"):
             kept.append(arg)
-            option = next((o for o in _options() if o.flag == name), None)
+            option = next((o for o in OPTIONS if o.flag == name), None)
             if "=" not in arg and option is not None and option.kind != "flag" and i + 1 < len(args):
                 kept.append(args[i + 1])
                 i += 1
@@ -139,12 +245,6 @@ def save_command(invocation: Sequence[str], *, nodeid: str, test_name: str, serv
     else:
         selection = [nodeid]
     return shlex.join(["pytest", *kept, "--llmserve-save-baseline", *selection])
-
-
-def _options() -> Any:
-    from pytest_llmserve.settings import OPTIONS
-
-    return OPTIONS
 
 
 # --------------------------------------------------------------------------- correctness registry
@@ -186,7 +286,7 @@ def correctness_failures(run_dir: Path, server_id: str) -> list[dict[str, str]]:
 
 def preflight_refusal(*, spec: ServerSpec, cfg: LLMServeConfig, options: BenchSpec, store_dir: Path,
                       key_test: str, test_id: str, save: bool, allow_confounded: bool,
-                      results_dir: Path) -> dict[str, Any] | None:
+                      results_dir: Path, allow_host_change: bool = False) -> dict[str, Any] | None:
     """What can be refused from the configuration alone, before any server boots; None when nothing.
 
     * a baseline file that cannot be read (truncated, corrupt, another schema): never measured against,
@@ -199,11 +299,6 @@ def preflight_refusal(*, spec: ServerSpec, cfg: LLMServeConfig, options: BenchSp
     The engine version is known only after the boot: it is taken as the baseline's here, and compared then.
     Returns the gate's outcome dict (``verdict`` "refused" or "error", ``message``).
     """
-    from pytest_llmserve.errors import BaselineError
-    from pytest_llmserve.evidence.environment import build_context
-    from pytest_llmserve.store.baselines import BaselineStore, BenchKey
-    from pytest_llmserve.verdicts.comparability import comparability, diff_context
-
     wl = cfg.workload(options.workload, where=test_id)
     key = BenchKey(test=options.baseline_test or key_test, server=options.baseline_server or spec.id,
                    workload=wl.name)
@@ -234,7 +329,8 @@ def preflight_refusal(*, spec: ServerSpec, cfg: LLMServeConfig, options: BenchSp
             f"Nothing was measured and the file was not written. To record this context instead, run without "
             f"--llmserve-save-baseline, then: {accept_command(results_dir, store_dir, test_id)}"))
         return outcome
-    comp = comparability(doc.context, context, options.variable, allow_confounded)
+    comp = comparability(doc.context, context, options.variable, allow_confounded,
+                         allow_host_change=allow_host_change)
     if comp.ok or environment_only(comp):
         return None
     outcome.update(verdict="refused", comparability=comp.to_dict(), message=(
@@ -251,11 +347,13 @@ class BenchGate:
 
     def __init__(self, *, server: RunningServer, cfg: LLMServeConfig, options: BenchSpec, store_dir: Path,
                  results_dir: Path, save: bool, allow_confounded: bool, test_id: str, key_test: str | None = None,
+                 allow_host_change: bool = False,
                  record: Callable[[dict[str, Any]], None], fail: Callable[[str], None],
                  pool: ServerPool | None = None,
                  skip: Callable[[str], None] | None = None, say: Callable[[str], None] | None = None,
                  inconclusive: str = "warn", record_command: str | None = None,
-                 correctness_failed: Callable[[str], list[dict[str, str]]] | None = None) -> None:
+                 correctness_failed: Callable[[str], list[dict[str, str]]] | None = None,
+                 round_runner: RoundRunner | None = None, clock: Callable[[], float] = time.monotonic) -> None:
         self.server = server
         self.cfg = cfg
         self.options = options
@@ -263,6 +361,7 @@ class BenchGate:
         self.results_dir = results_dir
         self.save = save
         self.allow_confounded = allow_confounded
+        self.allow_host_change = allow_host_change  # compare across hosts on purpose (the host fields are shown)
         self.test_id = test_id
         # The baseline key names the test by file and function, so it is the same whatever the rootdir.
         self.key_test = key_test or test_id.split("[", 1)[0]
@@ -276,6 +375,13 @@ class BenchGate:
         self.inconclusive = inconclusive
         self.record_command = record_command or shlex_join(["pytest", "--llmserve-save-baseline", test_id])
         self.correctness_failed = correctness_failed or (lambda server_id: [])
+        # One measured round (a stand-in in unit tests); the warm-up's time budget is read on ``clock``.
+        self.round_runner: RoundRunner = round_runner or run_round
+        self.clock = clock
+        self.warmup: dict[str, Any] | None = None  # the warm-up's record, once it ran (it runs once per gate)
+        self.discarded_rounds: list[dict[str, Any]] = []  # rounds run again as measurement artefacts
+        self.contended: list[dict[str, Any]] = []  # rounds discarded for host contention (clean_round)
+        self._prompts: tuple[str, Any] | None = None  # (workload name, prompts): built once, the same every round
 
     @property
     def spec(self) -> ServerSpec:
@@ -299,46 +405,156 @@ class BenchGate:
     def measure(self, workload: Workload, rounds: int, prompts: Any = None,
                 outcome: dict[str, Any] | None = None,
                 done: list[dict[str, float]] | None = None) -> tuple[list[dict[str, float]], Any]:
-        """Run ``rounds`` rounds. An invalid round is never a number: the outcome is recorded with its reasons
-        (and the valid rounds before it), then ``fail`` ends the test."""
-        from pytest_llmserve.load.prompts import build_prompts
-
-        client = self.server.client()
+        """Run ``rounds`` measured rounds, after the warm-up on the first call (:meth:`warm_up`). An invalid
+        round is never a number: the outcome is recorded with its reasons (and the valid rounds before it), then
+        ``fail`` ends the test."""
         if prompts is None:
-            prompts = build_prompts(workload, tokenize=client.tokenize)
+            prompts = self.prompts(workload)
         samples: list[dict[str, float]] = []
         last = None
         earlier = list(done or [])
-        for i in range(rounds):
-            number = len(earlier) + i + 1
-            what = f"benchmark round {number} on {self.spec.id}"
-            self.say(f"{self.spec.id}: round {number} of workload {workload.name}")
-
-            def invalid(message: str) -> None:
-                failures = self.correctness_failed(self.spec.id)
-                if failures:  # the likelier explanation of a round that measured nothing
-                    message += f"\n{_correctness_text(failures)}"
-                if outcome is not None:
-                    if failures:
-                        outcome["correctness_failed"] = failures
-                    series = _series(earlier + samples)
-                    outcome.update(verdict="error", error=message.split("\n", 1)[0] + " "
-                                   + " | ".join(_reasons(message)), current=series, rounds=len(earlier + samples),
-                                   message=message)
-                    self._finish(outcome)
-                self.fail(message)
-
-            last = run_round(self.server, workload, prompts, what, invalid)
+        if self.warmup is None and rounds > 0:
+            last = self.warm_up(workload, prompts, outcome)
+            samples.append(round_samples(last))
+        while len(samples) < rounds:
+            number = len(earlier) + len(samples) + 1
+            self.say(f"{self.spec.id}: measured round {number} of workload {workload.name}")
+            last = self._round(workload, prompts, f"benchmark round {number} on {self.spec.id}", outcome,
+                               earlier + samples)
             samples.append(round_samples(last))
         return samples, last
 
-    def run(self, workload: str | None = None) -> dict[str, Any]:
-        from pytest_llmserve.errors import BaselineError
-        from pytest_llmserve.evidence.environment import build_context
-        from pytest_llmserve.store.baselines import BaselineStore, BenchKey
-        from pytest_llmserve.verdicts import stats
-        from pytest_llmserve.verdicts.comparability import comparability, diff_context
+    def prompts(self, workload: Workload) -> Any:
+        """The workload's prompts, built once (they are seeded: every round, warm-up included, sends the same)."""
+        if self._prompts is None or self._prompts[0] != workload.name:
+            self._prompts = (workload.name, build_prompts(workload, tokenize=self.server.client().tokenize))
+        return self._prompts[1]
 
+    def _round(self, workload: Workload, prompts: Any, what: str, outcome: dict[str, Any] | None,
+               measured: list[dict[str, float]]) -> Any:
+        """One round; when it is invalid, the outcome is recorded with the ``measured`` rounds so far, unless
+        the round is run again as a measurement artefact (:meth:`_discard_artefact`)."""
+
+        def invalid(message: str) -> None:
+            if self._discard_artefact(what, message, outcome):
+                raise _ArtefactRound
+            failures = self.correctness_failed(self.spec.id)
+            if failures:  # the likelier explanation of a round that measured nothing
+                message += f"\n{_correctness_text(failures)}"
+            if self.discarded_rounds:
+                message += (f"\n{len(self.discarded_rounds)} earlier round(s) of this benchmark were discarded as "
+                            "measurement artefacts (is the machine busy?): "
+                            + " | ".join(f"{d['round']}: {'; '.join(d['reasons'])}" for d in self.discarded_rounds))
+            if outcome is not None:
+                if failures:
+                    outcome["correctness_failed"] = failures
+                outcome.update(verdict="error", error=message.split("\n", 1)[0] + " " + " | ".join(_reasons(message)),
+                               current=_series(measured), rounds=len(measured), message=message)
+                self._finish(outcome)
+            self.fail(message)
+
+        def one_round(name: str) -> Any:
+            while True:  # measurement artefacts are run again here (_discard_artefact), contention in clean_round
+                try:
+                    return self.round_runner(self.server, workload, prompts, name, invalid)
+                except _ArtefactRound:
+                    continue
+
+        def confounded(message: str) -> None:
+            # No verdict either way: the rounds could not be samples of the server. Skipped with the reason, like a
+            # baseline from another host, so that a busy machine neither blocks a merge nor passes as a figure.
+            if outcome is not None:
+                outcome.update(verdict="confounded", current=_series(measured), rounds=len(measured),
+                               message=message, contended_rounds=self.contended)
+                self._finish(outcome)
+            if self.skip is not None:
+                self.skip(f"{self.test_id}: {message}")
+            self.fail(f"{self.test_id}: {message}")
+
+        if outcome is not None:
+            outcome["contended_rounds"] = self.contended
+        return clean_round(one_round, what, bound=self.options.contention_bound, contended=self.contended,
+                           say=self.say, confounded=confounded)
+
+    def _discard_artefact(self, what: str, message: str, outcome: dict[str, Any] | None) -> bool:
+        """Whether an invalid round is run again: every reason a measurement artefact (none says the server's
+        output was wrong) and fewer than :data:`ARTEFACT_RETRIES` rounds discarded so far. Recorded and said."""
+        reasons = _reasons(message)
+        if not reasons or any(output_fault(r) for r in reasons) or len(self.discarded_rounds) >= ARTEFACT_RETRIES:
+            return False
+        self.discarded_rounds.append({"round": what, "reasons": reasons})
+        if outcome is not None:
+            outcome["discarded_rounds"] = self.discarded_rounds
+        self.say(f"{what} is not a number ({'; '.join(reasons)}): a measurement artefact of the machine, not the "
+                 f"server's output; discarded and run again ({len(self.discarded_rounds)} of {ARTEFACT_RETRIES} "
+                 "allowed)")
+        return True
+
+    def warm_up(self, workload: Workload, prompts: Any, outcome: dict[str, Any] | None = None) -> Any:
+        """Rounds of the workload until one agrees with the round before it within ``warmup_agreement`` on the
+        gated metric; returns that round's result, the first measured round (module docstring, "Warm-up").
+
+        Rounds before it are discarded, at most ``warmup_rounds``, and none once :data:`WARMUP_BUDGET_S` is
+        spent; then the next round is measured, settled or not. The record (``self.warmup``, and the outcome's
+        ``warmup``): ``rounds`` discarded, their ``values`` of the gated metric, ``settled`` (None with
+        ``warmup_rounds = 0``), ``difference`` (the last comparison's relative difference), ``seconds`` spent
+        in discarded rounds, ``agreement``, ``max_rounds``, ``budget_s``, and a ``note`` unless it settled."""
+        opts = self.options
+        metric, cap, bound = opts.metric, opts.warmup_rounds, opts.warmup_agreement
+        record: dict[str, Any] = {"metric": metric, "rounds": 0, "values": [], "settled": None, "difference": None,
+                                  "seconds": 0.0, "agreement": bound, "max_rounds": cap, "budget_s": WARMUP_BUDGET_S}
+        self.warmup = record
+        if outcome is not None:
+            outcome["warmup"] = record
+        name, unit = self.spec.id, unit_of(metric)
+        started = self.clock()
+        previous: float | None = None
+        while True:
+            number = len(record["values"]) + 1
+            if cap == 0:
+                what = f"benchmark round 1 on {name}"
+                self.say(f"{name}: round 1 of workload {workload.name} (no warm-up round: warmup_rounds = 0)")
+            elif previous is None:
+                what = f"warm-up round 1 on {name}"
+                self.say(f"{name}: warm-up round 1 of workload {workload.name} (not counted)")
+            else:
+                what = f"round {number} on {name} (warm-up unless within {bound:.0%} of round {number - 1})"
+                self.say(f"{name}: round {number} of workload {workload.name}: counted if its {metric} is within "
+                         f"{bound:.0%} of round {number - 1}'s")
+            result = self._round(workload, prompts, what, outcome, [])
+            value = round_samples(result).get(metric, math.nan)
+            if cap == 0:
+                record["note"] = "no warm-up round (warmup_rounds = 0): the first round is measured"
+                return result
+            spent = self.clock() - started
+            if previous is not None:
+                difference = relative_difference(previous, value)
+                record["difference"] = difference if math.isfinite(difference) else None
+                if difference <= bound:
+                    record["settled"] = True
+                    self.say(f"{name}: warmed up: round {number}'s {metric} is within {difference:.1%} of round "
+                             f"{number - 1}'s (bound {bound:.0%}): it counts as measured round 1, the {number - 1} "
+                             f"before it as warm-up")
+                    return result
+            if len(record["values"]) < cap and (previous is None or spent < WARMUP_BUDGET_S):
+                record["values"].append(value if math.isfinite(value) else None)  # JSON has no NaN
+                record["rounds"] = len(record["values"])
+                record["seconds"] = spent
+                previous = value
+                continue
+            why = (f"the most warm-up rounds allowed (warmup_rounds = {cap})" if len(record["values"]) >= cap
+                   else f"the warm-up time budget ({WARMUP_BUDGET_S:.0f} s) spent")
+            figures = ", ".join(_value(v, unit) for v in record["values"])
+            record.update(settled=False, note=(
+                f"warm-up did not settle: {metric} of the first measured round ({_value(value, unit)}) differs by "
+                f"{_percent(record['difference'])} from the last of {record['rounds']} warm-up round"
+                f"{'s' if record['rounds'] != 1 else ''} ({figures}), beyond warmup_agreement {bound:.0%}, after "
+                f"{why}; the measured rounds may still include warm-up effects (a larger warmup_rounds lets the "
+                "warm-up run longer)"))
+            self.say(f"{name}: {record['note']}")
+            return result
+
+    def run(self, workload: str | None = None) -> dict[str, Any]:
         opts = self.options
         wl = self.cfg.workload(workload or opts.workload, where=self.test_id)
         metric = opts.metric
@@ -379,7 +595,8 @@ class BenchGate:
                 self.fail(f"{self.test_id}: {message}")
                 return outcome
             return self._save(store, key, context, wl, metric, hib, outcome, started)
-        comp = comparability(doc.context, context, opts.variable, self.allow_confounded) if doc else None
+        comp = (comparability(doc.context, context, opts.variable, self.allow_confounded,
+                              allow_host_change=self.allow_host_change) if doc else None)
         if comp is not None:
             outcome["comparability"] = comp.to_dict()
         samples, last = self.measure(wl, opts.rounds, outcome=outcome)
@@ -398,10 +615,12 @@ class BenchGate:
             figure = figure_line(metric, series.get(metric, []))
             here = environment_only(comp)
             command = accept_command(self.results_dir, self.store_dir, self.test_id)
-            reason = (f"no baseline for this environment in {path} (recorded elsewhere)" if here
+            reason = (f"no baseline for this environment in {path} ({elsewhere(comp)})" if here
                       else "comparison refused")
             message = (f"{figure}\n{reason}:\n{comp.message}\nbaseline: {path}\n"
                        f"record a baseline for this context: {command}")
+            if here and any(is_host_key(d.key) for d in comp.diffs):
+                message += "\n(or compare across hosts on purpose: --llmserve-allow-host-change)"
             outcome.update(verdict="refused", current=series, baseline=None, rounds=len(samples),
                            message=message, seconds=time.monotonic() - started)
             self.say(f"{spec.id}: {figure} ({reason})")
@@ -411,23 +630,79 @@ class BenchGate:
             self.fail(f"{self.test_id}: {message}")
             return outcome
         base_samples = doc.samples(metric)
-        plan = stats.sequential_plan(stats.gate_looks(len(base_samples), max(opts.rounds, stats.SEQUENTIAL_FIRST_LOOK),
-                                                      opts.max_rounds), alpha=opts.alpha)
+        first_look = max(opts.rounds, stats.SEQUENTIAL_FIRST_LOOK)
+        plan = stats.sequential_plan(stats.gate_looks(len(base_samples), first_look, opts.max_rounds),
+                                     alpha=opts.alpha)
 
-        def judge() -> stats.Verdict:
+        round_s: float | None = None  # how long the last extra round took (the extension's time budget reads it)
+
+        def judge() -> stats.Verdict:  # reads ``plan`` when called: the extension re-plans its looks
             return stats.decide_sequential(base_samples, [s[metric] for s in samples], plan=plan,
                                            higher_is_better=hib, tolerance=opts.tolerance, metric=metric)
 
         def one_more() -> None:
-            nonlocal last
+            nonlocal last, round_s
+            began = self.clock()
             more, last = self.measure(wl, 1, outcome=outcome, done=samples)
             samples.extend(more)
+            round_s = self.clock() - began
 
         verdict = until_verdict(judge, one_more, lambda: len(samples), opts.max_rounds)
+        resolved = (self._resolution(base_samples, [s[metric] for s in samples], plan)
+                    if verdict.outcome == "inconclusive" else None)
+        if resolved is not None and opts.extend_to_resolve:
+            target = resolved.current_rounds
+            extension: dict[str, Any] = {"target": target, "limit": EXTEND_ROUND_LIMIT,
+                                         "budget_s": opts.extend_budget_s, "rounds_before": len(samples),
+                                         "rounds_added": 0, "seconds": 0.0}
+            outcome["extension"] = extension
+            if target is None:
+                extension["stopped"] = (f"not extended: the tolerance cannot be resolved against this "
+                                        f"{len(base_samples)}-round baseline in {stats.RESOLUTION_ROUND_LIMIT} "
+                                        "current rounds")
+            elif target <= len(samples):
+                extension["stopped"] = ("not extended: this noise resolves the tolerance within max_rounds "
+                                        f"{opts.max_rounds} (the inconclusive verdict is chance)")
+            else:
+                goal = min(target, EXTEND_ROUND_LIMIT)
+                extension["goal"] = goal
+                # The looks are planned anew up to the goal: the bound over more looks is higher, so the added
+                # looks are judged more strictly; the looks already taken were judged against the lower bound of
+                # the original plan, so the error rates over the whole exceed alpha and beta a little.
+                plan = stats.sequential_plan(stats.gate_looks(len(base_samples), first_look, goal),
+                                             alpha=opts.alpha)
+                self.say(f"{spec.id}: inconclusive at max_rounds {opts.max_rounds}; extend_to_resolve: adding rounds "
+                         f"up to {goal} (the noise resolves ±{opts.tolerance:.0%} in about {target}) within "
+                         f"{opts.extend_budget_s:g} s")
+                began = self.clock()
+                stopped = f"reached {goal} rounds"
+                verdict = judge()
+                while verdict.outcome == "inconclusive" and len(samples) < goal:
+                    spent = self.clock() - began
+                    if spent + (round_s or 0.0) > opts.extend_budget_s:
+                        stopped = (f"the time budget: {spent:.0f} s spent and a round takes about {round_s or 0:.0f} "
+                                   f"s, over extend_budget_s {opts.extend_budget_s:g}")
+                        break
+                    one_more()
+                    verdict = judge()
+                if verdict.outcome != "inconclusive":
+                    stopped = f"decided ({verdict.outcome}) after {len(samples)} rounds"
+                extension.update(goal=goal, rounds_added=len(samples) - extension["rounds_before"],
+                                 seconds=self.clock() - began, stopped=stopped, plan_looks=len(plan.looks))
+            extension["note"] = (f"extend_to_resolve: {extension['rounds_added']} round(s) added after max_rounds "
+                                 f"{opts.max_rounds}; {extension['stopped']}")
+            resolved = (self._resolution(base_samples, [s[metric] for s in samples], plan)
+                        if verdict.outcome == "inconclusive" else None)
         series = _series(samples)
+        across = host_change_text(comp.host_diffs)
         outcome.update(verdict=verdict.outcome, verdict_detail=verdict.to_dict(), current=series,
                        baseline={m: v for m, v in doc.latest.samples.items()}, rounds=len(samples),
-                       message=verdict.reason, seconds=time.monotonic() - started, cross_check=_cross(last))
+                       message=verdict.reason + (f"\nacross hosts (allowed): {across}" if across else ""),
+                       seconds=time.monotonic() - started, cross_check=_cross(last))
+        if across:
+            self.say(f"{spec.id}: {verdict.outcome} against a baseline of another host (allowed): {across}")
+        if resolved is not None:
+            outcome["resolution"] = resolution_record(resolved, extend=opts.extend_to_resolve)
         self._conclude(outcome)
         if verdict.outcome == "regressed":
             base_s = stats.summarize(base_samples)
@@ -438,18 +713,28 @@ class BenchGate:
                 f"  now:      median {cur_s.median:.3f} over {cur_s.n} rounds {_fmt(series[metric])}\n"
                 f"  change:   {verdict.change:+.1%} (tolerance {opts.tolerance:.0%}, good direction "
                 f"{'up' if hib else 'down'})\n  {verdict.reason}\n  comparison: {comp.label}\n"
-                f"  baseline file: {path}")
+                + (f"  across hosts: {across}\n" if across else "") +
+                f"  baseline file: {path}" + self._unsettled())
         if verdict.outcome == "inconclusive":
             message = (f"{self.test_id}: INCONCLUSIVE after {len(samples)} rounds (max_rounds {opts.max_rounds}): "
                        f"{verdict.reason}\n  {figure_line(metric, series[metric])}; baseline "
-                       f"{figure_line(metric, base_samples)}\n  policy inconclusive = {self.inconclusive}"
+                       f"{figure_line(metric, base_samples)}"
+                       + (f"\n  {outcome['extension']['note']}" if "extension" in outcome else "")
+                       + (f"\n  resolution: {outcome['resolution']['line']}" if "resolution" in outcome else "")
+                       + f"\n  policy inconclusive = {self.inconclusive}"
                        + (" (--llmserve-inconclusive=fail makes this a failure)" if self.inconclusive == "warn"
                           else ""))
             self.say(message.splitlines()[0])
+            if "resolution" in outcome:
+                self.say(f"{spec.id}: resolution: {outcome['resolution']['line']}")
             if self.inconclusive == "fail":
                 self.fail(message)
             warnings.warn(InconclusiveWarning(message), stacklevel=2)
         return outcome
+
+    def _resolution(self, base: list[float], current: list[float], plan: Any) -> Any:
+        """What the rule resolves at this noise (stats.resolution); None where no side has a spread to measure."""
+        return measured_resolution(base, current, plan, self.options.tolerance)
 
     def _save(self, store: Any, key: Any, context: dict[str, Any], wl: Workload, metric: str, hib: bool,
               outcome: dict[str, Any], started: float) -> dict[str, Any]:
@@ -485,6 +770,7 @@ class BenchGate:
                               "(a loaded machine? record it again when the machine is quiet)")
         store.save(key, context, series, metric=metric, higher_is_better=hib, run_id=uuid.uuid4().hex[:12],
                    info={"test": self.test_id, "cross_check": _cross(last), "ci_half_width": width,
+                         "warmup": self.warmup,
                          **({"warning": spread_warning} if spread_warning else {})})
         message = f"{figure}; saved {len(samples)} rounds as a new baseline record in {store.path_for(key)}"
         if spread_warning:
@@ -496,6 +782,10 @@ class BenchGate:
         if spread_warning:
             warnings.warn(BaselineSpreadWarning(f"{self.test_id}: {spread_warning}"), stacklevel=2)
         return outcome
+
+    def _unsettled(self) -> str:
+        """A line for a failure message when the warm-up did not settle (the likelier cause of a slow round)."""
+        return f"\n  {self.warmup['note']}" if self.warmup is not None and self.warmup["settled"] is False else ""
 
     def _conclude(self, outcome: dict[str, Any]) -> None:
         """Record the outcome; a server whose correctness checks failed in this run gets no pass."""
@@ -520,6 +810,10 @@ def _correctness_text(failures: list[dict[str, str]]) -> str:
             f"({first['test']}{more}: {first['summary'].splitlines()[0] if first['summary'] else ''})")
 
 
+class _ArtefactRound(Exception):
+    """An invalid round that is run again (:meth:`BenchGate._discard_artefact`): unwinds the round runner."""
+
+
 def _reasons(message: str) -> list[str]:
     return [line.strip()[2:] for line in message.splitlines() if line.strip().startswith("- ")]
 
@@ -536,6 +830,44 @@ class _Judged(Protocol):
 
 
 _V = TypeVar("_V", bound=_Judged)
+
+
+def measured_resolution(base: Sequence[float], current: Sequence[float], plan: Any, tolerance: float, *,
+                        both_sides_grow: bool = False) -> Any:
+    """:func:`pytest_llmserve.verdicts.stats.resolution` at the spread of these rounds (each side's log-sd);
+    None where no side has two rounds with a spread."""
+    try:
+        return stats.resolution(stats.log_sd(base), stats.log_sd(current), n_baseline=len(base),
+                                n_current=len(current), plan=plan, tolerance=tolerance,
+                                both_sides_grow=both_sides_grow)
+    except ValueError:
+        return None
+
+
+def resolution_record(resolved: Any, *, extend: bool | None = None) -> dict[str, Any]:
+    """The outcome's ``resolution``: the figures of a :class:`~pytest_llmserve.verdicts.stats.Resolution`, the
+    ``line`` said beside an inconclusive verdict (naming the settings as a user writes them: ``max_rounds`` and
+    ``tolerance`` in a marker or ``[tool.llmserve.bench]``, ``--llmserve-max-rounds``...) and a ``short`` form for a
+    table cell. ``extend``: whether ``extend_to_resolve`` was on (None: not a setting here, the A/B runner)."""
+    line = resolved.line(rounds_setting="max_rounds", tolerance_setting="tolerance",
+                         record_hint="pytest --llmserve-save-baseline --llmserve-rounds {n} --llmserve-max-rounds {n}")
+    if extend is False and not resolved.resolved and resolved.current_rounds is not None:
+        line += (f"; or extend_to_resolve (--llmserve-extend-to-resolve) adds the rounds, up to "
+                 f"{EXTEND_ROUND_LIMIT}, within extend_budget_s")
+    limit = stats.RESOLUTION_ROUND_LIMIT
+    tol = f"±{resolved.tolerance * 100:g}%"
+    if resolved.resolved:
+        short = f"{tol} resolvable in {resolved.max_rounds}"
+    elif resolved.ab:
+        n = resolved.rounds_a_side
+        short = f"{tol} needs ~{n} rounds a side" if n is not None else f"{tol} needs >{limit} rounds a side"
+    elif resolved.current_rounds is not None:
+        short = f"{tol} needs ~{resolved.current_rounds} rounds"
+    elif resolved.rounds_a_side is not None:
+        short = f"{tol} needs ~{resolved.rounds_a_side} rounds a side"
+    else:
+        short = f"{tol} needs >{limit} rounds a side"
+    return {**resolved.to_dict(), "line": line, "short": short}
 
 
 def until_verdict(judge: Callable[[], _V], one_more: Callable[[], None], rounds_done: Callable[[], int],
@@ -556,9 +888,11 @@ def run_round(server: RunningServer, workload: Workload, prompts: Any, what: str
 
     The round has the server to itself: it holds the server's request lock exclusively (no other request
     of this run, from any xdist worker, reaches the server meanwhile), and the engine's own
-    running-requests gauge, sampled during the round, must never exceed the round's concurrency."""
-    from pytest_llmserve.load.runner import run_workload
-
+    running-requests gauge, sampled during the round, must never exceed the round's concurrency. What other
+    processes took of the host during it is sampled into ``result.host_contention`` (judged by the caller:
+    :func:`clean_round`). On an
+    untrained model (:func:`pytest_llmserve.config.untrained_reason`) the sampled answers' collapse is not
+    judged; failed requests, wrong lengths and NaN still make the round invalid."""
     server.ensure_alive()
     engine = _engine_of(server)
     with _alone(server), _requests(server):
@@ -566,18 +900,19 @@ def run_round(server: RunningServer, workload: Workload, prompts: Any, what: str
                               api_key=server.spec.api_key, progress=False,
                               timeout_s=server.spec.request_timeout_s,
                               server_counter=engine.generation_counter,
-                              running_gauge=engine.running_requests_gauge)
+                              running_gauge=engine.running_requests_gauge,
+                              untrained=untrained_reason(getattr(server, "spec_for_checks", None) or server.spec),
+                              host_contention=True, server_pid=getattr(server, "server_pid", None))
     if not result.valid:
+        busy = f"\nhost: {result.host_contention.describe()}" if result.host_contention is not None else ""
         fail(f"{what} is INVALID (not a number):\n  - " + "\n  - ".join(result.invalid_reasons)
-             + f"\nworkload: {asdict(workload)}\nserver: {server.describe()}")
+             + f"\nworkload: {asdict(workload)}\nserver: {server.describe()}{busy}")
     return result
 
 
 def _engine_of(server: RunningServer) -> Any:
     """The engine's adapter, for its metric names: a worker attached to another worker's server reaches it
     as ``external``, but the engine is the one configured (``spec_for_checks``)."""
-    from pytest_llmserve.server.handle import engine_of
-
     return engine_of(server)
 
 
@@ -608,6 +943,24 @@ def _cross(result: Any) -> Any:
     return data if isinstance(data, dict | str | type(None)) else str(data)
 
 
+def relative_difference(reference: float, value: float) -> float:
+    """|value - reference| / |reference|: how far a round is from the round before it (inf from 0, NaN when
+    either has no value)."""
+    if not (math.isfinite(reference) and math.isfinite(value)):
+        return math.nan
+    if reference == 0:
+        return 0.0 if value == 0 else math.inf
+    return abs(value - reference) / abs(reference)
+
+
+def _value(value: float | None, unit: str) -> str:
+    return f"{value:.2f}{' ' + unit if unit else ''}" if value is not None and math.isfinite(value) else "no value"
+
+
+def _percent(fraction: float | None) -> str:
+    return "an unknown amount" if fraction is None else f"{fraction:.1%}"
+
+
 def _fmt(values: list[float]) -> str:
     return "[" + ", ".join(f"{v:.2f}" for v in values) + "]"
 
@@ -636,24 +989,19 @@ class ABRunner:
             if spec.id == ident:
                 return spec
         known = ", ".join(s.id for s in self.cfg.all_specs())
-        from pytest_llmserve.errors import ConfigError
-
         raise ConfigError(f"{self.test_id}: A/B configuration {ident!r} is not configured (known: {known})")
 
     def run(self, a: str, b: str, *, workload: str = "smoke", rounds: int = 5, metric: str = "output_throughput",
             tolerance: float = 0.05, alpha: float | None = None, warmup_rounds: int = 1,
-            max_rounds: int | None = None, judged_by_caller: bool = False) -> dict[str, Any]:
+            max_rounds: int | None = None, judged_by_caller: bool = False,
+            contention_bound: float | None = None) -> dict[str, Any]:
         """Interleaved rounds, judged by the sequential rule after ``rounds`` a side and after every further
         pair up to ``max_rounds`` (default ``rounds``: one look, a fixed number of rounds).
 
         ``judged_by_caller``: these rounds are a part of a comparison the caller decides (a bisect step's
         attempt, pooled with the attempts before it): their own verdict is recorded but neither announced
-        as the answer nor failed on."""
-        from pytest_llmserve.evidence.environment import build_context
-        from pytest_llmserve.load.prompts import build_prompts
-        from pytest_llmserve.verdicts import stats
-        from pytest_llmserve.verdicts.comparability import diff_context
-
+        as the answer nor failed on. ``contention_bound`` (default the setting's default): a round during which
+        other processes took more of the host is measured again (:func:`clean_round`)."""
         spec_a, spec_b = self.spec(a), self.spec(b)
         wl = self.cfg.workload(workload, where=self.test_id)
         server_a = self.pool.get(spec_a)
@@ -669,13 +1017,20 @@ class ABRunner:
         plan = stats.sequential_plan(stats.ab_looks(max(rounds, stats.SEQUENTIAL_FIRST_LOOK), cap), alpha=alpha)
         started = time.monotonic()
         done = 0
+        bound = BenchDefaults().contention_bound if contention_bound is None else contention_bound
+        contended: list[dict[str, Any]] = []
 
         def pair() -> None:
             nonlocal done
             for name in ("A", "B"):
                 server = servers[name]
-                result = run_round(server, wl, prompts, f"A/B round {done + 1} on {name} ({server.spec.id})",
-                                   self.fail)
+
+                def measure(what: str, server: RunningServer = server) -> Any:
+                    return run_round(server, wl, prompts, what, self.fail)
+
+                result = clean_round(measure, f"A/B round {done + 1} on {name} ({server.spec.id})", bound=bound,
+                                     contended=contended, say=self.say,
+                                     confounded=lambda message: self.fail(f"{self.test_id}: {message}"))
                 if done >= warmup_rounds:  # the first round of each side warms caches and is not counted
                     side[name].append(round_samples(result))
                     self.say(f"A/B round {done + 1 - warmup_rounds}/{rounds}..{cap}: {name} {metric} "
@@ -698,9 +1053,15 @@ class ABRunner:
             "verdict_detail": verdict.to_dict(), "baseline": series_a, "current": series_b,
             "rounds": len(side["B"]),
             "message": verdict.reason, "seconds": time.monotonic() - started, "ab": True,
-            "differences": [d.describe() for d in diffs],
+            "differences": [d.describe() for d in diffs], "contended_rounds": contended,
             "key": {"test": self.test_id, "server": f"{spec_a.id}|{spec_b.id}", "workload": wl.name},
         }
+        if verdict.outcome == "inconclusive":
+            resolved = measured_resolution(series_a.get(metric, []), series_b.get(metric, []), plan, tolerance,
+                                           both_sides_grow=True)
+            if resolved is not None:
+                outcome["resolution"] = resolution_record(resolved)
+                outcome["message"] += f"\nresolution: {outcome['resolution']['line']}"
         self.record(outcome)
         a_s, b_s = stats.summarize(series_a[metric]), stats.summarize(series_b[metric])
         if judged_by_caller:
@@ -708,6 +1069,8 @@ class ABRunner:
             return outcome
         self.say(f"A/B {metric}: A={spec_a.id} median {a_s.median:.2f}, B={spec_b.id} median {b_s.median:.2f}, "
                  f"change {verdict.change:+.1%}: {verdict.outcome}")
+        if "resolution" in outcome:
+            self.say(f"A/B resolution: {outcome['resolution']['line']}")
         if verdict.outcome == "regressed":
             self.fail(f"A/B: B={spec_b.id} REGRESSED against A={spec_a.id} on {metric} (workload {wl.name})\n"
                       f"  A: median {a_s.median:.3f} {_fmt(series_a[metric])}\n"

@@ -1,11 +1,11 @@
 """Builds compared and bisected on a real server: the same configuration under each build, judged like an A/B.
 
-A build (:mod:`pytest_llmserve.builds`) becomes a :class:`ServerSpec` that differs from the base only in
-``python`` (the build's interpreter) and the server arguments the build declares; the comparison context
-may differ in nothing else (:func:`check_only_build_differs`). Each build's server gets the correctness
-probes (NaN evidence and known answers) once; throughput comes from the existing :class:`ABRunner`
-(interleaved rounds, both servers up). Where memory does not allow two servers, :func:`_alternating`
-runs blocks of rounds on one server at a time instead.
+A build (:class:`pytest_llmserve.config.BuildSpec`, installed by :mod:`pytest_llmserve.builds`) becomes a
+:class:`ServerSpec` that differs from the base only in ``python`` (the build's interpreter) and the server arguments
+the build declares; the comparison context may differ in nothing else (:func:`check_only_build_differs`). Each
+build's server gets the correctness probes (NaN evidence and known answers) once; throughput comes from the
+existing :class:`ABRunner` (interleaved rounds, both servers up). Where memory does not allow two servers,
+:func:`_alternating` runs blocks of rounds on one server at a time instead.
 
 The bisect search itself is :mod:`pytest_llmserve.verdicts.bisect`; this module measures its steps and
 writes results.json, summary.md and a plot of the metric per build.
@@ -24,10 +24,19 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from pytest_llmserve.builds import BuildEnv, BuildSpec, Installer
-from pytest_llmserve.config import WORKLOAD_PRESETS, LLMServeConfig, ServerSpec, Workload
+from pytest_llmserve.builds import BuildEnv, Installer
+from pytest_llmserve.config import WORKLOAD_PRESETS, BuildSpec, LLMServeConfig, ServerSpec, Workload
 from pytest_llmserve.errors import ConfigError, LLMServeError
+from pytest_llmserve.gates.bench import ABRunner, round_samples, run_round
+from pytest_llmserve.gates.context import build_context
+from pytest_llmserve.gates.decode import DecodeCheck
+from pytest_llmserve.load.metrics import output_fault
+from pytest_llmserve.load.prompts import build_prompts
+from pytest_llmserve.metrics import higher_is_better
+from pytest_llmserve.report import plots
+from pytest_llmserve.server.pool import ServerPool
 from pytest_llmserve.verdicts.bisect import BisectResult, StepResult, bisect, judge_step
+from pytest_llmserve.verdicts.comparability import IGNORED_CONTEXT_KEYS, comparability
 
 # An idle vLLM CPU server with a 2 GiB KV cache held about 2.7 GB here (DESIGN.md); with the KV cache
 # filling and a margin, two servers side by side want about this much available memory each.
@@ -72,9 +81,6 @@ def spec_for(base: ServerSpec, env: BuildEnv, index: int) -> ServerSpec:
 def check_only_build_differs(a: ServerSpec, b: ServerSpec, workload: Workload, *, declared_args: bool) -> None:
     """Refuse (ConfigError) when the two contexts differ in more than the build: interpreter and engine
     version, and the server arguments only where a build declares them."""
-    from pytest_llmserve.evidence.environment import build_context
-    from pytest_llmserve.verdicts.comparability import IGNORED_CONTEXT_KEYS, comparability
-
     ignore = (*IGNORED_CONTEXT_KEYS, "server_args.variant") + (("server_args.args",) if declared_args else ())
     comp = comparability(build_context(a, workload, engine_version=None),
                          build_context(b, workload, engine_version=None), variable="engine_build", ignore=ignore)
@@ -84,8 +90,6 @@ def check_only_build_differs(a: ServerSpec, b: ServerSpec, workload: Workload, *
 
 def correctness(server: Any) -> tuple[bool, str]:
     """NaN evidence and known answers on one server: (all passed, the first line of each failure)."""
-    from pytest_llmserve.gates.decode import DecodeCheck
-
     class _Failed(Exception):
         pass
 
@@ -164,8 +168,6 @@ class BuildRunner:
     # ---- one step: build ``index`` against build ``ref``
     def step(self, ref: int, index: int, attempt: int, acc: dict[int, tuple[list[float], list[float]]], *,
              not_worse: bool = False) -> StepResult:
-        from pytest_llmserve.gates.bench import ABRunner
-
         assert self.measured is not None
         s = self.settings
         spec_ref, spec = self.measured.specs[ref], self.measured.specs[index]
@@ -200,8 +202,6 @@ class BuildRunner:
         self.measured.samples.setdefault(ref, []).extend(ref_new)
         self.measured.samples.setdefault(index, []).extend(cand_new)
         ok, detail = self.measured.correctness.get(index, (True, ""))
-        from pytest_llmserve.metrics import higher_is_better
-
         result = judge_step(index, acc[index][0], acc[index][1], higher_is_better=higher_is_better(s.metric),
                             tolerance=s.tolerance, alpha=s.alpha, max_attempts=s.max_attempts,
                             rounds_per_attempt=s.rounds, correctness_ok=ok,
@@ -217,8 +217,6 @@ class BuildRunner:
         build under test, wrong output (failed requests, tokens without text, decode collapse) makes the step
         bad, like a correctness failure; a measurement artefact (chunks merged on a starved machine, other
         traffic) makes this attempt inconclusive: no look is spent, and the next attempt measures again."""
-        from pytest_llmserve.load.metrics import output_fault
-
         assert self.measured is not None
         lines = message.splitlines() if message else ["invalid round"]
         reasons = [ln.strip()[2:] for ln in lines[1:] if ln.strip().startswith("- ")] or lines[:1]
@@ -235,9 +233,6 @@ class BuildRunner:
     def _alternating(self, ref: int, index: int, *, warm: bool) -> tuple[list[float], list[float]]:
         """One server at a time (memory allows no more): two blocks per side, A B A B, each block booting its
         server (the pool stops the other), the first round of a fresh boot not counted."""
-        from pytest_llmserve.gates.bench import round_samples, run_round
-        from pytest_llmserve.load.prompts import build_prompts
-
         assert self.measured is not None
         s = self.settings
         got: dict[int, list[float]] = {ref: [], index: []}
@@ -259,8 +254,6 @@ class BuildRunner:
         return got[ref], got[index]
 
     def __enter__(self) -> BuildRunner:
-        from pytest_llmserve.server.pool import ServerPool
-
         self.out_dir.mkdir(parents=True, exist_ok=False)
         run_dir = Path(tempfile.mkdtemp(prefix="llmserve-builds-"))
         both = self.settings.both_up if self.settings.both_up is not None else both_fit()
@@ -330,7 +323,6 @@ class BuildRunner:
                 "ab_outcomes": m.outcomes}
         (self.out_dir / "results.json").write_text(json.dumps(data, indent=2, default=str) + "\n")
         (self.out_dir / "summary.md").write_text(summary_markdown(data))
-        from pytest_llmserve.report import plots
 
         missing = plots.matplotlib_missing()
         if missing:

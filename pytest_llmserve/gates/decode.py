@@ -8,18 +8,29 @@ and a count of the rest (every finding in full with ``verbose >= 2``, pytest's `
 when a check cannot apply or its evidence does not exist (an *unverifiable* fact is never reported as a
 pass). Before either, ``record`` gets the oracle's verdict and its full evidence, which the plugin puts in
 the check's row of results.json.
+
+On an untrained model (:func:`pytest_llmserve.config.untrained_reason`: random weights, declared or marked
+by the checkpoint), the oracles that need a trained model (known answers, long-decode coherence with its
+mean-logprob floor, the coherence of batch outputs and of their batch-1 reference) are *not applicable*:
+recorded as such and skipped with a reason starting "not applicable:", never passed, never failed. What
+compares the engine with itself (batch N against batch 1, differentials, determinism) and NaN evidence
+run as on any model.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any, Literal
 
-from pytest_llmserve.config import LLMServeConfig, ServerSpec
-from pytest_llmserve.errors import ConfigError, LLMServeError
+from pytest_llmserve.config import LLMServeConfig, ServerSpec, untrained_reason
+from pytest_llmserve.errors import ConfigError, LLMServeError, ReferenceAnswersError, RequestError
 from pytest_llmserve.evidence.client import LLMClient
 from pytest_llmserve.gates.probes import AnswerBook, SentBatch, ServerProbes, plan
+from pytest_llmserve.report.checks import NOT_APPLICABLE, one_line
 from pytest_llmserve.server.handle import engine_of
+from pytest_llmserve.store import reference_answers as store
 from pytest_llmserve.verdicts import oracles
 
 # An independent check's run: the oracle on a client, given the batch its answers came from (None: sent
@@ -48,7 +59,37 @@ def resolve_reference_spec(cfg: LLMServeConfig, reference: str | ServerSpec) -> 
                       f"{', '.join(s.id for s in specs)}; from {cfg.source})")
 
 
-OracleVerdict = Literal["pass", "fail", "unverifiable", "skipped"]
+OracleVerdict = Literal["pass", "fail", "unverifiable", "skipped", "not-applicable"]
+
+#: Tokens of each differential prompt recorded on a matrix's reference and replayed on its other combinations:
+#: one constant, since a recording is refused for another length (DSA's divergences came by token 6).
+REFERENCE_MAX_TOKENS = 32
+
+
+@dataclass(frozen=True, slots=True)
+class ReferencePlan:
+    """Where ``DecodeCheck.matches_reference`` finds (or records) the reference's answers.
+
+    ``reference``: the combination the server's matrix declares as its reference; ``record_dir``: this run's
+    directory, shared by its xdist workers (answers go to ``reference-answers/<server>.json`` there);
+    ``given``: a recording of an earlier run (``--llmserve-reference-answers``: a file, or a directory of
+    ``<server>.json``), used instead of recording; ``max_delta``: the bound on |Δlogprob| before the first
+    divergence."""
+
+    reference: ServerSpec
+    record_dir: Path
+    given: Path | None = None
+    max_delta: float = oracles.DEFAULT_MAX_LOGPROB_DELTA
+
+
+def reference_plan(cfg: LLMServeConfig, spec: ServerSpec, record_dir: Path,
+                   given: Path | None = None) -> ReferencePlan | None:
+    """The plan for ``spec``'s server; None when its matrix declares no reference."""
+    reference = cfg.reference_of(spec.name)
+    if reference is None:
+        return None
+    delta = spec.differential_max_logprob_delta or oracles.DEFAULT_MAX_LOGPROB_DELTA
+    return ReferencePlan(reference, record_dir, given, delta)
 
 
 def oracle_record(check: str, verdict: OracleVerdict, *, first_finding: str | None = None,
@@ -74,8 +115,10 @@ class DecodeCheck:
                  long_decode_tokens: int = 256, batch_tokens: int = 32,
                  reference_server: Callable[[str | ServerSpec], Any] | None = None, verbose: int = 0,
                  record: Callable[[dict[str, Any]], None] | None = None, probes: ServerProbes | None = None,
-                 prefetched: AnswerBook | None = None, planning: LLMClient | None = None) -> None:
+                 prefetched: AnswerBook | None = None, planning: LLMClient | None = None,
+                 reference_plan: ReferencePlan | None = None) -> None:
         self.server = server
+        self.reference_plan = reference_plan
         self.probes = probes
         self.prefetched = prefetched
         self.planning = planning
@@ -119,30 +162,55 @@ class DecodeCheck:
     def fail(self, message: str, *, check: str = "decode-check", detail: str | None = None,
              findings: Sequence[oracles.Finding] = ()) -> None:
         """Record the failure (with ``detail``, the full evidence, when the message is shortened), then fail."""
-        from pytest_llmserve.report.checks import one_line
-
         self.record(oracle_record(check, "fail", first_finding=one_line(message), findings=findings,
                                   detail=detail or message))
         self._fail(message)
 
     def skip(self, message: str, *, check: str = "decode-check", unverifiable: bool = False) -> None:
         """Record why the check did not run (``unverifiable``: its evidence does not exist), then skip."""
-        from pytest_llmserve.report.checks import one_line
-
         self.record(oracle_record(check, "unverifiable" if unverifiable else "skipped",
                                   first_finding=one_line(message), detail=message))
         self._skip(message)
 
-    def _conclude(self, report: oracles.OracleReport, extra: str = "") -> DecodeCheck:
+    @property
+    def untrained(self) -> str | None:
+        """Why this server's model is untrained (then oracles that need a trained model do not apply)."""
+        return untrained_reason(self.spec)
+
+    def not_applicable(self, check: str, why: str) -> DecodeCheck:
+        """Record that ``check`` does not apply to this model (never a pass, never a failure), then skip
+        with a reason that starts with :data:`NOT_APPLICABLE`."""
+        message = f"{NOT_APPLICABLE} {check} on {self.spec.id}: {why}"
+        self.record(oracle_record(check, "not-applicable", first_finding=one_line(message), detail=message))
+        self._skip(message)
+        return self
+
+    def _needs_trained_model(self, check: str, what: str) -> bool:
+        """True (after reporting ``check`` as not applicable, when ``skip`` returns) on an untrained model."""
+        reason = self.untrained
+        if reason is None:
+            return False
+        if self.planning is None:  # a dry run plans no requests for it, and concludes nothing
+            self.not_applicable(check, f"{what} means nothing on an untrained model ({reason})")
+        return True
+
+    def _conclude(self, report: oracles.OracleReport, extra: str = "", note: str | None = None,
+                  head: str | None = None) -> DecodeCheck:
+        """Record and judge ``report``. ``note``: said in the record's detail whatever the verdict (e.g.
+        which findings were not applicable, a differential's table); ``head``: a failure's first line (and
+        first finding) in place of the report's own."""
         self.reports.append(report)
+        if note:
+            extra = f"{extra}\n{note}" if extra else note
         if report.ok:
-            self.record(oracle_record(report.check, "pass", findings=report.findings))
+            self.record(oracle_record(report.check, "pass", findings=report.findings, detail=note))
             return self
         self.server.ensure_alive()  # a dead server is the better explanation, with its log tail
         where = f"\n{self.server.describe()}" + (f"\n{extra}" if extra else "")
-        full = report.message(self.spec.id, full=True) + where
-        shown = full if self.verbose >= 2 else report.message(self.spec.id) + where
-        self.record(oracle_record(report.check, "fail", first_finding=report.first_finding(),
+        lead = f"{head}\n" if head else ""
+        full = lead + report.message(self.spec.id, full=True) + where
+        shown = full if self.verbose >= 2 else lead + report.message(self.spec.id) + where
+        self.record(oracle_record(report.check, "fail", first_finding=head or report.first_finding(),
                                   findings=report.findings, detail=full))
         self._fail(shown)
         return self
@@ -172,12 +240,18 @@ class DecodeCheck:
         return self._independent(run)
 
     def known_answers(self, probes: Sequence[oracles.KnownAnswer] | None = None) -> DecodeCheck:
+        """Each known-answer probe's greedy answer holds an expected word (not applicable untrained)."""
+        if self._needs_trained_model("known-answers", "an expected answer"):
+            return self
         return self._independent(lambda client, _batch: oracles.run_known_answers(
             client, probes or oracles.DEFAULT_KNOWN_ANSWERS, self.spec.id))
 
     def coherent(self, max_tokens: int | None = None,
                  thresholds: oracles.CoherenceThresholds | None = None) -> DecodeCheck:
-        """A long greedy decode (256 tokens by default) is not degenerate."""
+        """A long greedy decode (256 tokens by default) is not degenerate (not applicable untrained: its
+        collapse metrics and mean-logprob floor judge a trained model's text)."""
+        if self._needs_trained_model("long-decode", "coherence of a long decode (collapse, mean-logprob floor)"):
+            return self
         return self._independent(lambda client, _batch: oracles.run_long_decode(
             client, self.spec.id, max_tokens or self.long_decode_tokens, thresholds))
 
@@ -226,24 +300,165 @@ class DecodeCheck:
             ref_server.ensure_alive()
         return self._conclude(report, extra=f"reference: {ref_server.describe()}")
 
-    def _reference(self, client: Any) -> list[Any]:
+    def matches_reference(self) -> DecodeCheck:
+        """This combination against its matrix's declared reference combination, on the same greedy prompts
+        (:data:`oracles.DEFAULT_DIFFERENTIAL_PROMPTS`, :data:`REFERENCE_MAX_TOKENS` tokens, top-5 logprobs),
+        without both servers up at once: the reference combination records its answers (the test passes as
+        "recorded"), every other combination replays the prompts and is compared with the recording. Per
+        request: the first divergence, each side's token in the other's top-k there (vLLM's rule), and the
+        largest |Δlogprob| of the chosen tokens before it (over the plan's ``max_delta``: an error).
+
+        When the reference has not recorded yet (it is not selected, or ran on another host), it is booted
+        beside this server (``reference_server``) and recorded under a file lock; a recording given by the
+        plan (an earlier run's) replaces recording altogether, after its model and prompts are checked."""
+        if self.planning is not None:  # composition-controlled: not planned ahead
+            return self
+
+        plan, spec = self.reference_plan, self.spec
+        check = "reference differential"
+        if plan is None:
+            self.skip(f"{spec.id}: no reference combination declared for server {spec.name!r} (reference = "
+                      f"\"<combination id>\" in [tool.llmserve.matrix.{spec.name}])", check=check)
+            return self
+        prompts = oracles.DEFAULT_DIFFERENTIAL_PROMPTS
+        try:
+            if plan.given is not None:
+                recorded = store.load(store.given_file(plan.given, spec.name), "--llmserve-reference-answers")
+                differing = recorded.differences(spec, prompts, REFERENCE_MAX_TOKENS, oracles.DEFAULT_LOGPROBS)
+                if differing:
+                    self.fail(f"{spec.id}: the reference answers {recorded.describe()} were recorded for something "
+                              "else; refused: " + "; ".join(differing), check=check)
+            else:
+                recorded = self._recorded_reference(plan)
+                # The reference combination's own test reports its recording, also when another process recorded
+                # it first (a combination that ran before it on another xdist worker booted it and recorded).
+                if spec.id == plan.reference.id:
+                    return self._recorded(recorded)
+        except ReferenceAnswersError as exc:
+            self.fail(f"{spec.id}: {exc}", check=check)
+            raise  # not reached: fail raises
+        return self._compare_with_reference(recorded, plan.max_delta)
+
+    def _reference_answers(self, server: Any, spec: ServerSpec) -> Any:
+        """The differential prompts sent to ``server`` (one at a time), as a recording of ``spec``."""
+        server.ensure_alive()
+        with server.client() as client:
+            client.request_kind = "probes"
+            answers = oracles.send_prompts(client, oracles.DEFAULT_DIFFERENTIAL_PROMPTS, REFERENCE_MAX_TOKENS,
+                                           logprobs=oracles.DEFAULT_LOGPROBS)
+        identity = store.model_identity(spec)
+        version = None
+        try:
+            version = getattr(server.facts(), "version", None)
+        except Exception:  # noqa: BLE001 - the version is context, not a verdict
+            pass
+        return store.ReferenceAnswers(server=spec.name, combination=spec.id, model=identity["model"],
+                                      model_sha256=identity[store.SHA_KEY], engine=spec.engine,
+                                      engine_version=str(version) if version else None,
+                                      max_tokens=REFERENCE_MAX_TOKENS, logprobs=oracles.DEFAULT_LOGPROBS,
+                                      prompts=oracles.DEFAULT_DIFFERENTIAL_PROMPTS, answers=tuple(answers))
+
+    def _recorded_reference(self, plan: ReferencePlan) -> Any:
+        """This run's recording of the reference: read when it exists, else recorded under a lock, so that one
+        process records: from this server when it is the reference, else from the reference booted beside it."""
+        from filelock import FileLock
+
+        spec = self.spec
+        path = store.answers_file(plan.record_dir, spec.name)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with FileLock(str(path) + ".lock"):
+            if path.exists():
+                return store.load(path)
+            if spec.id == plan.reference.id:
+                source: Any = self.server
+            elif self.reference_server is None:
+                raise ReferenceAnswersError(f"the reference {plan.reference.id} has recorded no answers in this "
+                                            "run and there is no configuration to boot it from")
+            else:
+                try:
+                    source = self.reference_server(plan.reference)
+                except LLMServeError as exc:
+                    raise ReferenceAnswersError(f"the reference {plan.reference.id} has recorded no answers in "
+                                                f"this run and could not be booted: {exc}") from None
+            try:
+                answers = self._reference_answers(source, plan.reference)
+            except RequestError as exc:
+                raise ReferenceAnswersError(f"recording the reference {plan.reference.id}'s answers failed: {exc}"
+                                            f"\n{source.describe()}") from None
+            return store.record(path, answers)
+
+    def _recorded(self, recorded: Any) -> DecodeCheck:
+        """The reference combination's own test: its answers recorded, and sound (NaN-free, answered)."""
+        labels = [f"differential[{p.label}]" for p in recorded.prompts]
+        report = oracles.OracleReport(f"reference answers recorded[{recorded.combination}]",
+                                      server_id=self.spec.id, completions=list(recorded.answers))
+        for label, c in zip(labels, recorded.answers, strict=True):
+            report.add(oracles.response_findings(c, probe=label))
+        if report.ok:
+            self.record(oracle_record(report.check, "pass", findings=report.findings,
+                                      detail=f"recorded: {recorded.describe()}; {len(recorded.answers)} greedy "
+                                             f"prompts, {recorded.max_tokens} tokens, top-{recorded.logprobs}"))
+            return self
+        return self._conclude(report, extra=f"recorded anyway (the other combinations report it): {recorded.path}")
+
+    def _compare_with_reference(self, recorded: Any, max_delta: float) -> DecodeCheck:
+        spec = self.spec
+        labels = [f"differential[{p.label}]" for p in recorded.prompts]
+        with self._client() as client:
+            report = oracles.run_differential(recorded.answers, client, name_ref=f"{recorded.combination} (recorded)",
+                                              name_cand=spec.id, prompts=recorded.prompts,
+                                              max_tokens=recorded.max_tokens, logprobs=recorded.logprobs,
+                                              max_delta=max_delta)
+        report.check = (f"reference differential[{spec.id} vs reference {recorded.combination}; "
+                        f"{len(recorded.prompts)} greedy prompts, {recorded.max_tokens} tokens, |Δlogprob| "
+                        f"tolerance {max_delta:g}]")
+        rows = oracles.divergence_rows(recorded.answers, report.completions, labels)
+        table = (f"{spec.id} vs {recorded.describe()}:\n"
+                 + oracles.divergence_table(rows, name_ref="reference", name_cand=spec.id, max_delta=max_delta))
+        head = None
+        if not report.ok:
+            worst = oracles.worst_row(rows, max_delta)
+            failing = {f.probe for f in report.errors}
+            if worst is None or worst.probe not in failing:  # e.g. only the reference's answers are broken
+                worst = next((r for r in rows if r.probe in failing), worst)
+            head = f"{spec.id} disagrees with reference {recorded.combination}" + (
+                f": worst request {worst.summary()} (tolerance {max_delta:g})" if worst is not None else "")
+        return self._conclude(report, note=table, head=head)
+
+    def _reference(self, client: Any) -> oracles.OracleReport:
+        """The engine's own batch-1 answers (sent once per server and kept), with their findings: NaN and
+        transport always, coherence only on a trained model. Not judged here: a batch case compares with
+        whatever the engine answered, and reports the reference's findings beside its comparisons."""
         cache = self.server.__dict__.setdefault("_llmserve_batch_reference", {})
-        key = self.batch_tokens
+        key = (self.batch_tokens, self.untrained is None)
         if key not in cache:
-            ref = oracles.run_batch_reference(client, self.spec.id, max_tokens=self.batch_tokens)
-            self._conclude(ref)
-            cache[key] = ref.completions
-        return list(cache[key])
+            cache[key] = oracles.run_batch_reference(client, self.spec.id, max_tokens=self.batch_tokens,
+                                                     judge_coherence=key[1])
+        ref: oracles.OracleReport = cache[key]
+        return ref
+
+    def _batch_cases(self, check: str, cases: Sequence[oracles.BatchCase]) -> DecodeCheck:
+        """Run ``cases`` against the batch-1 reference: every comparison runs; the reference's own findings
+        (its NaN and transport failures, which make a comparison impossible; on a trained model its
+        coherence, a separate finding) are added to the report, each named as the reference's."""
+        untrained = self.untrained
+        combined = oracles.OracleReport(check, server_id=self.spec.id)
+        with self._client("batch") as client:
+            ref = self._reference(client)
+            reference = oracles.usable_reference(ref.completions)
+            for case in cases:
+                combined.merge(oracles.run_batch_case(client, case, reference, self.spec.id, self.batch_tokens,
+                                                      exact=self._exact(), judge_coherence=untrained is None))
+        combined.add(replace(f, message=f"bs=1 reference: {f.message}") for f in ref.findings)
+        note = (f"coherence of the outputs and of their bs=1 reference not judged (not applicable: "
+                f"{untrained}); each output compared with the engine's own bs=1 answer") if untrained else None
+        return self._conclude(combined, note=note)
 
     def batch_case(self, case: oracles.BatchCase) -> DecodeCheck:
         """``case.size`` concurrent greedy requests, each checked and compared with its batch-1 reference."""
         if self.planning is not None:  # composition-controlled or no requests: not planned ahead
             return self
-        with self._client("batch") as client:
-            reference = self._reference(client)
-            report = oracles.run_batch_case(client, case, reference, self.spec.id, self.batch_tokens,
-                                            exact=self._exact())
-        return self._conclude(report)
+        return self._batch_cases(f"batch[{case.id}]", [case])
 
     def cuda_graph_sizes_covered(self) -> DecodeCheck:
         """Run every batch case derived from the sizes the server reports it captured."""
@@ -271,14 +486,7 @@ class DecodeCheck:
         else:
             cases = oracles.coverage_plan(captured, configured)
             source = f"captured sizes {list(captured)}"
-        combined = oracles.OracleReport(f"cuda-graph coverage from {source}")
-        with self._client("batch") as client:
-            reference = self._reference(client)
-            for case in cases:
-                combined.merge(oracles.run_batch_case(client, case, reference, spec.id, self.batch_tokens,
-                                                      exact=self._exact()))
-        combined.check += ": " + ", ".join(c.id for c in cases)
-        return self._conclude(combined)
+        return self._batch_cases(f"cuda-graph coverage from {source}: " + ", ".join(c.id for c in cases), cases)
 
     def config_is_execution(self) -> DecodeCheck:
         """Each requested option against what the server's log and metrics say ran."""

@@ -22,8 +22,11 @@ from typing import Any
 from pytest_llmserve import metrics as vocabulary
 from pytest_llmserve.config import Workload
 from pytest_llmserve.errors import LLMServeError
+from pytest_llmserve.evidence.client import Completion, TokenLogprob
 from pytest_llmserve.evidence.prometheus import counter_total
+from pytest_llmserve.load.contention import HostContention
 from pytest_llmserve.load.prompts import WorkloadPrompt
+from pytest_llmserve.verdicts.oracles import CoherenceThresholds, coherence_findings
 from pytest_llmserve.verdicts.stats import Summary, summarize
 
 __all__ = ["InvalidRunError", "RequestRecord", "RunResult", "compute_metrics", "cross_check", "evaluate",
@@ -136,8 +139,9 @@ def _examples(items: Sequence[str], limit: int = 3) -> str:
 
 def invalid_reasons(records: Sequence[RequestRecord], workload: Workload, *,
                     warmup: Sequence[RequestRecord] = (),
-                    allow_multi_token_chunks: bool = False) -> list[str]:
-    """Why these records cannot give a valid measurement (empty list = valid)."""
+                    allow_multi_token_chunks: bool = False, untrained: str | None = None) -> list[str]:
+    """Why these records cannot give a valid measurement (empty list = valid). ``untrained``: why the model
+    is untrained, if it is: its sampled answers' collapse is then not judged (see :func:`sample_findings`)."""
     reasons: list[str] = []
     if not records:
         return ["no timed requests were sent"]
@@ -193,7 +197,7 @@ def invalid_reasons(records: Sequence[RequestRecord], workload: Workload, *,
                        "empty: NaN logits decode to an empty special token; see the correctness checks): "
                        + _examples([f"request {r.index}: {r.output_tokens} tokens, 0 characters"
                                     for r in textless]))
-    reasons += sample_findings(ok)
+    reasons += sample_findings(ok, judge_text=untrained is None)
     starts = min(r.start for r in records)
     ends = max(r.end for r in records)
     if ends - starts <= 0:
@@ -213,20 +217,18 @@ def output_fault(reason: str) -> bool:
     return any(word in reason for word in OUTPUT_FAULT_WORDS)
 
 
-def sample_findings(records: Sequence[RequestRecord]) -> list[str]:
+def sample_findings(records: Sequence[RequestRecord], *, judge_text: bool = True) -> list[str]:
     """What is wrong with the text of the sampled requests (those that kept it): non-finite logprobs where
     the server returned logprobs, and decode collapse by the coherence oracle
-    (:func:`pytest_llmserve.verdicts.oracles.coherence_findings`, with :data:`SAMPLE_THRESHOLDS`)."""
-    from pytest_llmserve.evidence.client import Completion, TokenLogprob
-    from pytest_llmserve.verdicts.oracles import coherence_findings
-
+    (:func:`pytest_llmserve.verdicts.oracles.coherence_findings`, with :data:`SAMPLE_THRESHOLDS`) unless
+    ``judge_text`` is False (an untrained model: any text is what random weights say)."""
     out: list[str] = []
     for r in records:
         if r.text is None:
             continue
         if r.bad_logprobs:
             out.append(f"sampled request {r.index}: {r.bad_logprobs} null or non-finite logprob(s) in the stream")
-        if not r.text.strip():
+        if not r.text.strip() or not judge_text:
             continue  # the empty-text check above reports it once, with the others
         tokens = [TokenLogprob(piece, None) for piece in r.token_texts or []]
         sample = Completion(request={"prompt": f"benchmark request {r.index}"}, status=200, text=r.text,
@@ -237,8 +239,6 @@ def sample_findings(records: Sequence[RequestRecord]) -> list[str]:
 
 
 def _sample_thresholds() -> Any:
-    from pytest_llmserve.verdicts.oracles import CoherenceThresholds
-
     # The workload's prompts are seeded word lists, and a healthy small model's greedy continuation of one loops:
     # on the real engines, " to the day of the day ..." (vLLM CPU eager), " is" 26 times of 32 (vLLM CPU compiled),
     # " morning no morning no ..." over 256 tokens (vLLM 0.26 GPU). Repetition is therefore no sign of a broken
@@ -273,6 +273,8 @@ class RunResult:
     client_cpu_fraction: float | None = None  # client CPU seconds / duration, per client process
     client_cpu_s: float | None = None  # the load generator's CPU seconds in the timed phase, all processes
     event_loop: str = "asyncio"  # the client's event loop: "asyncio" or "uvloop" (see event_loop_name)
+    # What other processes took of the host during the timed phase (load/contention.py); None: not sampled.
+    host_contention: HostContention | None = None
 
     @property
     def client_cpu_ms_per_request(self) -> float | None:
@@ -307,6 +309,7 @@ class RunResult:
             "event_loop": self.event_loop,
             "client_cpu_s": self.client_cpu_s, "client_cpu_ms_per_request": self.client_cpu_ms_per_request,
             "metric_definitions": vocabulary.definitions(),
+            "host_contention": self.host_contention.to_dict() if self.host_contention is not None else None,
         }
         if per_request:
             out["per_request"] = [r.to_dict() for r in self.per_request]
@@ -323,13 +326,17 @@ def evaluate(records: Sequence[RequestRecord], workload: Workload, *, transport:
              warmup: Sequence[RequestRecord] = (), prompts: Sequence[WorkloadPrompt] = (),
              allow_multi_token_chunks: bool = False, processes: int = 1,
              server_counter: str | None = None, server_tokens: float | None = None,
-             cross_check_bound: float = 0.03, client_cpu_s: float | None = None) -> RunResult:
-    """Build the :class:`RunResult` of timed records: figures, validity, notes."""
+             cross_check_bound: float = 0.03, client_cpu_s: float | None = None,
+             untrained: str | None = None) -> RunResult:
+    """Build the :class:`RunResult` of timed records: figures, validity, notes. ``untrained``: why the model
+    is untrained (its sampled answers' collapse is not applicable; failed requests, lengths, NaN still count)."""
     recs = sorted(records, key=lambda r: (r.start, r.index))
     metrics, summaries = compute_metrics(recs)
     reasons = invalid_reasons(recs, workload, warmup=warmup,
-                              allow_multi_token_chunks=allow_multi_token_chunks)
+                              allow_multi_token_chunks=allow_multi_token_chunks, untrained=untrained)
     notes: list[str] = []
+    if untrained is not None:
+        notes.append(f"sampled answers not judged for decode collapse (not applicable: {untrained})")
     one_short = [r for r in recs if r.ok and r.output_tokens and r.chunks == r.output_tokens - 1]
     if one_short:
         notes.append(f"{len(one_short)} request(s) streamed one content chunk fewer than their tokens (two tokens in "

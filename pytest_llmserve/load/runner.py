@@ -25,6 +25,8 @@ from typing import Any, TypeVar
 
 from pytest_llmserve.config import Workload
 from pytest_llmserve.errors import LLMServeError
+from pytest_llmserve.evidence.prometheus import parse as parse_prometheus
+from pytest_llmserve.load.contention import HostContentionSampler, contention_reason
 from pytest_llmserve.load.metrics import RequestRecord, RunResult, evaluate, server_counter_throughput
 from pytest_llmserve.load.prompts import Detokenize, Tokenize, WorkloadPrompt, build_prompts
 from pytest_llmserve.load.transport import (
@@ -36,10 +38,12 @@ from pytest_llmserve.load.transport import (
     parser_for,
     request_body,
 )
+from pytest_llmserve.server.gpu import process_utilization
 
 __all__ = ["GAUGE_SAMPLE_HZ", "LOOP_ENV", "GaugeReading", "Progress", "RunningGaugeSampler", "arrival_offsets",
-           "contamination", "event_loop_name", "judge_isolation", "merge_records", "round_concurrency", "run_loop",
-           "run_workload", "run_workload_async", "run_workload_multiprocess", "split_evenly"]
+           "contamination", "event_loop_name", "judge_contention", "judge_isolation", "merge_records",
+           "round_concurrency", "run_loop", "run_workload", "run_workload_async", "run_workload_multiprocess",
+           "split_evenly"]
 
 _R = TypeVar("_R")
 
@@ -245,10 +249,8 @@ class RunningGaugeSampler:
 
     def read(self, page: str) -> float | None:
         """The gauge's value on one /metrics page (summed over label sets, e.g. data-parallel engines)."""
-        from pytest_llmserve.evidence.prometheus import parse
-
         lines = "\n".join(ln for ln in page.splitlines() if ln.startswith(self.gauge)) + "\n"
-        values = parse(lines).get(self.gauge)
+        values = parse_prometheus(lines).get(self.gauge)
         return sum(v for _, v in values) if values else None
 
     def _loop(self) -> None:
@@ -318,13 +320,30 @@ def judge_isolation(result: RunResult, gauge: str, readings: Sequence[GaugeReadi
                             "verified")
     if reason is not None:
         result.diagnostics["server_running_requests_max"] = max(answered_in_time)
-        if result.valid:
-            result.diagnostics.update(result.metrics)
-        result.valid = False
-        result.metrics = {}
-        result.summaries = {}
-        result.invalid_reasons.append(reason)
+        _invalidate(result, reason)
     return result
+
+
+def _invalidate(result: RunResult, reason: str) -> None:
+    """Make a round invalid for ``reason``: its figures move to ``diagnostics``, as for any invalid run."""
+    if result.valid:
+        result.diagnostics.update(result.metrics)
+    result.valid = False
+    result.metrics = {}
+    result.summaries = {}
+    result.invalid_reasons.append(reason)
+
+
+def judge_contention(result: RunResult, bound: float) -> str | None:
+    """Why the round is not a sample when other processes took more than ``bound`` of the host during it
+    (:func:`pytest_llmserve.load.contention.contention_reason`): the round becomes invalid, its figures moved to
+    ``diagnostics`` as for any invalid run, and the reason (naming the top processes) is returned; else None.
+    This is host *contention* (others' CPU/GPU), not *contamination* (others' requests: :func:`judge_isolation`)."""
+    reason = contention_reason(getattr(result, "host_contention", None), bound)
+    if reason is None:
+        return None
+    _invalidate(result, reason)
+    return reason
 
 
 # --------------------------------------------------------------------------- entry points
@@ -335,26 +354,35 @@ async def run_workload_async(base_url: str, model: str, workload: Workload, *,
                              transport: Transport = "lean", progress: bool = True,
                              timeout_s: float = DEFAULT_TIMEOUT_S, server_counter: str | None = None,
                              allow_multi_token_chunks: bool = False,
-                             cross_check_bound: float = 0.03, running_gauge: str | None = None) -> RunResult:
+                             cross_check_bound: float = 0.03, running_gauge: str | None = None,
+                             untrained: str | None = None, host_contention: bool = False,
+                             server_pid: int | None = None) -> RunResult:
     """Run ``workload`` against ``base_url`` (the server root, e.g. ``http://127.0.0.1:8000``).
 
     ``prompts`` (from :func:`build_prompts`) are built here when not given. ``server_counter`` (e.g.
     ``vllm:generation_tokens``) is scraped from ``/metrics`` after the warm-up and after the run, and
     the client's output throughput must agree with it within ``cross_check_bound``. ``running_gauge``
     (e.g. ``vllm:num_requests_running``) is sampled during the timed phase; a round during which it
-    exceeded the round's concurrency is invalid (see :func:`judge_isolation`).
+    exceeded the round's concurrency is invalid (see :func:`judge_isolation`). ``untrained``: why the
+    model is untrained, if it is (see :func:`pytest_llmserve.load.metrics.evaluate`). ``host_contention``:
+    sample what other processes than the server's (``server_pid`` and its descendants; found from the URL's
+    port when None) and this load generator's took of the host during the timed phase, into
+    ``result.host_contention`` (:mod:`pytest_llmserve.load.contention`; judged by the caller).
     """
     plist = list(prompts) if prompts is not None else build_prompts(workload, tokenize, detokenize)
     n_timed = sum(1 for p in plist if not p.warmup)
     bar = Progress(n_timed, workload.name, progress)
     scrapes: list[str | None] = []
     sampler = RunningGaugeSampler(base_url, api_key, running_gauge) if running_gauge else None
+    contention = _contention_sampler(base_url, server_pid) if host_contention else None
 
     async def between() -> None:
         if server_counter is not None:
             scrapes.append(await asyncio.to_thread(fetch_text, base_url, "/metrics", api_key))
         if sampler is not None:
             sampler.start()  # after the warm-up: it may not overlap the timed requests of another round
+        if contention is not None:
+            contention.start()  # the timed phase only, as the gauge
         bar.started = time.monotonic()
 
     def on_progress(done: int, failed: int, tokens: int) -> None:
@@ -367,6 +395,7 @@ async def run_workload_async(base_url: str, model: str, workload: Workload, *,
     finally:
         bar.close()
         gauge_readings = sampler.stop() if sampler is not None else []
+        busy = contention.stop() if contention is not None and contention.started else None
     server_tokens: float | None = None
     if server_counter is not None:
         after = await asyncio.to_thread(fetch_text, base_url, "/metrics", api_key)
@@ -374,11 +403,17 @@ async def run_workload_async(base_url: str, model: str, workload: Workload, *,
     result = evaluate(execution.records, workload, transport=transport, warmup=execution.warmup, prompts=plist,
                       allow_multi_token_chunks=allow_multi_token_chunks, server_counter=server_counter,
                       server_tokens=server_tokens, cross_check_bound=cross_check_bound,
-                      client_cpu_s=execution.cpu_s)
+                      client_cpu_s=execution.cpu_s, untrained=untrained)
     result.event_loop = "uvloop" if type(asyncio.get_running_loop()).__module__.startswith("uvloop") else "asyncio"
+    result.host_contention = busy
     if sampler is not None and running_gauge is not None:
         judge_isolation(result, running_gauge, gauge_readings, sampler.failed_reads)
     return result
+
+
+def _contention_sampler(base_url: str, server_pid: int | None) -> HostContentionSampler:
+    """The round's host-contention sampler, with the GPU probe's per-process accounting."""
+    return HostContentionSampler(server_pid, base_url, gpu_reader=process_utilization)
 
 
 def _counter_delta(before: str | None, after: str | None, counter: str) -> float | None:
@@ -393,7 +428,8 @@ def run_workload(base_url: str, model: str, workload: Workload, *, prompts: Sequ
                  api_key: str | None = None, transport: Transport = "lean", progress: bool = True,
                  timeout_s: float = DEFAULT_TIMEOUT_S, server_counter: str | None = None,
                  allow_multi_token_chunks: bool = False, cross_check_bound: float = 0.03,
-                 running_gauge: str | None = None) -> RunResult:
+                 running_gauge: str | None = None, untrained: str | None = None, host_contention: bool = False,
+                 server_pid: int | None = None) -> RunResult:
     """Synchronous :func:`run_workload_async` (in a helper thread when an event loop is already running)."""
     def coro() -> Awaitable[RunResult]:
         return run_workload_async(base_url, model, workload, prompts=prompts, tokenize=tokenize,
@@ -401,7 +437,8 @@ def run_workload(base_url: str, model: str, workload: Workload, *, prompts: Sequ
                                   progress=progress,
                                   timeout_s=timeout_s, server_counter=server_counter,
                                   allow_multi_token_chunks=allow_multi_token_chunks,
-                                  cross_check_bound=cross_check_bound, running_gauge=running_gauge)
+                                  cross_check_bound=cross_check_bound, running_gauge=running_gauge,
+                                  untrained=untrained, host_contention=host_contention, server_pid=server_pid)
     return _run_sync(coro)
 
 

@@ -17,9 +17,9 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from pytest_llmserve.evidence.environment import hardware_context
 from pytest_llmserve.report.json import finite_json
 from pytest_llmserve.report.outcome import BenchOutcome
+from pytest_llmserve.server.hardware import hardware_context
 from pytest_llmserve.store.baselines import atomic_write_text, utc_timestamp
 
 PYTEST_BENCHMARK_FORMAT_VERSION = "5.1.0"  # the JSON layout written here is that of pytest-benchmark 5.x

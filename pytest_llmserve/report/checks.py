@@ -17,10 +17,15 @@ from typing import TYPE_CHECKING, Any, Literal
 if TYPE_CHECKING:
     from pytest_llmserve.report.outcome import BenchOutcome
 
-CheckVerdict = Literal["pass", "fail", "error", "unverifiable", "skipped"]
+CheckVerdict = Literal["pass", "fail", "error", "unverifiable", "not-applicable", "skipped"]
 CheckKind = Literal["correctness", "benchmark"]
-CHECK_VERDICTS: tuple[CheckVerdict, ...] = ("pass", "fail", "error", "unverifiable", "skipped")
+CHECK_VERDICTS: tuple[CheckVerdict, ...] = ("pass", "fail", "error", "unverifiable", "not-applicable", "skipped")
+#: How the headline and the tables name each verdict that is not a pass or a failure.
+VERDICT_WORDS: dict[str, str] = {"unverifiable": "unverifiable", "not-applicable": "not applicable",
+                                 "skipped": "skipped"}
 CHECK_KINDS: tuple[CheckKind, ...] = ("correctness", "benchmark")
+#: How a not-applicable check's skip reason starts: the reports classify a skip by it.
+NOT_APPLICABLE = "not applicable:"
 FAILING_VERDICTS = frozenset({"fail", "error"})
 FIRST_FINDING_CHARS = 240  # one line in a table cell or a junit property
 
@@ -31,7 +36,8 @@ class CheckOutcome:
 
     ``verdict``: ``pass``; ``fail`` (the check found something); ``error`` (it could not run: its set-up,
     e.g. the server's boot, failed); ``unverifiable`` (the evidence does not exist, which is not a pass);
-    ``skipped`` (it does not apply here, e.g. no GPU). ``first_finding`` is one line, ``findings`` the
+    ``not-applicable`` (the oracle needs a trained model and this one is untrained: neither a pass nor a
+    failure); ``skipped`` (it does not apply here, e.g. no GPU). ``first_finding`` is one line, ``findings`` the
     structured evidence (the oracles' findings, each with what was sent and what came back), ``message``
     the text pytest showed (shortened unless ``-vv``) and ``detail`` the full evidence text.
     """
@@ -89,15 +95,17 @@ _BENCH_STATUS_WORDS = {
     "no-baseline": ("benchmark without baseline", "benchmarks without baseline"),
     "saved": ("baseline saved", "baselines saved"),
     "refused": ("benchmark comparison refused", "benchmark comparisons refused"),
+    "confounded": ("benchmark confounded by a busy host", "benchmarks confounded by a busy host"),
     "inconclusive": ("benchmark inconclusive", "benchmarks inconclusive"),
     "improved": ("benchmark improved", "benchmarks improved"),
 }
 
 
 def headline_counts(checks: Sequence[CheckOutcome], benchmarks: Sequence[BenchOutcome]) -> dict[str, Any]:
-    """Counts behind :func:`headline`: failures by kind, passes, unverifiable, skipped, and benchmark statuses."""
+    """Counts behind :func:`headline`: failures by kind, passes, unverifiable, not applicable, skipped, and
+    benchmark statuses."""
     failed = {"correctness": 0, "benchmark": 0}
-    counts: dict[str, Any] = {"failed": failed, "passed": 0, "unverifiable": 0, "skipped": 0,
+    counts: dict[str, Any] = {"failed": failed, "passed": 0, "unverifiable": 0, "not-applicable": 0, "skipped": 0,
                               "benchmarks": {}, "total": len(checks) + len(benchmarks)}
     for c in checks:
         if c.failed:
@@ -117,8 +125,8 @@ def headline_counts(checks: Sequence[CheckOutcome], benchmarks: Sequence[BenchOu
 
 
 def headline(checks: Sequence[CheckOutcome], benchmarks: Sequence[BenchOutcome]) -> str:
-    """E.g. ``3 FAILED (2 correctness, 1 benchmark) · 12 passed · 1 unverifiable · 1 benchmark without
-    baseline``: every verdict of the run counted, failures first, nothing that did not occur."""
+    """E.g. ``3 FAILED (2 correctness, 1 benchmark) · 12 passed · 1 unverifiable · 2 not applicable · 1
+    benchmark without baseline``: every verdict of the run counted, failures first, nothing that did not occur."""
     counts = headline_counts(checks, benchmarks)
     if not counts["total"]:
         return "no checks or benchmarks ran"
@@ -130,9 +138,9 @@ def headline(checks: Sequence[CheckOutcome], benchmarks: Sequence[BenchOutcome])
         parts.append(f"{n_failed} FAILED ({kinds})")
     if counts["passed"]:
         parts.append(f"{counts['passed']} passed")
-    for key in ("unverifiable", "skipped"):
+    for key in ("unverifiable", "not-applicable", "skipped"):
         if counts[key]:
-            parts.append(f"{counts[key]} {key}")
+            parts.append(f"{counts[key]} {VERDICT_WORDS[key]}")
     for status, n in counts["benchmarks"].items():
         one, many = _BENCH_STATUS_WORDS.get(status, (f"benchmark {status}", f"benchmarks {status}"))
         parts.append(f"{n} {one if n == 1 else many}")

@@ -10,11 +10,29 @@
                      "comparability": {...} | null, "error": str | null, "context": {...},
                      "concurrency": int | null, "request_latencies_s": {name: [...]}, "note": ...,
                      "baseline_path": ..., "run_id": ..., "saved": bool,
-                     "key": {"test", "server", "workload"}}, ...],
-     "checks": [{"test_id", "check", "server_id", "verdict": "pass|fail|error|unverifiable|skipped",
+                     "key": {"test", "server", "workload"},
+                     "spread": {"metric", "rounds", "cv": float | null, "log_sd": float | null, "noisy": bool,
+                                "noisy_cv": 0.1},
+                     "warmup": {"metric", "rounds", "values", "settled": bool | null, "difference", "seconds",
+                                "agreement", "max_rounds", "budget_s", "note"?} | null,
+                     "discarded_rounds": [{"round", "reasons": [...]}, ...],
+                     "resolution": {"log_sd", "resolvable_tolerance", "current_rounds", "rounds_a_side", ...,
+                                    "line", "short"} | null,
+                     "extension": {"target", "goal"?, "rounds_added", "seconds", "stopped", "note", ...} | null},
+                    ...],
+     "checks": [{"test_id", "check", "server_id", "verdict": "pass|fail|error|unverifiable|not-applicable|skipped",
                  "kind": "correctness|benchmark", "first_finding", "findings": [...], "message", "detail",
                  "oracles": [...], "duration_s"}, ...],
      "summary": {"headline": "3 FAILED (2 correctness, 1 benchmark) · 12 passed · ...", "counts": {...}}}
+
+``spread`` is the between-round spread of the gated metric in this run: ``cv`` (sample stdev / mean of the
+values) and ``log_sd`` (sample stdev of their natural logs, what the sequential rule's t test works on), each
+null with fewer than two rounds; ``noisy`` when the CV is above ``noisy_cv``. ``warmup`` is the gate's warm-up
+(:meth:`pytest_llmserve.gates.bench.BenchGate.warm_up`), null where none ran. ``discarded_rounds`` are rounds run
+again as measurement artefacts of the machine. These are additions to schema 1: a file without them reads as
+having no warm-up record and no discarded round. ``resolution`` (beside an inconclusive verdict: what the rule
+resolves at the measured noise and the rounds the tolerance needs, ``line`` as the gate said it) and ``extension``
+(the rounds ``extend_to_resolve`` added) are later additions, null where there is none.
 
 ``checks`` holds every check that is not a measured benchmark (see :mod:`pytest_llmserve.report.checks`);
 a file without it (written before checks were reported) reads as having none.
@@ -36,6 +54,7 @@ from pytest_llmserve.errors import BaselineError
 from pytest_llmserve.report.checks import CheckOutcome, headline, headline_counts
 from pytest_llmserve.report.outcome import BenchOutcome, outcome_from_gate
 from pytest_llmserve.store.baselines import atomic_write_text, utc_timestamp
+from pytest_llmserve.version import __version__
 
 RESULTS_FORMAT = "pytest-llmserve-results"
 RESULTS_SCHEMA = 1
@@ -43,8 +62,6 @@ RESULTS_SCHEMA = 1
 
 def results_document(outcomes: Sequence[BenchOutcome], checks: Sequence[CheckOutcome] = (), *,
                      run_id: str | None = None) -> dict[str, Any]:
-    from pytest_llmserve import __version__
-
     return {
         "format": RESULTS_FORMAT,
         "schema": RESULTS_SCHEMA,

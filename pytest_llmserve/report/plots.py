@@ -14,6 +14,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from pytest_llmserve.metrics import METRICS
 from pytest_llmserve.report.outcome import BenchOutcome
 
 PLOTS_EXTRA = "pytest-llmserve[plots]"
@@ -21,8 +22,6 @@ PLOTS_EXTRA = "pytest-llmserve[plots]"
 
 def axis_label(metric: str) -> str:
     """``output_throughput (tok/s)``, ``median_ttft_ms (ms)``: a metric with its unit."""
-    from pytest_llmserve.metrics import METRICS
-
     known = METRICS.get(metric)
     return f"{metric} ({known.unit.replace('tokens/s', 'tok/s')})" if known is not None else metric
 

@@ -11,8 +11,9 @@ from __future__ import annotations
 import contextlib
 import datetime as _dt
 import os
+import shutil
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,7 @@ from pytest_llmserve.report.benchmark_json import write_pytest_benchmark_json
 from pytest_llmserve.report.checks import CheckOutcome, as_checks, headline
 from pytest_llmserve.report.json import write_results_json
 from pytest_llmserve.report.outcome import BenchOutcome, as_outcomes
-from pytest_llmserve.report.plots import write_plots
+from pytest_llmserve.report.plots import matplotlib_missing, write_plots
 from pytest_llmserve.report.text import format_check_lines, format_markdown, format_table
 
 GITHUB_STEP_SUMMARY = "GITHUB_STEP_SUMMARY"
@@ -129,16 +130,22 @@ def latest_run_dir(results_dir: str | os.PathLike[str]) -> Path | None:
 
 def render_session(outcomes: Iterable[BenchOutcome | Mapping[str, Any]],
                    checks: Iterable[CheckOutcome | Mapping[str, Any]], results_dir: Path, *,
-                   bench_json: Path | None, wall_s: float, boot_s: float, run_id: str | None = None) -> str:
+                   bench_json: Path | None, wall_s: float, boot_s: float, run_id: str | None = None,
+                   files: Sequence[tuple[str, Path]] = ()) -> str:
     """Write every report of the session (the job summary included) and return the terminal's lines:
-    the headline, the checks that did not pass, the benchmark table, the paths written."""
-    from pytest_llmserve.report.plots import matplotlib_missing
-
+    the headline, the checks that did not pass, the benchmark table, the paths written. ``files``: other
+    records of the run, copied into its report directory under their relative names (e.g. a matrix
+    reference's answers, ``reference-answers/<server>.json``)."""
     items, rows = as_outcomes(outcomes), as_checks(checks)
     no_plots = matplotlib_missing() if items else None
     run_dir = new_run_dir(results_dir)  # never over an earlier run's reports
     paths = write_all(items, run_dir, checks=rows, bench_json=bench_json, plots=no_plots is None,
                       github_summary=True, run_id=run_id or run_dir.name)
+    for relative, source in files:
+        target = run_dir / relative
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(source, target)  # the run directory is new: nothing there to overwrite
+        paths.append(target)
     latest = point_latest(results_dir, run_dir)
     lines = [format_text_summary(items, rows)]
     lines += [f"report: {p}" for p in paths]

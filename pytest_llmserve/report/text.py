@@ -15,6 +15,7 @@ STATUS_LABELS: dict[str, str] = {
     "improved": "improved",
     "inconclusive": "inconclusive",
     "refused": "REFUSED",
+    "confounded": "confounded (host busy)",
     "error": "ERROR",
     "no-baseline": "no baseline",
     "saved": "saved as baseline",
@@ -24,6 +25,7 @@ CHECK_LABELS: dict[str, str] = {
     "fail": "FAIL",
     "error": "ERROR",
     "unverifiable": "unverifiable",
+    "not-applicable": "not applicable",
     "skipped": "skipped",
 }
 CHECK_ICONS: dict[str, str] = {
@@ -31,6 +33,7 @@ CHECK_ICONS: dict[str, str] = {
     "fail": "❌",
     "error": "⚠️",
     "unverifiable": "❔",
+    "not-applicable": "➖",
     "skipped": "⏭️",
 }
 STATUS_ICONS: dict[str, str] = {
@@ -39,6 +42,7 @@ STATUS_ICONS: dict[str, str] = {
     "improved": "🚀",
     "inconclusive": "❔",
     "refused": "⛔",
+    "confounded": "🚧",
     "error": "⚠️",
     "no-baseline": "🆕",
     "saved": "💾",
@@ -79,7 +83,38 @@ def _verdict_cell(o: BenchOutcome) -> str:
         label += " (FORCED)"
     elif comp is not None and comp.status == "allowed-variable":
         label += f" ({comp.label})"
+    if comp is not None and comp.host_diffs and comp.status != "allowed-variable":  # that label says it already
+        label += " (across hosts)"
+    if o.status == "inconclusive" and o.resolution is not None and o.resolution.get("short"):
+        label += f" ({o.resolution['short']})"  # what this noise resolves; the details say which setting to change
     return label
+
+
+def _rounds_cell(o: BenchOutcome) -> str:
+    """Measured rounds, then the warm-up rounds discarded before them and whether they settled."""
+    n = str(len(o.samples.get(o.metric, [])))
+    warm = o.warmup
+    if warm is None:
+        return n
+    if warm.get("settled") is None:
+        return f"{n} (no warm-up)"
+    return f"{n} (+{warm.get('rounds', 0)} warm-up{'' if warm['settled'] else ', NOT settled'})"
+
+
+def _spread_cell(o: BenchOutcome) -> str:
+    """The CV of the gated metric's rounds and, in brackets, the sd of their logs (the t test's scale)."""
+    spread = o.spread
+    if spread["cv"] is None:
+        return "-"
+    logs = f" ({spread['log_sd']:.3f})" if spread["log_sd"] is not None else ""
+    return f"{spread['cv']:.1%}{logs}" + (" noisy" if spread["noisy"] else "")
+
+
+def _contention_cell(o: BenchOutcome) -> str:
+    """The most other processes took of the host in a measured round, and the rounds discarded as contended."""
+    busy = o.host_contention
+    cell = f"{busy['max']:.1%}" if busy["max"] is not None else "-"
+    return cell + (f" (+{busy['discarded']} discarded)" if busy["discarded"] else "")
 
 
 def _p_cell(o: BenchOutcome) -> str:
@@ -97,6 +132,9 @@ def _rows(outcomes: Sequence[BenchOutcome]) -> list[list[str]]:
             _change_cell(o),
             _p_cell(o),
             _verdict_cell(o),
+            _rounds_cell(o),
+            _spread_cell(o),
+            _contention_cell(o),
         ]
         for o in outcomes
     ]
@@ -111,6 +149,9 @@ _HEADER = [
     "change",
     "p",
     "verdict",
+    "rounds (+warm-up)",
+    "CV (sd ln)",
+    "host contention",
 ]
 
 
@@ -140,12 +181,13 @@ def _explain(o: BenchOutcome) -> list[str]:
     if o.error:
         out.append(f"invalid run: {o.error}")
     comp = o.comparability
-    if comp is not None and comp.status in ("refused", "forced"):
+    if comp is not None and (comp.status in ("refused", "forced") or comp.host_diffs):
         out.append(comp.message)
     if o.verdict is not None and (o.status != "pass" or (comp is not None and comp.status == "forced")):
         out.append(o.verdict.reason)
     if o.note and o.note not in out:  # the gate's note often repeats the refusal or the verdict's reason
         out.append(o.note)
+    out += o.notes
     return out
 
 
@@ -194,8 +236,9 @@ def format_markdown(outcomes: Sequence[BenchOutcome], checks: Sequence[CheckOutc
 def _benchmarks_markdown(outcomes: Sequence[BenchOutcome]) -> list[str]:
     # The counts are in the headline; the table holds each benchmark's figures.
     lines = [
-        "| | benchmark | server | workload | metric | baseline | now | change | 95% CI | p | verdict |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| | benchmark | server | workload | metric | baseline | now | change | 95% CI | p | verdict "
+        "| rounds (+warm-up) | CV (sd ln) | host contention |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for o in outcomes:
         ci = f"{o.verdict.ci_low * 100:+.1f}%..{o.verdict.ci_high * 100:+.1f}%" if o.verdict else "-"
@@ -211,6 +254,9 @@ def _benchmarks_markdown(outcomes: Sequence[BenchOutcome]) -> list[str]:
             ci,
             _p_cell(o),
             _verdict_cell(o),
+            _rounds_cell(o),
+            _spread_cell(o),
+            _contention_cell(o),
         ]
         lines.append("| " + " | ".join(_md(c) for c in cells) + " |")
     details = [(o, _explain(o)) for o in outcomes]

@@ -26,7 +26,7 @@ import shutil
 import subprocess
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from pytest_llmserve.errors import PreflightError
@@ -39,6 +39,7 @@ __all__ = [
     "GpuProcess",
     "GpuSnapshot",
     "MemoryReturn",
+    "ProcessUtilization",
     "PreflightResult",
     "gpu_check",
     "gpu_processes",
@@ -48,7 +49,9 @@ __all__ = [
     "parse_smi_apps_csv",
     "parse_smi_cuda_version",
     "parse_smi_gpus_csv",
+    "parse_smi_power_limits",
     "preflight_gpus",
+    "process_utilization",
     "snapshot",
     "visible_gpus",
     "wait_memory_returned",
@@ -59,6 +62,10 @@ SMI_TIMEOUT_S = 20.0
 DEFAULT_MIN_FREE_FRACTION = 0.9
 #: Memory that may stay in use after teardown without counting as a leak (driver/context noise).
 DEFAULT_RETURN_TOLERANCE_MIB = 256
+
+#: gpu_summary's keys that are part of a host's identity (baseline contexts' "hardware").
+GPU_IDENTITY_FIELDS = ("gpu_name", "gpu_count", "driver", "cuda", "gpu_memory_mib", "gpu_compute_capability",
+                       "gpu_power_limit_w", "gpu_interconnect")
 
 _GPU_FIELDS = "index,uuid,name,memory.total,memory.used,memory.free,driver_version,pci.bus_id"
 _APP_FIELDS = "gpu_uuid,pid,process_name,used_memory"
@@ -77,6 +84,13 @@ class GpuInfo:
     driver: str | None = None
     cuda: str | None = None  # the driver's CUDA version, e.g. "13.0"
     pci_bus_id: str | None = None
+    compute_capability: str | None = None  # e.g. "9.0" (Hopper); None where the driver does not say
+    power_limit_w: int | None = None  # the enforced power limit (an admin may lower it: slower, same name)
+    nvlink: bool | None = None  # an NVLink link is active (NVML); None where unknown (nvidia-smi)
+
+    @property
+    def label(self) -> str:
+        return f"GPU {self.index} ({self.name})"
 
     @property
     def free_fraction(self) -> float:
@@ -105,6 +119,18 @@ class GpuProcess:
         what = self.command or self.name or "?"
         where = f"GPU {self.gpu_index}" if self.gpu_index is not None else (self.gpu_uuid or "GPU ?")
         return f"pid {self.pid} on {where} ({mem}): {what}"
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessUtilization:
+    """What one process used of one GPU lately (NVML's per-process accounting): the mean SM utilisation of the
+    driver's samples since the read's window began (a fraction of the GPU) and the memory it holds."""
+
+    gpu_index: int
+    pid: int
+    name: str
+    sm_util: float
+    memory_mib: int | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -251,6 +277,21 @@ def parse_smi_apps_csv(text: str, uuid_to_index: Mapping[str, int] | None = None
     return out
 
 
+def parse_smi_compute_caps(text: str) -> dict[int, str]:
+    """Rows of ``nvidia-smi --query-gpu=index,compute_cap --format=csv,noheader`` (``0, 9.0``) by GPU index."""
+    return {int(row[0]): row[1] for row in _rows(text)
+            if len(row) > 1 and row[0].isdigit() and re.fullmatch(r"\d+\.\d+", row[1])}
+
+
+def parse_smi_power_limits(text: str) -> dict[int, int]:
+    """Rows of ``nvidia-smi --query-gpu=index,power.limit --format=csv,noheader,nounits`` (``0, 700.00``) in W."""
+    out: dict[int, int] = {}
+    for row in _rows(text):
+        if len(row) > 1 and row[0].isdigit() and re.fullmatch(r"\d+(?:\.\d+)?", row[1]):
+            out[int(row[0])] = round(float(row[1]))
+    return out
+
+
 def parse_smi_cuda_version(banner: str) -> str | None:
     """``CUDA Version: 13.0`` from the plain ``nvidia-smi`` banner."""
     match = re.search(r"CUDA Version:\s*([0-9.]+)", banner)
@@ -290,8 +331,9 @@ def _mib(value: Any) -> int:
     return int(value) // (1024 * 1024)
 
 
-def _snapshot_nvml(nvml: Any = None) -> GpuSnapshot | None:
-    """Everything through NVML, or None when pynvml is missing or NVML cannot start."""
+def _nvml_started(nvml: Any = None) -> Any:
+    """``nvml`` (default: pynvml) after ``nvmlInit``, or None when pynvml is missing or NVML cannot start; the
+    caller shuts it down (``nvmlShutdown``) when done."""
     if nvml is None:
         try:
             import pynvml as nvml  # type: ignore[import-not-found, no-redef, unused-ignore]
@@ -300,6 +342,14 @@ def _snapshot_nvml(nvml: Any = None) -> GpuSnapshot | None:
     try:
         nvml.nvmlInit()
     except Exception:  # noqa: BLE001 - NVMLError_LibraryNotFound / DriverNotLoaded / ...: no GPU here
+        return None
+    return nvml
+
+
+def _snapshot_nvml(nvml: Any = None) -> GpuSnapshot | None:
+    """Everything through NVML, or None when pynvml is missing or NVML cannot start."""
+    nvml = _nvml_started(nvml)
+    if nvml is None:
         return None
     try:
         count = int(nvml.nvmlDeviceGetCount())
@@ -319,6 +369,13 @@ def _snapshot_nvml(nvml: Any = None) -> GpuSnapshot | None:
             bus: str | None = None
             with contextlib.suppress(Exception):
                 bus = _text(nvml.nvmlDeviceGetPciInfo(handle).busId)
+            capability: str | None = None
+            with contextlib.suppress(Exception):
+                major, minor = nvml.nvmlDeviceGetCudaComputeCapability(handle)
+                capability = f"{int(major)}.{int(minor)}"
+            power: int | None = None
+            with contextlib.suppress(Exception):
+                power = round(int(nvml.nvmlDeviceGetEnforcedPowerLimit(handle)) / 1000)  # mW
             gpus.append(
                 GpuInfo(
                     index=i,
@@ -330,6 +387,9 @@ def _snapshot_nvml(nvml: Any = None) -> GpuSnapshot | None:
                     driver=driver,
                     cuda=cuda,
                     pci_bus_id=bus,
+                    compute_capability=capability,
+                    power_limit_w=power,
+                    nvlink=_nvlink_active(nvml, handle),
                 )
             )
             # Compute processes are the ones that matter; if NVML cannot list them (a pynvml/driver
@@ -364,6 +424,62 @@ def _snapshot_nvml(nvml: Any = None) -> GpuSnapshot | None:
             nvml.nvmlShutdown()
 
 
+def _nvlink_active(nvml: Any, handle: Any) -> bool | None:
+    """Whether any of the GPU's NVLink links is active; False when NVML answers for its links and none is
+    (a PCIe-only GPU answers "not supported"); None when NVML cannot say."""
+    links = int(getattr(nvml, "NVML_NVLINK_MAX_LINKS", 18))
+    answered = False
+    for link in range(links):
+        try:
+            state = nvml.nvmlDeviceGetNvLinkState(handle, link)
+        except Exception as exc:  # noqa: BLE001 - NVMLError_NotSupported / InvalidArgument past the last link
+            if type(exc).__name__ == "NVMLError_NotSupported":
+                answered = True  # this GPU (or link) has no NVLink
+            continue
+        answered = True
+        if int(state) == 1:  # NVML_FEATURE_ENABLED
+            return True
+    return False if answered else None
+
+
+def process_utilization(*, nvml: Any = None, window_s: float = 1.0) -> list[ProcessUtilization] | None:
+    """Every compute process on every GPU with its SM utilisation over the last ``window_s`` seconds
+    (``nvmlDeviceGetProcessUtilization``) and its memory (``nvmlDeviceGetComputeRunningProcesses``); a process
+    with utilisation samples but no memory listed is included too. None where NVML cannot answer (no GPU, no
+    pynvml): a host without per-process GPU accounting, which is not the same as idle GPUs (``[]``).
+    ``nvml`` (a pynvml-like module) is injectable for tests."""
+    nvml = _nvml_started(nvml)
+    if nvml is None:
+        return None
+    try:
+        out: list[ProcessUtilization] = []
+        since_us = int((time.time() - window_s) * 1_000_000)
+        for i in range(int(nvml.nvmlDeviceGetCount())):
+            handle = nvml.nvmlDeviceGetHandleByIndex(i)
+            memory: dict[int, int | None] = {}
+            for proc in nvml.nvmlDeviceGetComputeRunningProcesses(handle):
+                used = getattr(proc, "usedGpuMemory", None)
+                memory[int(proc.pid)] = _mib(used) if isinstance(used, int) else None
+            util: dict[int, list[float]] = {}
+            # NVML raises NVMLError_NotFound when no process ran on the GPU in the window: none used it.
+            with contextlib.suppress(Exception):
+                for sample in nvml.nvmlDeviceGetProcessUtilization(handle, since_us):
+                    util.setdefault(int(sample.pid), []).append(float(sample.smUtil) / 100.0)
+            for pid in sorted(set(memory) | set(util)):
+                name = ""
+                with contextlib.suppress(Exception):
+                    name = os.path.basename(_text(nvml.nvmlSystemGetProcessName(pid)))
+                values = util.get(pid, [])
+                out.append(ProcessUtilization(i, pid, name, sum(values) / len(values) if values else 0.0,
+                                              memory.get(pid)))
+        return out
+    except Exception:  # noqa: BLE001 - a half-working NVML gives no accounting rather than a wrong one
+        return None
+    finally:
+        with contextlib.suppress(Exception):
+            nvml.nvmlShutdown()
+
+
 def _snapshot_smi(run: Runner = _run_smi) -> GpuSnapshot | None:
     gpus_text = run(["nvidia-smi", f"--query-gpu={_GPU_FIELDS}", "--format=csv,noheader,nounits"])
     if gpus_text is None:
@@ -372,6 +488,12 @@ def _snapshot_smi(run: Runner = _run_smi) -> GpuSnapshot | None:
     gpus = parse_smi_gpus_csv(gpus_text, cuda=parse_smi_cuda_version(banner))
     if not gpus:
         return None
+    # A query of its own: a driver that does not know the field fails the whole query, and the GPUs must still be seen.
+    capabilities = parse_smi_compute_caps(run(["nvidia-smi", "--query-gpu=index,compute_cap", "--format=csv,noheader"])
+                                          or "")
+    power = parse_smi_power_limits(run(["nvidia-smi", "--query-gpu=index,power.limit", "--format=csv,noheader,nounits"])
+                                   or "")
+    gpus = [replace(g, compute_capability=capabilities.get(g.index), power_limit_w=power.get(g.index)) for g in gpus]
     apps_text = (
         run(["nvidia-smi", f"--query-compute-apps={_APP_FIELDS}", "--format=csv,noheader,nounits"]) or ""
     )
@@ -469,11 +591,27 @@ def no_gpu_reason(env: Mapping[str, str] | None = None, **kwargs: Any) -> str | 
     return None
 
 
-def gpu_summary(snap: GpuSnapshot | None = None) -> dict[str, Any]:
-    """GPU name, count, driver, CUDA version and per-GPU memory, for baseline keys and reports.
+def _one(values: Iterable[Any]) -> Any:
+    """The value all GPUs share, else their distinct values sorted, None last (a mixed host says so)."""
+    distinct = set(values)
+    if len(distinct) == 1:
+        return distinct.pop()
+    return sorted(v for v in distinct if v is not None) + ([None] if None in distinct else [])
 
-    Keys ``gpu_name``/``gpu_count``/``driver``/``cuda`` match
-    :func:`pytest_llmserve.evidence.environment.hardware_context`, which reads them here.
+
+def _interconnect(gpus: Sequence[GpuInfo]) -> str | None:
+    """``nvlink`` when any GPU has an active NVLink link, ``pcie`` when NVML said none has, else None."""
+    if any(g.nvlink for g in gpus):
+        return "nvlink"
+    return "pcie" if gpus and all(g.nvlink is False for g in gpus) else None
+
+
+def gpu_summary(snap: GpuSnapshot | None = None) -> dict[str, Any]:
+    """The GPUs' identity (:data:`GPU_IDENTITY_FIELDS`) and per-GPU memory, for baseline keys and reports.
+
+    The identity keys are the GPU part of :func:`pytest_llmserve.evidence.environment.hardware_context`:
+    name, count, driver, CUDA version, memory (MiB), compute capability, power limit (W) and interconnect;
+    a value the GPUs do not share is the sorted list of theirs.
     """
     snap = snap if snap is not None else snapshot()
     if not snap.gpus:
@@ -482,6 +620,10 @@ def gpu_summary(snap: GpuSnapshot | None = None) -> dict[str, Any]:
             "gpu_count": 0,
             "driver": None,
             "cuda": None,
+            "gpu_memory_mib": None,
+            "gpu_compute_capability": None,
+            "gpu_power_limit_w": None,
+            "gpu_interconnect": None,
             "gpus": [],
             "gpu_source": snap.source,
         }
@@ -491,6 +633,10 @@ def gpu_summary(snap: GpuSnapshot | None = None) -> dict[str, Any]:
         "gpu_count": len(snap.gpus),
         "driver": snap.gpus[0].driver,
         "cuda": snap.gpus[0].cuda,
+        "gpu_memory_mib": _one(g.memory_total_mib for g in snap.gpus),
+        "gpu_compute_capability": _one(g.compute_capability for g in snap.gpus),
+        "gpu_power_limit_w": _one(g.power_limit_w for g in snap.gpus),
+        "gpu_interconnect": _interconnect(snap.gpus),
         "gpus": [
             {
                 "index": g.index,

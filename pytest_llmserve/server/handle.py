@@ -15,6 +15,7 @@ import subprocess
 import time
 import uuid
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Protocol, runtime_checkable
@@ -23,19 +24,36 @@ import httpx
 import psutil
 import tenacity
 
+from pytest_llmserve.builds import install_build
 from pytest_llmserve.config import SECRET_FLAGS, ServerSpec, cache_dir, is_secret_name, redact_argv
 from pytest_llmserve.engines import adapter_for
 from pytest_llmserve.engines.base import EngineAdapter, LaunchPlan
 from pytest_llmserve.errors import PreflightError, ServerDiedError, ServerError, ServerStartError
-from pytest_llmserve.server import isolation, procs
+from pytest_llmserve.evidence.client import LLMClient
+from pytest_llmserve.server import gpu, isolation, procs
+from pytest_llmserve.server.gpu import PreflightResult
 
 if TYPE_CHECKING:
-    from pytest_llmserve.evidence.client import LLMClient
     from pytest_llmserve.evidence.facts import ServerFacts
-    from pytest_llmserve.gates.accounting import Accounting
-    from pytest_llmserve.server.gpu import PreflightResult
 
 LOG_TAIL_LINES = 40
+#: How long a server no longer running, whose exit status is not reported yet, is waited for. A SIGKILLed
+#: multi-threaded process (the engine's API server) shows as a zombie as soon as its main thread is gone, while
+#: ``waitpid`` reports it only once its last thread has exited: seen in a fresh-clone run, 2026-12-03, /proc said
+#: Z 4 ms after the kill while ``poll()`` still said running, so a test whose server died under it was not told.
+ZOMBIE_REAP_S = 30.0
+
+
+class TimeAccount(Protocol):
+    """What a server records of the suite's time: its boots, its teardowns and the requests sent to it. The
+    plugin hands in its :class:`pytest_llmserve.gates.accounting.Accounting` (a layer above this one, so it
+    is named here by what the servers call, not imported)."""
+
+    def boot(self, key: str | None = None) -> AbstractContextManager[Any]: ...
+
+    def teardown(self) -> AbstractContextManager[Any]: ...
+
+    def requests(self, kind: str = "other") -> AbstractContextManager[Any]: ...
 
 
 @runtime_checkable
@@ -50,7 +68,7 @@ class RunningServer(Protocol):
     #: (an xdist worker attached to another worker's server); None when ``spec`` is that configuration.
     spec_for_checks: ServerSpec | None
     adapter: EngineAdapter
-    accounting: Accounting | None  # where request time is counted, when the suite accounts for it
+    accounting: TimeAccount | None  # where request time is counted, when the suite accounts for it
     #: Shared by correctness requests, exclusive for a benchmark round (None: a script's own server).
     request_lock: isolation.RequestLock | None
     log_path: Path | None  # None: not launched here, no log
@@ -174,7 +192,7 @@ class ServerHandle:
         self._log_fh: IO[bytes] | None = None
         self.last_readiness: str = "not polled yet"
         self.spec_for_checks: ServerSpec | None = None
-        self.accounting: Accounting | None = None  # set by the pool: request time is accounted there
+        self.accounting: TimeAccount | None = None  # set by the pool: request time is accounted there
         # The GPU preflight result of a ``gpu = true`` server, for the teardown check.
         self.gpu_pre: PreflightResult | None = None
 
@@ -196,6 +214,12 @@ class ServerHandle:
         return self.proc.pid if self.proc else None
 
     @property
+    def server_pid(self) -> int | None:
+        """The server's main process on this host (its descendants are the rest of it), for what a round
+        counts as host contention; None when not known here (a server reached by URL)."""
+        return self.pid
+
+    @property
     def marker(self) -> str:
         """``<run id>/<server key>``: the value of ``PYTEST_LLMSERVE_RUN`` in the server's environment."""
         return self.marker_env[isolation.RUN_MARKER_ENV]
@@ -213,6 +237,9 @@ class ServerHandle:
         self.stop()
 
     def start(self) -> ServerHandle:
+        # A combination's engine build not installed yet (a script's server: the plugin installs the builds when
+        # it loads the configuration) is installed first, outside the boot's clock: a boot never waits on pip.
+        self.spec = install_build(self.spec)
         start = time.monotonic()
         host = self.spec.host
         if self.adapter.launches:
@@ -220,9 +247,11 @@ class ServerHandle:
             preflight(self.spec, host, self.port)
             if self.spec.gpu:
                 # Enough GPUs, enough free memory, no stale GPU process; servers of this run are not stale.
-                from pytest_llmserve.server import gpu
-
                 self.gpu_pre = gpu.gpu_check(self.spec, ignore_pids=_live_server_pids())
+                used = [(g.label, g.compute_capability) for g in self.gpu_pre.gpus if g.index in self.gpu_pre.devices]
+                problems = self.adapter.preflight_problems(self.spec, used)
+                if problems:
+                    raise PreflightError(f"{self.spec.id} cannot run here:\n  " + "\n  ".join(problems))
         self.plan = self.adapter.launch_plan(self.spec, host, self.port)
         if self.adapter.launches:
             self._launch(self.plan)
@@ -359,11 +388,14 @@ class ServerHandle:
         if self.proc is None:
             return
         code = self.proc.poll()
-        if code is None:
+        if code is None and procs.pid_alive(self.proc.pid):  # pid_alive: running, and not a zombie
             return
+        if code is None:  # dead, its last threads still exiting: wait for the status the kernel will report
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                code = self.proc.wait(timeout=ZOMBIE_REAP_S)
         cls = ServerStartError if during == "boot" else ServerDiedError
-        how = f"exited with code {code}"
-        if code < 0:
+        how = "died (its exit status not reported yet)" if code is None else f"exited with code {code}"
+        if code is not None and code < 0:
             with contextlib.suppress(ValueError):
                 how = f"was killed by {signal.Signals(-code).name}"
         after = (f", {time.monotonic() - self._launched_at:.1f} s after launch"
@@ -376,7 +408,7 @@ class ServerHandle:
         self._raise_if_exited(during="the session")
 
     def is_alive(self) -> bool:
-        return self.proc is None or self.proc.poll() is None
+        return self.proc is None or (self.proc.poll() is None and procs.pid_alive(self.proc.pid))
 
     def death_report(self) -> str | None:
         """None while the server runs; else who died, how, the log path and its last lines."""
@@ -407,8 +439,6 @@ class ServerHandle:
             if not report.survivors:
                 unregister_running(self)  # else the record stays, so the next run finds what is left
             if self.gpu_pre is not None:
-                from pytest_llmserve.server import gpu
-
                 back = gpu.wait_memory_returned(self.gpu_pre.baseline_used_mib, self.gpu_pre.devices, 30,
                                                 server_pids=report.pids, baseline_pids=self.gpu_pre.baseline_pids)
                 self.boot.teardown["gpu_memory"] = back.to_dict()
@@ -433,8 +463,6 @@ class ServerHandle:
             return ""
 
     def client(self) -> LLMClient:
-        from pytest_llmserve.evidence.client import LLMClient
-
         return LLMClient(self.base_url, self.model_name, api_key=self.spec.api_key,
                          timeout_s=self.spec.request_timeout_s, accounting=self.accounting,
                          request_lock=self.request_lock)

@@ -33,11 +33,10 @@ from filelock import FileLock
 from pytest_llmserve.config import ServerSpec
 from pytest_llmserve.errors import ServerDiedError, ServerError
 from pytest_llmserve.server import hosts, isolation, procs
-from pytest_llmserve.server.handle import ServerHandle, engine_of
+from pytest_llmserve.server.handle import ServerHandle, TimeAccount, engine_of, registry_dir
 
 if TYPE_CHECKING:
     from pytest_llmserve.evidence.facts import ServerFacts
-    from pytest_llmserve.gates.accounting import Accounting
 
 
 def spec_key(spec: ServerSpec) -> str:
@@ -68,7 +67,7 @@ class ServerPool:
         self.max_alive = max_alive
         self.say = say or (lambda msg: None)
         self.handles: dict[str, ServerHandle] = {}
-        self.accounting: Accounting | None = None  # where the suite's time goes
+        self.accounting: TimeAccount | None = None  # where the suite's time goes
         self.failed: dict[str, str] = {}  # key -> error message: a boot that failed is not retried per test
         self.died: dict[str, str] = {}  # key -> "server died" message: later tests fail fast with it
         self.launched: list[str] = []  # keys this pool launched (its own teardown's business)
@@ -290,6 +289,11 @@ class AttachedHandle(ServerHandle):
     def is_alive(self) -> bool:
         return self._owner_pid is None or procs.pid_alive(self._owner_pid, self._created)
 
+    @property
+    def server_pid(self) -> int | None:
+        """Another worker's server: the pid it launched (None for a server named by ``url``)."""
+        return self._owner_pid
+
     def describe(self) -> str:
         if not self.original.attached:
             return super().describe()
@@ -346,8 +350,6 @@ def stop_shared_servers(run_dir: Path, say: Callable[[str], None], *, keys: set[
         leftovers.extend(report.survivors)
         if not report.survivors:
             with contextlib.suppress(OSError):
-                from pytest_llmserve.server.handle import registry_dir
-
                 (registry_dir() / f"{pid}.json").unlink()
     # What outlived its API process or left its group (a worker's server whose API process died) still
     # carries this run's marker.

@@ -128,16 +128,25 @@ def free_port(host: str = "127.0.0.1", highest: int = 65535) -> int:
     raise OSError(f"no free port at most {highest} on {host}")
 
 
-def who_listens(port: int) -> str | None:
-    """A description of the local process listening on ``port``, if psutil can see it."""
+def listener_pid(port: int) -> int | None:
+    """The pid of the local process listening on ``port``, when psutil may see it."""
     try:
         conns = psutil.net_connections(kind="inet")
     except (psutil.Error, OSError):
         return None
     for conn in conns:
         if conn.laddr and conn.laddr.port == port and conn.status == psutil.CONN_LISTEN and conn.pid:
-            with contextlib.suppress(psutil.Error):
-                return describe(psutil.Process(conn.pid))
+            return int(conn.pid)
+    return None
+
+
+def who_listens(port: int) -> str | None:
+    """A description of the local process listening on ``port``, if psutil can see it."""
+    pid = listener_pid(port)
+    if pid is None:
+        return None
+    with contextlib.suppress(psutil.Error):
+        return describe(psutil.Process(pid))
     return None
 
 

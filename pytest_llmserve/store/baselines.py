@@ -45,6 +45,7 @@ from typing import Any, Literal
 from pytest_llmserve.errors import BaselineError
 from pytest_llmserve.evidence.environment import find_secrets, plain_json, redact_context
 from pytest_llmserve.verdicts.comparability import diff_context
+from pytest_llmserve.verdicts.stats import summarize
 
 SCHEMA = 1
 DEFAULT_ROOT = "baselines"
@@ -374,7 +375,6 @@ class BaselineStore:
         leaks = find_secrets(ctx)
         if leaks:  # pragma: no cover - redact_context is idempotent; this guards future edits
             raise BaselineError(f"refusing to store secrets at {', '.join(leaks)}")
-        from pytest_llmserve.verdicts.stats import summarize
 
         record = BaselineRecord(
             recorded_at=recorded_at or utc_timestamp(),

@@ -5,7 +5,9 @@ seed) and :mod:`pytest_llmserve.testing.properties` checks each one's invariants
 ``max_tokens`` and stop sequences respected, usage consistent with the stream, streamed equal to
 non-streamed when reproducible, seeded sampling repeatable. Examples are derandomized (the same ones in
 every run, so CI is stable) and bounded (about 30 s on the CPU default); a failure is not shrunk, since
-every extra example costs server time, and its message already holds the full request.
+every extra example costs server time, and its message already holds the full request. A failure that
+Hypothesis's replay does not reproduce (a sampled answer, a shared batch) is reported by its first
+occurrence's evidence, never as a bare "Flaky" (:func:`pytest_llmserve.suite.first_failure_reported`).
 
 Property examples judge each response on its own, so the plugin sends every example's requests ahead,
 together with the server's other independent probes (``--llmserve-probe-concurrency``), by running these
@@ -19,7 +21,7 @@ from hypothesis import HealthCheck, Phase, given, settings
 
 from pytest_llmserve.evidence.client import LLMClient
 from pytest_llmserve.server.handle import RunningServer
-from pytest_llmserve.suite import suite_requests
+from pytest_llmserve.suite import first_failure_reported, suite_requests
 from pytest_llmserve.testing.properties import (
     ApiExample,
     api_examples,
@@ -46,6 +48,7 @@ def _fail_unless_ok(report: OracleReport, server: RunningServer) -> None:
 
 
 @suite_requests("properties", independent=True)
+@first_failure_reported
 @settings(max_examples=API_EXAMPLES, **_SETTINGS)  # type: ignore[arg-type]
 @given(example=api_examples())
 def test_api_invariants(llm_server: RunningServer, llm_client: LLMClient, example: ApiExample) -> None:
@@ -55,6 +58,7 @@ def test_api_invariants(llm_server: RunningServer, llm_client: LLMClient, exampl
 
 
 @suite_requests("properties", independent=True)
+@first_failure_reported
 @settings(max_examples=SEEDED_EXAMPLES, **_SETTINGS)  # type: ignore[arg-type]
 @given(example=seeded_examples())
 def test_seeded_sampling_is_repeatable(llm_server: RunningServer, llm_client: LLMClient, example: ApiExample) -> None:

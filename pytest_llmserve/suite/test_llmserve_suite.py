@@ -77,6 +77,13 @@ def test_captured_batch_sizes_covered(decode_check: DecodeCheck) -> None:
     decode_check.cuda_graph_sizes_covered()
 
 
+@pytest.mark.llmserve_correctness
+def test_matches_reference(decode_check: DecodeCheck) -> None:
+    """Agrees with the matrix's declared reference combination on the same weights (recorded there, replayed
+    here): per request the first divergence, top-k both ways at it, max |Δlogprob| before it."""
+    decode_check.matches_reference()
+
+
 @pytest.mark.llmserve_benchmark
 def test_throughput(llm_bench: BenchGate) -> None:
     """Throughput gate against the stored baseline (several rounds, statistical verdict)."""

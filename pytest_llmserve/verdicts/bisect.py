@@ -23,6 +23,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from pytest_llmserve.verdicts import stats
+
 Classification = Literal["good", "bad", "inconclusive"]
 Status = Literal["found", "no-bad-build", "inconclusive"]
 
@@ -134,8 +136,6 @@ def judge_step(index: int, reference: list[float], candidate: list[float], *, hi
     Each attempt adds ``rounds_per_attempt`` rounds a side (default: as many as measured per attempt so far);
     an attempt that gave no number (an invalid round) spends no look. ``not_worse``: a bisect for a
     regression, where a build shown not slower beyond the tolerance is good even when it is faster."""
-    from pytest_llmserve.verdicts import stats
-
     if not reference or not candidate:
         return StepResult(index, "inconclusive", correctness_ok, attempt=attempt, rounds=len(candidate),
                           correctness_detail=correctness_detail or "no valid round")

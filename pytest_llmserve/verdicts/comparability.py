@@ -4,14 +4,16 @@ Two contexts (:func:`pytest_llmserve.evidence.environment.build_context`) are fl
 compared. Keys under :data:`IGNORED_CONTEXT_KEYS` (identities, bookkeeping, timeouts) never count. A
 comparison is allowed when nothing else differs, or only the declared variable under test does; otherwise it
 is refused with every differing key named, unless a confounded comparison is forced explicitly
-(:func:`comparability`).
+(:func:`comparability`). The host's identity (``hardware.*``: CPU, its instruction sets, cores, memory, GPUs)
+may be allowed to differ on purpose (``allow_host_change``): the comparison then runs, and the differing host
+fields travel with it (:attr:`Comparability.host_diffs`) to be printed beside the verdict.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any, Literal
 
 from pytest_llmserve.evidence.environment import plain_json
@@ -40,6 +42,9 @@ VARIABLE_GROUPS: dict[str, tuple[str, ...]] = {
     "engine_build": ("engine_version", "server_args.python"),
 }
 ENGINE_BUILD_VARIABLES = ("engine_version", "engine_build")
+
+# The context keys that say which machine a run measured (evidence.environment.probe_hardware).
+HOST_KEYS: tuple[str, ...] = ("hardware",)
 
 Status = Literal["same", "allowed-variable", "refused", "forced"]
 
@@ -120,6 +125,8 @@ class Comparability:
     variable_keys: tuple[str, ...] = ()
     diffs: tuple[ContextDiff, ...] = ()
     ignored: tuple[ContextDiff, ...] = ()
+    #: Host fields that differ and were allowed to (``allow_host_change``); not in ``diffs``.
+    host_diffs: tuple[ContextDiff, ...] = ()
 
     @property
     def ok(self) -> bool:
@@ -139,6 +146,7 @@ class Comparability:
             "variable_keys": list(self.variable_keys),
             "diffs": [d.to_dict() for d in self.diffs],
             "ignored": [d.to_dict() for d in self.ignored],
+            "host_diffs": [d.to_dict() for d in self.host_diffs],
         }
 
     @classmethod
@@ -154,7 +162,23 @@ class Comparability:
             variable_keys=tuple(data.get("variable_keys", ())),
             diffs=tuple(ContextDiff.from_dict(d) for d in data.get("diffs", ())),
             ignored=tuple(ContextDiff.from_dict(d) for d in data.get("ignored", ())),
+            host_diffs=tuple(ContextDiff.from_dict(d) for d in data.get("host_diffs", ())),
         )
+
+
+def is_host_key(key: str) -> bool:
+    """A context key of the host's identity (``hardware.cpu_flags``...)."""
+    return _under(key, HOST_KEYS)
+
+
+def host_change_text(diffs: Iterable[ContextDiff]) -> str:
+    """``hardware.cpu_flags: [...] -> [...]; hardware.cpu_model: ...`` for the host fields among ``diffs``."""
+    return "; ".join(d.describe() for d in diffs if is_host_key(d.key))
+
+
+def unknown_host(diffs: Iterable[ContextDiff]) -> bool:
+    """A host field is absent on the baseline's side: it was recorded before its host's identity was."""
+    return any(is_host_key(d.key) and not d.old_present and d.new_present for d in diffs)
 
 
 def variable_keys(variable: str, *contexts: Mapping[str, Any]) -> tuple[str, ...]:
@@ -177,6 +201,7 @@ def comparability(
     allow_confounded: bool = False,
     *,
     ignore: Iterable[str] = IGNORED_CONTEXT_KEYS,
+    allow_host_change: bool = False,
 ) -> Comparability:
     """Decide whether ``current_ctx`` may be compared with ``baseline_ctx``.
 
@@ -185,11 +210,27 @@ def comparability(
       comparison" for ``engine_version``/``engine_build``, else "A/B of <variable>").
     * ``refused``: anything else differs; ``message`` lists every differing key.
     * ``forced``: would be refused, but ``allow_confounded`` is set; the report must say so.
+
+    ``allow_host_change``: the host fields (:data:`HOST_KEYS`) may differ; they are decided as if equal and
+    kept in ``host_diffs``, named in the message; any other difference is decided as above.
     """
     ignored_keys = tuple(ignore)
     every = _diff_all(baseline_ctx, current_ctx)
-    diffs = tuple(d for d in every if not _under(d.key, ignored_keys))
+    counted = tuple(d for d in every if not _under(d.key, ignored_keys))
     ignored = tuple(d for d in every if _under(d.key, ignored_keys))
+    host_diffs = tuple(d for d in counted if is_host_key(d.key)) if allow_host_change else ()
+    others = tuple(d for d in counted if d not in host_diffs)
+    decided = _decide(others, ignored, baseline_ctx, current_ctx, variable, allow_confounded)
+    if not host_diffs:
+        return decided
+    listing = "\n".join(f"  ~ {d.describe()}" for d in host_diffs)
+    return replace(decided, label=f"{decided.label}, across hosts (allowed)", host_diffs=host_diffs,
+                   message=f"{decided.message}\nacross hosts on purpose (allow_host_change), the host differs in:\n"
+                           f"{listing}")
+
+
+def _decide(diffs: tuple[ContextDiff, ...], ignored: tuple[ContextDiff, ...], baseline_ctx: Mapping[str, Any],
+            current_ctx: Mapping[str, Any], variable: str | None, allow_confounded: bool) -> Comparability:
     var_keys = variable_keys(variable, baseline_ctx, current_ctx) if variable else ()
     engine_build = variable in ENGINE_BUILD_VARIABLES
     var_label = "engine build comparison" if engine_build else f"A/B of {variable}"

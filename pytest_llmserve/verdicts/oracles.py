@@ -26,6 +26,8 @@ from typing import Any, Literal, TypeVar
 from pytest_llmserve.errors import RequestError
 from pytest_llmserve.evidence.client import Completion, LLMClient, TokenLogprob
 from pytest_llmserve.evidence.facts import NanLogPattern
+from pytest_llmserve.evidence.prometheus import counter_total
+from pytest_llmserve.evidence.prometheus import parse as parse_prometheus
 
 Severity = Literal["error", "warning"]
 _T = TypeVar("_T")
@@ -426,9 +428,7 @@ def nan_in_log(lines: Iterable[str], patterns: Sequence[NanLogPattern] = (), *,
 
 
 def _metric_totals(text: str, names: Sequence[str]) -> dict[str, float]:
-    from pytest_llmserve.evidence.prometheus import counter_total, parse
-
-    samples = parse(text)
+    samples = parse_prometheus(text)
     totals = {name: counter_total(samples, name) for name in names}
     return {name: value for name, value in totals.items() if value is not None}
 
@@ -735,16 +735,61 @@ def _first_difference(a: Sequence[TokenLogprob], b: Sequence[TokenLogprob]) -> i
     return None
 
 
+# The differential's bound on max |Δlogprob| of the chosen tokens before the first divergence, for two
+# configurations of one engine on the same weights (backend A vs backend B, graphs on vs off). Measured on an
+# H200 (SGLang 0.5.15, tiny random DeepSeek-V3.2, greedy, 32 tokens, against flashmla_sparse with graphs):
+# flashmla_sparse without graphs 0.016, tilelang 0.016, flashmla_kv with its FP8 KV cache 0.047. 0.25 is
+# five times the worst healthy figure (FP8 rounding of K/V), and far below what a broken kernel gives
+# (a wrong or scrambled attention moves the chosen token's logprob by whole units). On vLLM 0.32 CPU with
+# SmolLM2-135M (bf16), compiled against eager gave up to 0.135 over the same 9 prompts (e2e, 2026-12-02).
+DEFAULT_MAX_LOGPROB_DELTA = 0.25
+
+
+def max_logprob_delta(ref: Completion, cand: Completion) -> tuple[float, int | None]:
+    """The largest |Δlogprob| of the chosen tokens where both sides chose the same token, up to the first
+    divergence (after it the two sides condition on different text), and its position; positions whose
+    logprob is missing or not finite on either side are left out (the NaN oracles report those)."""
+    worst, at = 0.0, None
+    end = _first_difference(ref.tokens, cand.tokens)
+    for i, (r, c) in enumerate(zip(ref.tokens, cand.tokens, strict=False)):
+        if end is not None and i >= end:
+            break
+        if r.logprob is None or c.logprob is None or not (math.isfinite(r.logprob) and math.isfinite(c.logprob)):
+            continue
+        delta = abs(r.logprob - c.logprob)
+        if at is None or delta > worst:
+            worst, at = delta, i
+    return worst, at
+
+
 def check_logprobs_close(ref: Completion, cand: Completion, *, name_ref: str = "reference",
                          name_cand: str = "candidate", oracle: str = "differential",
-                         probe: str = "") -> list[Finding]:
+                         probe: str = "", max_delta: float | None = None) -> list[Finding]:
     """vLLM's ``check_logprobs_close`` rule for two greedy outputs of the same prompt.
 
     Walk the generated tokens; at the first position where they differ, each side's token must be among
     the other side's top-k alternatives (a near-tie that batching or kernels may legitimately flip), and
     then stop, because the sequences diverge from there. A divergence inside the top-k is a warning; a
     token outside the other's top-k is an error.
+
+    ``max_delta`` (None: not checked, vLLM's rule alone) also bounds the largest |Δlogprob| of the chosen
+    tokens before the divergence (:func:`max_logprob_delta`): over it is an error, however the tokens agree.
     """
+    findings = _logprobs_close(ref, cand, name_ref=name_ref, name_cand=name_cand, oracle=oracle, probe=probe)
+    if max_delta is not None and ref.ok and cand.ok and ref.tokens and cand.tokens:
+        delta, at = max_logprob_delta(ref, cand)
+        if at is not None and delta > max_delta:
+            r, c = ref.tokens[at], cand.tokens[at]
+            findings.append(_finding(oracle, "error", f"{name_cand} vs {name_ref}: max |Δlogprob| {delta:.3f} "
+                                     f"before the first divergence exceeds the tolerance {max_delta:g}, at "
+                                     f"position {at} ({r.token!r}: {name_ref} {_fmt(r.logprob)}, {name_cand} "
+                                     f"{_fmt(c.logprob)})", cand, (TokenAt.of(at, r, 5), TokenAt.of(at, c, 5)),
+                                     probe))
+    return findings
+
+
+def _logprobs_close(ref: Completion, cand: Completion, *, name_ref: str, name_cand: str, oracle: str,
+                    probe: str) -> list[Finding]:
     who = f"{name_cand} vs {name_ref}"
     if not ref.ok or not cand.ok:
         bad = name_ref if not ref.ok else name_cand
@@ -1135,24 +1180,39 @@ def batch_prompts(size: int, prompts: Sequence[ProbePrompt] = DEFAULT_BATCH_PROM
 def run_batch_reference(client: LLMClient, server_id: str = "", *, max_tokens: int = 32,
                         prompts: Sequence[ProbePrompt] = DEFAULT_BATCH_PROMPTS,
                         logprobs: int = DEFAULT_LOGPROBS,
-                        thresholds: CoherenceThresholds | None = None) -> OracleReport:
+                        thresholds: CoherenceThresholds | None = None,
+                        judge_coherence: bool = True) -> OracleReport:
     """One request at a time (batch 1) for every prompt of the pool. ``report.completions`` is the
-    reference that :func:`run_batch_case` compares with (from this server, or from an eager one)."""
+    reference that :func:`run_batch_case` compares with (from this server, or from an eager one).
+    ``judge_coherence``: also judge each answer's coherence (False on an untrained model, where it means
+    nothing); NaN and transport findings are always made."""
+    def judge(_p: ProbePrompt, c: Completion, probe: str) -> list[Finding]:
+        return coherence_findings(c, thresholds or BATCH_THRESHOLDS, probe=probe) if judge_coherence else []
+
     return _send_each(OracleReport("batch-reference", server_id=server_id), client, prompts,
-                      lambda p: f"bs=1-reference[{p.label}]", lambda _p: max_tokens, logprobs,
-                      lambda _p, c, probe: coherence_findings(c, thresholds or BATCH_THRESHOLDS, probe=probe))
+                      lambda p: f"bs=1-reference[{p.label}]", lambda _p: max_tokens, logprobs, judge)
 
 
-def run_batch_case(client: LLMClient, case: BatchCase, reference: Sequence[Completion] | None,
+def usable_reference(completions: Sequence[Completion]) -> list[Completion | None]:
+    """The batch-1 answers a batch case can be compared with: None where the answer failed or carries NaN
+    evidence (a comparison with it is impossible, and :func:`run_batch_case` says so). Coherence is not
+    judged here: a reference is the engine's own output, however (un)trained the model."""
+    return [c if c.ok and not any(f.severity == "error" for f in response_findings(c)) else None
+            for c in completions]
+
+
+def run_batch_case(client: LLMClient, case: BatchCase, reference: Sequence[Completion | None] | None,
                    server_id: str = "", max_tokens: int = 32, *,
                    prompts: Sequence[ProbePrompt] = DEFAULT_BATCH_PROMPTS, logprobs: int = DEFAULT_LOGPROBS,
                    thresholds: CoherenceThresholds | None = None, name_ref: str = "bs=1 reference",
-                   exact: bool = False) -> OracleReport:
+                   exact: bool = False, judge_coherence: bool = True) -> OracleReport:
     """Send ``case.size`` greedy requests at once, so the server decodes them as one batch, and check
-    every output: NaN evidence, coherence, and agreement with the reference of the same prompt
-    (``reference[i]`` answers ``prompts[i]``; see :func:`run_batch_reference`) by the
-    check_logprobs_close rule, or exact equality when ``exact`` (deterministic mode). Identical prompts
-    inside the batch are also compared with each other. Chat prompts are sent as raw text here."""
+    every output: NaN evidence, coherence (unless ``judge_coherence`` is False: an untrained model), and
+    agreement with the reference of the same prompt (``reference[i]`` answers ``prompts[i]``; see
+    :func:`run_batch_reference`; None, or missing: that answer was broken, and the impossible comparison
+    is an error) by the check_logprobs_close rule, or exact equality when ``exact`` (deterministic mode).
+    Identical prompts inside the batch are also compared with each other. Chat prompts are sent as raw
+    text here."""
     report = OracleReport(f"batch[{case.id}]", server_id=server_id)
     batch = batch_prompts(case.size, prompts)
     try:
@@ -1167,14 +1227,20 @@ def run_batch_case(client: LLMClient, case: BatchCase, reference: Sequence[Compl
         label = f"{case.id} request {i + 1}/{case.size} [{prompt.label}]"
         numeric = response_findings(c, probe=label)
         report.add(numeric)
-        report.add(coherence_findings(c, thresholds or BATCH_THRESHOLDS, probe=label))
+        if judge_coherence:
+            report.add(coherence_findings(c, thresholds or BATCH_THRESHOLDS, probe=label))
         if any(f.severity == "error" for f in numeric):
             continue  # nothing sensible to compare
         compare = exact_equal_findings if exact else check_logprobs_close
         pool_index = i % len(prompts)
-        if reference is not None and pool_index < len(reference) and reference[pool_index].ok:
-            report.add(compare(reference[pool_index], c, name_ref=name_ref, name_cand=f"{case.id} #{i + 1}",
-                               probe=label))
+        if reference is not None:
+            ref = reference[pool_index] if pool_index < len(reference) else None
+            if ref is not None and ref.ok:
+                report.add(compare(ref, c, name_ref=name_ref, name_cand=f"{case.id} #{i + 1}", probe=label))
+            else:
+                report.add([_finding("differential", "error", f"no comparison with the {name_ref}: its answer "
+                                     "to this prompt failed or carries NaN evidence (see its findings)", c,
+                                     probe=label)])
         j = first_of.setdefault(prompt.text, i)
         if j != i and outputs[j].ok:
             report.add(compare(outputs[j], c, name_ref=f"{case.id} #{j + 1}", name_cand=f"{case.id} #{i + 1}",
@@ -1202,22 +1268,119 @@ def run_determinism(client: LLMClient, server_id: str = "", *,
 
 
 def compare_runs(reference: Sequence[Completion], candidate: Sequence[Completion], *, name_ref: str,
-                 name_cand: str, exact: bool = False, probes: Sequence[str] | None = None) -> OracleReport:
+                 name_cand: str, exact: bool = False, probes: Sequence[str] | None = None,
+                 max_delta: float | None = None) -> OracleReport:
     """Differential check of two servers' answers to the same prompts (e.g. eager vs CUDA graphs).
 
     ``reference[i]`` and ``candidate[i]`` answer the same request; ``probes[i]`` names it in findings.
-    Each pair is judged by the check_logprobs_close rule, or by exact equality when ``exact``
-    (deterministic mode on both sides)."""
+    Each pair is judged by the check_logprobs_close rule (with ``max_delta``, the bound on |Δlogprob|
+    before the first divergence), or by exact equality when ``exact`` (deterministic mode on both sides)."""
     report = OracleReport(f"differential[{name_cand} vs {name_ref}]")
     report.completions.extend(candidate)
-    compare = exact_equal_findings if exact else check_logprobs_close
     for i, (r, c) in enumerate(zip(reference, candidate, strict=False)):
         probe = probes[i] if probes is not None and i < len(probes) else f"prompt {i + 1}"
-        report.add(compare(r, c, name_ref=name_ref, name_cand=name_cand, probe=probe))
+        if exact:
+            report.add(exact_equal_findings(r, c, name_ref=name_ref, name_cand=name_cand, probe=probe))
+        else:
+            report.add(check_logprobs_close(r, c, name_ref=name_ref, name_cand=name_cand, probe=probe,
+                                            max_delta=max_delta))
     if len(reference) != len(candidate):
         report.add([Finding("differential", "error", f"{len(reference)} reference answers but "
                             f"{len(candidate)} candidate answers")])
     return report
+
+
+@dataclass(frozen=True, slots=True)
+class DivergenceRow:
+    """One request of a differential, as its table shows it: where the two sides first chose different
+    tokens (None: identical over the tokens both have), whether each side's token there is in the other's
+    top-k, and the largest |Δlogprob| of the chosen tokens before it."""
+
+    probe: str
+    tokens: int  # tokens compared (the shorter side's count)
+    first_divergence: int | None
+    ref_token: str | None = None
+    cand_token: str | None = None
+    cand_in_ref_top: bool | None = None  # None: no divergence, or no top-k to judge it
+    ref_in_cand_top: bool | None = None
+    top_k: int = 0
+    max_delta: float = 0.0
+    max_delta_position: int | None = None
+    problem: str | None = None  # a side that failed or sent no logprobs: nothing to compare
+
+    @property
+    def divergence(self) -> str:
+        if self.problem:
+            return self.problem
+        if self.first_divergence is None:
+            return "identical"
+        return f"token {self.first_divergence}: {self.ref_token!r} vs {self.cand_token!r}"
+
+    def summary(self) -> str:
+        """The row in words, for a failure's first line."""
+        return (f"{self.probe}: {self.divergence}; candidate's token in the reference's top-k: "
+                f"{_yes_no(self.cand_in_ref_top)}, reference's in the candidate's: {_yes_no(self.ref_in_cand_top)}; "
+                f"max |Δlogprob| before it {self.max_delta:.3f}")
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["divergence"] = self.divergence
+        return out
+
+
+def divergence_row(ref: Completion, cand: Completion, probe: str) -> DivergenceRow:
+    """The table row of one request answered by both sides."""
+    if not ref.ok or not cand.ok:
+        side = "reference" if not ref.ok else "candidate"
+        return DivergenceRow(probe, 0, None, problem=f"{side} failed (HTTP {(ref if not ref.ok else cand).status})")
+    if not ref.tokens or not cand.tokens:
+        return DivergenceRow(probe, 0, None, problem="no logprobs")
+    tokens = min(len(ref.tokens), len(cand.tokens))
+    delta, at = max_logprob_delta(ref, cand)
+    i = _first_difference(ref.tokens, cand.tokens)
+    if i is None:
+        return DivergenceRow(probe, tokens, None, max_delta=delta, max_delta_position=at)
+    r, c = ref.tokens[i], cand.tokens[i]
+    judged = bool(r.top) and bool(c.top)
+    return DivergenceRow(probe, tokens, i, r.token, c.token,
+                         cand_in_ref_top=(c.token in r.top) if judged else None,
+                         ref_in_cand_top=(r.token in c.top) if judged else None,
+                         top_k=min(len(r.top), len(c.top)), max_delta=delta, max_delta_position=at)
+
+
+def divergence_rows(reference: Sequence[Completion], candidate: Sequence[Completion],
+                    probes: Sequence[str]) -> list[DivergenceRow]:
+    return [divergence_row(r, c, probe) for r, c, probe in zip(reference, candidate, probes, strict=False)]
+
+
+def _yes_no(value: bool | None) -> str:
+    return "-" if value is None else "yes" if value else "NO"
+
+
+def divergence_table(rows: Sequence[DivergenceRow], *, name_ref: str = "reference",
+                     name_cand: str = "candidate", max_delta: float | None = None) -> str:
+    """The per-request table of a differential (plain text, one request a line)."""
+    bound = f" (tolerance {max_delta:g})" if max_delta is not None else ""
+    head = ["request", f"first divergence ({name_ref} vs {name_cand})", "cand in ref top-k",
+            "ref in cand top-k", f"max |Δlogprob| before{bound}"]
+    body = [[row.probe, row.divergence, _yes_no(row.cand_in_ref_top), _yes_no(row.ref_in_cand_top),
+             f"{row.max_delta:.3f}" + (f" @{row.max_delta_position}" if row.max_delta_position is not None else "")]
+            for row in rows]
+    widths = [max(len(line[j]) for line in [head, *body]) for j in range(len(head))]
+    return "\n".join("  " + "  ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=True)).rstrip()
+                     for line in [head, *body])
+
+
+def worst_row(rows: Sequence[DivergenceRow], max_delta: float | None = None) -> DivergenceRow | None:
+    """The request that argues most against agreement: a failed side, then a token outside the other's
+    top-k, then |Δlogprob| over ``max_delta``, then the earliest divergence, then the largest |Δlogprob|."""
+    def badness(row: DivergenceRow) -> tuple[int, int, int, float, int]:
+        outside = row.cand_in_ref_top is False or row.ref_in_cand_top is False
+        over = max_delta is not None and row.max_delta > max_delta
+        first = row.first_divergence if row.first_divergence is not None else row.tokens + 1
+        return (row.problem is not None, outside, over, row.max_delta, -first)
+
+    return max(rows, key=badness) if rows else None
 
 
 # The differential's prompts: the chat probe and the raw-text batch prompts (mixed lengths), 32 greedy
@@ -1238,16 +1401,18 @@ def send_prompts(client: LLMClient, prompts: Sequence[ProbePrompt], max_tokens: 
         return [f.result() for f in futures]
 
 
-def run_differential(reference: LLMClient, candidate: LLMClient, *, name_ref: str, name_cand: str,
-                     prompts: Sequence[ProbePrompt] = DEFAULT_DIFFERENTIAL_PROMPTS, max_tokens: int = 32,
-                     logprobs: int = DEFAULT_LOGPROBS, exact: bool = False,
-                     concurrent: bool = False) -> OracleReport:
+def run_differential(reference: LLMClient | Sequence[Completion], candidate: LLMClient, *, name_ref: str,
+                     name_cand: str, prompts: Sequence[ProbePrompt] = DEFAULT_DIFFERENTIAL_PROMPTS,
+                     max_tokens: int = 32, logprobs: int = DEFAULT_LOGPROBS, exact: bool = False,
+                     concurrent: bool = False, max_delta: float | None = None) -> OracleReport:
     """The same greedy prompts on a reference configuration and on the candidate, compared answer by answer.
 
-    The reference runs one request at a time (batch 1); the candidate too, or all prompts at once when
-    ``concurrent`` (batch N against the batch-1 reference). Both sides' responses are also checked for
-    NaN and transport failures: a broken reference is reported as such, not as a divergence. Exact
-    equality when ``exact`` (deterministic mode on both servers), else vLLM's check_logprobs_close rule.
+    ``reference``: a client of the reference server, which runs one request at a time (batch 1), or its
+    answers to ``prompts`` recorded earlier (a matrix reference's recording). The candidate runs one at a
+    time too, or all prompts at once when ``concurrent`` (batch N against the batch-1 reference). Both sides'
+    responses are also checked for NaN and transport failures: a broken reference is reported as such, not as
+    a divergence. Exact equality when ``exact`` (deterministic mode on both servers), else vLLM's
+    check_logprobs_close rule (with ``max_delta``, the bound on |Δlogprob| before the first divergence).
     """
     mode = f"all {len(prompts)} at once" if concurrent else "one at a time"
     report = OracleReport(f"differential[{name_cand} vs reference {name_ref}; {len(prompts)} greedy prompts, "
@@ -1255,10 +1420,13 @@ def run_differential(reference: LLMClient, candidate: LLMClient, *, name_ref: st
     if name_ref == name_cand:  # one server against itself (batch N against batch 1): tell the sides apart
         name_ref, name_cand = f"{name_ref} (one at a time)", f"{name_cand} ({mode})"
     labels = [f"differential[{p.label}]" for p in prompts]
-    try:
-        ref = send_prompts(reference, prompts, max_tokens, logprobs=logprobs)
-    except RequestError as exc:
-        return report.add([_transport_failure(exc, f"reference {name_ref}")])
+    if isinstance(reference, Sequence):
+        ref = list(reference)
+    else:
+        try:
+            ref = send_prompts(reference, prompts, max_tokens, logprobs=logprobs)
+        except RequestError as exc:
+            return report.add([_transport_failure(exc, f"reference {name_ref}")])
     for label, c in zip(labels, ref, strict=True):
         report.add(replace(f, message=f"reference {name_ref}: {f.message}")
                    for f in response_findings(c, probe=label))
@@ -1268,20 +1436,22 @@ def run_differential(reference: LLMClient, candidate: LLMClient, *, name_ref: st
         return report.add([_transport_failure(exc, f"candidate {name_cand}")])
     for label, c in zip(labels, cand, strict=True):
         report.add(response_findings(c, probe=label))
-    compared = compare_runs(ref, cand, name_ref=name_ref, name_cand=name_cand, exact=exact, probes=labels)
+    compared = compare_runs(ref, cand, name_ref=name_ref, name_cand=name_cand, exact=exact, probes=labels,
+                            max_delta=max_delta)
     report.findings.extend(compared.findings)
     report.completions.extend(cand)
     return report
-
 
 __all__ = [
     "BATCH_THRESHOLDS", "DEFAULT_COVERAGE_CAP", "DEFAULT_DIFFERENTIAL_PROMPTS", "DEFAULT_KNOWN_ANSWERS",
     "DEFAULT_LONG_DECODE_PROMPTS",
     "DEFAULT_BATCH_PROMPTS", "DEFAULT_NAN_PROMPTS", "DEFAULT_THRESHOLDS", "NO_GRAPH_SIZES", "BatchCase",
-    "CoherenceThresholds", "Finding", "KnownAnswer", "OracleReport", "ProbePrompt", "TokenAt", "batch_prompts",
+    "CoherenceThresholds", "DEFAULT_MAX_LOGPROB_DELTA", "DivergenceRow", "Finding", "KnownAnswer", "OracleReport",
+    "ProbePrompt", "TokenAt", "batch_prompts",
     "check_logprobs_close", "coherence_findings", "coherence_metrics", "compare_runs", "coverage_plan",
-    "answer_departure", "determinism_findings", "exact_equal_findings", "known_answer_findings", "logprob_consistency",
-    "nan_evidence", "nan_in_log", "nan_in_metrics", "response_findings", "run_batch_case",
+    "answer_departure", "determinism_findings", "divergence_row", "divergence_rows", "divergence_table",
+    "exact_equal_findings", "known_answer_findings", "logprob_consistency",
+    "max_logprob_delta", "nan_evidence", "nan_in_log", "nan_in_metrics", "response_findings", "run_batch_case",
     "run_batch_reference", "run_determinism", "run_differential", "run_known_answers", "run_long_decode",
-    "run_nan_check", "send_prompts", "transport_findings",
+    "run_nan_check", "send_prompts", "transport_findings", "usable_reference", "worst_row",
 ]

@@ -69,6 +69,13 @@ the fixed-sample rule's. Operating characteristics (false "regressed" rate, powe
 both rules, measured on seeded synthetic trials with the real server's noise and on the real server:
 docs/performance.md, "Time to verdict"; :mod:`pytest_llmserve.verdicts.operating` runs such trials.
 
+What the rule can resolve (:func:`resolution`): beside an inconclusive verdict the gate says, from each side's
+log-sd and the plan, the smallest tolerance the pass boundary can reach within the planned rounds, and about how
+many rounds the configured tolerance needs (against this baseline, or with a baseline of as many rounds), from
+the same interval (|d| + t(nominal beta) * se against log(1 + margin)), each count judged with its own plan.
+At CV 5 % and a 5-round baseline it says 8 current rounds resolve about ±5.5 % and ±5 % needs about 15; seeded
+A/A trials (``tests/unit/verdicts/test_resolution.py``) pass more often at the stated count than at 8.
+
 numpy and scipy are imported inside the functions that need them.
 """
 
@@ -76,7 +83,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any, Literal
 
@@ -175,6 +182,27 @@ def summarize(samples: Sequence[float]) -> Summary:
         p99=percentile(ordered, 99),
         cv=stdev / abs(mean) if mean else 0.0,
     )
+
+
+# Rounds whose gated metric spreads wider than this (CV, sample stdev / mean) are called noisy in the reports.
+# The sequential rule's operating characteristics were measured at CV 3 % (the embedded default's rounds on a quiet
+# 2-core host: per-set CV 1.1-5.0 %) and 5 % (21.9 % of A/A comparisons then end inconclusive at the cap): at
+# twice that, a 5 % tolerance cannot be judged in a handful of rounds, and the likelier cause is a machine that is
+# busy or a server that was still warming up (docs/performance.md, "Time to verdict").
+NOISY_CV = 0.10
+
+
+def log_sd(samples: Sequence[float]) -> float:
+    """The sample standard deviation (n - 1) of the natural logs of ``samples``: the spread the sequential rule
+    (:func:`decide_sequential`, a t test on log values) works with. Close to the CV for a small spread (0.03 for
+    CV 3 %), larger for a wide one (two rounds at 1,118 and 2,217 tok/s: CV 46.6 %, log sd 0.48); NaN for fewer
+    than two samples or a sample <= 0 (no log)."""
+    values = _check_samples(samples, "log_sd")
+    if len(values) < 2 or any(v <= 0 for v in values):
+        return math.nan
+    logs = [math.log(v) for v in values]
+    mean = math.fsum(logs) / len(logs)
+    return math.sqrt(math.fsum((v - mean) ** 2 for v in logs) / (len(logs) - 1))
 
 
 def median_ci(samples: Sequence[float], *, confidence: float = 0.95, n_resamples: int = DEFAULT_RESAMPLES,
@@ -552,6 +580,32 @@ def _log_t(lb: list[float], lc: list[float]) -> tuple[float, float, int]:
     return mc - mb, se, df
 
 
+def ratio_ci(baseline: Sequence[float], current: Sequence[float], *,
+             confidence: float = 0.95) -> tuple[float, float, float]:
+    """The ratio current / baseline of two sets of rounds (one tool against another, one build against another)
+    with its ``confidence`` interval: the geometric-mean ratio ``exp(mean log c - mean log b)`` and the
+    two-sided Student t interval of that log difference with the pooled standard error of :func:`_log_t` (the
+    sequential rule's). Rounds need not be paired. NaN bounds with fewer than three rounds in all (no degrees of
+    freedom); ``ValueError`` naming the bad value for an empty side or a sample <= 0 (no log)."""
+    lb = [math.log(v) for v in _positive(baseline, "ratio_ci baseline")]
+    lc = [math.log(v) for v in _positive(current, "ratio_ci current")]
+    diff, se, df = _log_t(lb, lc)
+    if df <= 0 or not math.isfinite(se):
+        return math.exp(diff), math.nan, math.nan
+    from scipy.stats import t as student_t
+
+    half = float(student_t.isf((1.0 - confidence) / 2.0, df)) * se
+    return math.exp(diff), math.exp(diff - half), math.exp(diff + half)
+
+
+def _positive(samples: Sequence[float], what: str) -> list[float]:
+    values = _check_samples(samples, what)
+    bad = [v for v in values if v <= 0]
+    if bad:
+        raise ValueError(f"{what}: {bad[0]!r} is not > 0 (a ratio's interval works on logs)")
+    return values
+
+
 def decide_sequential(
     baseline: Sequence[float],
     current: Sequence[float],
@@ -655,3 +709,187 @@ def decide_sequential(
 def _mean(values: list[float], without: int) -> float:
     rest = [v for i, v in enumerate(values) if i != without]
     return math.fsum(rest) / len(rest)
+
+
+# --------------------------------------------------------------------------- what the rule can resolve
+# An inconclusive verdict at the round cap is often not bad luck but arithmetic: at the measured noise the
+# interval the sequential rule needs for a pass (|d| + t(nominal beta) * se < log(1 + margin)) cannot shrink
+# below the margin within the planned rounds. :func:`resolution` says by how much, from the same formula.
+
+# The chance, at the rounds :func:`resolution` states, that an unchanged metric's interval excludes the margin
+# at the last look (a pass can also come earlier), and that a drop of :attr:`Resolution.detectable_drop`
+# crosses the regression boundary there.
+RESOLUTION_POWER = 0.8
+# The most rounds a side :func:`resolution` looks at; beyond it "more than this" is said, not a number.
+RESOLUTION_ROUND_LIMIT = 50
+# Seeded draws for the Pocock bound of each candidate round count: the statement is "about N rounds", and
+# one plan per candidate at the full :data:`_BOUNDARY_DRAWS` would take seconds (the bound moves by < 0.02).
+_RESOLUTION_DRAWS = 20_000
+
+
+@dataclass(frozen=True, slots=True)
+class Resolution:
+    """What the sequential rule can resolve at the measured noise (:func:`resolution`).
+
+    ``log_sd`` is the pooled sd of the log values, as the t test pools it (from each side's ``*_log_sd``).
+    ``resolvable_margin``: the smallest change an unchanged metric's interval excludes (with
+    :data:`RESOLUTION_POWER`) at the plan's last look; a pass needs it below ``margin``, so
+    ``resolvable_tolerance`` (the same figure scaled by tolerance / margin) is the smallest tolerance this noise
+    passes within the planned rounds. ``detectable_drop``: the smallest drop crossing the regression boundary
+    there with the same power. ``current_rounds``: current rounds against this baseline that resolve
+    ``tolerance`` (the margin excluded), None when no count up to :data:`RESOLUTION_ROUND_LIMIT` does (the
+    baseline's own rounds are then the limit); ``rounds_a_side``: the rounds of each side (a baseline recorded
+    with as many) that do; None beyond the limit. ``ab``: both sides grow together (the A/B runner's plan)."""
+
+    baseline_log_sd: float
+    current_log_sd: float
+    log_sd: float
+    n_baseline: int
+    n_current: int
+    max_rounds: int
+    tolerance: float
+    margin: float
+    power: float
+    resolvable_margin: float
+    resolvable_tolerance: float
+    detectable_drop: float
+    current_rounds: int | None
+    rounds_a_side: int | None
+    ab: bool = False
+
+    @property
+    def resolved(self) -> bool:
+        """The tolerance is resolvable within the planned rounds (an inconclusive verdict was then chance, or a
+        change close to the tolerance)."""
+        return self.resolvable_tolerance <= self.tolerance
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def line(self, *, rounds_setting: str = "max_rounds", tolerance_setting: str = "tolerance",
+             record_hint: str = "") -> str:
+        """One sentence for beside an inconclusive verdict: the noise, what it resolves within the cap, the rounds
+        the tolerance needs, and what to change. ``rounds_setting`` / ``tolerance_setting`` name the settings as
+        the caller's user writes them; ``record_hint`` (with ``{n}`` for the rounds) how a baseline with more
+        rounds is recorded."""
+        tol = f"±{self.tolerance * 100:g}%"
+        limit = RESOLUTION_ROUND_LIMIT
+        head = (f"at log-sd {self.log_sd:.3f} (baseline {self.baseline_log_sd:.3f}, current "
+                f"{self.current_log_sd:.3f}), the rule resolves about ±{self.resolvable_tolerance:.1%} within "
+                f"{self.max_rounds} rounds (a pass excludes ±{self.resolvable_margin:.1%}; a drop is proven from "
+                f"about {self.detectable_drop:.1%})")
+        raise_tolerance = f"or raise `{tolerance_setting}`"
+        if self.resolved:
+            return (f"{head}: {tol} is resolvable within {rounds_setting} {self.max_rounds}, so this inconclusive "
+                    "verdict is chance or a change close to the tolerance; more rounds decide it")
+        if self.ab or self.current_rounds is not None:
+            n = self.rounds_a_side if self.ab else self.current_rounds
+            what = "rounds a side" if self.ab else f"current rounds against this {self.n_baseline}-round baseline"
+            return (f"{head}; {tol} needs about {n} {what}; `{rounds_setting}` is {self.max_rounds}: raise it to "
+                    f"{n} {raise_tolerance}")
+        if self.rounds_a_side is None:
+            return (f"{head}; {tol} needs more than {limit} rounds a side at this noise: raise `{tolerance_setting}`, "
+                    "or measure on a quieter machine")
+        n = self.rounds_a_side
+        hint = f" ({record_hint.format(n=n)})" if record_hint else ""
+        return (f"{head}; {tol} cannot be resolved against this {self.n_baseline}-round baseline in up to {limit} "
+                f"current rounds (with the pooled spread, its {self.n_baseline} rounds are the limit); it needs about "
+                f"{n} rounds a side: record the baseline with {n} rounds{hint} and raise `{rounds_setting}` to {n}, "
+                f"{raise_tolerance}")
+
+
+def _pass_width(z_beta: float, n_baseline: int, n_current: int, sd: float, power: float) -> float:
+    """(t(nominal beta) + t((1 + power) / 2)) * se at a look with these counts, ``z_beta`` the plan's Pocock bound:
+    the interval half-width, on the log scale, that an unchanged metric's pass needs below log(1 + margin)
+    there (decide_sequential's pass)."""
+    from scipy.stats import norm
+    from scipy.stats import t as student_t
+
+    df = n_baseline + n_current - 2
+    t_beta = float(student_t.isf(float(norm.sf(z_beta)), df))
+    t_power = float(student_t.isf((1.0 - power) / 2.0, df))
+    return (t_beta + t_power) * sd * math.sqrt(1.0 / n_baseline + 1.0 / n_current)
+
+
+def _pocock_z_draws(looks: Sequence[tuple[int, int]], level: float, draws: int) -> float:
+    """:func:`_pocock_z` with fewer draws (same seed): for the many candidate plans of :func:`resolution`."""
+    import numpy as np
+
+    info = np.array([1.0 / (1.0 / b + 1.0 / c) for b, c in looks])
+    corr = np.sqrt(np.minimum.outer(info, info) / np.maximum.outer(info, info))
+    rng = np.random.default_rng(_BOUNDARY_SEED)
+    z = rng.standard_normal((draws, info.size)) @ np.linalg.cholesky(corr).T
+    return float(np.quantile(z.max(axis=1), 1.0 - level))
+
+
+def pooled_log_sd(baseline_log_sd: float, n_baseline: int, current_log_sd: float, n_current: int) -> float:
+    """The pooled sd of two sides' log values (decide_sequential's t test pools them): a side with fewer than two
+    rounds (no sd of its own) takes the other's."""
+    parts = [(sd, n) for sd, n in ((baseline_log_sd, n_baseline), (current_log_sd, n_current))
+             if n >= 2 and math.isfinite(sd)]
+    if not parts:
+        raise ValueError(f"log-sd {baseline_log_sd!r} over {n_baseline} baseline rounds and {current_log_sd!r} over "
+                         f"{n_current} current rounds: no side has two rounds with a spread")
+    return math.sqrt(math.fsum((n - 1) * sd * sd for sd, n in parts) / sum(n - 1 for _, n in parts))
+
+
+def resolution(baseline_log_sd: float, current_log_sd: float, *, n_baseline: int, n_current: int,
+               plan: SequentialPlan, tolerance: float, margin: float | None = None,
+               power: float = RESOLUTION_POWER, both_sides_grow: bool = False) -> Resolution:
+    """What :func:`decide_sequential` can resolve at this noise (each side's log-sd, :func:`log_sd`) with
+    ``plan``, and the rounds the ``tolerance`` needs.
+
+    The pass boundary is decide_sequential's: |d| + t(nominal beta, df) * se < log(1 + margin), se = pooled sd *
+    sqrt(1/nb + 1/nc). For an unchanged metric |d| / se is |t(df)|, so the pass is reached at the last look
+    with probability ``power`` when (t(nominal beta) + t((1 + power) / 2)) * se <= log(1 + margin); the
+    regression boundary likewise proves a drop δ when (t(nominal alpha) + t(power)) * se <= -log(1 - δ).
+    More rounds mean more looks, and a Pocock bound over more looks is higher: each candidate round count is
+    judged with its own plan (gate_looks, or ab_looks with ``both_sides_grow``: the A/B runner's), the one
+    the gate would use with ``max_rounds`` set to it. The median change must also lie within the tolerance;
+    at this width it almost always does, and it is not modelled."""
+    from scipy.stats import norm
+    from scipy.stats import t as student_t
+
+    margin = 2.0 * tolerance if margin is None else margin
+    if not 0 < tolerance < margin or not 0 < power < 1:
+        raise ValueError(f"tolerance {tolerance!r}, margin {margin!r}, power {power!r}: need 0 < tolerance < "
+                         "margin and 0 < power < 1")
+    sd = pooled_log_sd(baseline_log_sd, n_baseline, current_log_sd, n_current)
+    nb, cap = plan.looks[-1]
+    first = plan.looks[0][1]
+    # Now: the plan as it stands, at its last look.
+    width = _pass_width(plan.z_beta, nb, cap, sd, power)
+    resolvable = math.expm1(width)
+    df = nb + cap - 2
+    t_alpha = float(student_t.isf(plan.nominal_alpha, df))
+    t_power = float(student_t.isf(1.0 - power, df))
+    detectable = -math.expm1(-(t_alpha + t_power) * sd * math.sqrt(1.0 / nb + 1.0 / cap))
+    bound = math.log1p(margin)
+    z_one_look = float(norm.isf(plan.beta))  # a bound over one look: the lowest any plan has
+
+    def needed(looks_for: Callable[[int], tuple[tuple[int, int], ...]], baseline_for: Callable[[int], int]
+               ) -> int | None:
+        # The first count whose pass width fits, scanning up: against a fixed baseline the width stops shrinking
+        # (se tends to sd / sqrt(nb)) while the bound over more looks keeps growing, so it is not monotone. A count
+        # whose width is too wide even with the lowest bound a plan of that many looks can have (one look's, or
+        # this plan's for more looks than it has: more looks raise the bound) is passed over without a plan.
+        for n in range(first, RESOLUTION_ROUND_LIMIT + 1):
+            z_low = plan.z_beta if n >= cap else z_one_look
+            if _pass_width(z_low, baseline_for(n), n, sd, power) > bound:
+                continue
+            z = _pocock_z_draws(looks_for(n), plan.beta, _RESOLUTION_DRAWS)
+            if _pass_width(z, baseline_for(n), n, sd, power) <= bound:
+                return n
+        return None
+
+    if both_sides_grow:
+        current_rounds = needed(lambda n: ab_looks(first, n), lambda n: n)
+        a_side = current_rounds
+    else:
+        current_rounds = needed(lambda n: gate_looks(nb, first, n), lambda n: nb)
+        a_side = needed(lambda n: gate_looks(n, first, n), lambda n: n)
+    return Resolution(baseline_log_sd=baseline_log_sd, current_log_sd=current_log_sd, log_sd=sd, n_baseline=nb,
+                      n_current=n_current, max_rounds=cap, tolerance=tolerance, margin=margin, power=power,
+                      resolvable_margin=resolvable, resolvable_tolerance=resolvable * tolerance / margin,
+                      detectable_drop=detectable, current_rounds=current_rounds, rounds_a_side=a_side,
+                      ab=both_sides_grow)

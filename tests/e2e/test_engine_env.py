@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.conftest import TINY_WORKLOAD, default_server_toml
+from tests.e2e.conftest import TINY_WORKLOAD, default_server_toml, expect_outcomes
 
 KV_TEST = """
 import pytest
@@ -37,7 +37,7 @@ def test_shell_kv_cache_space_enters_the_baseline_context(pytester: pytest.Pytes
 
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "2")
     saved = pytester.runpytest_subprocess("-s", "-p", "no:cacheprovider", "--llmserve-save-baseline", timeout=900)
-    saved.assert_outcomes(passed=1)
+    expect_outcomes(saved, passed=1)
     [baseline] = (pytester.path / "baselines").glob("*.json")
     assert json.loads(baseline.read_text())["context"]["engine_env"] == {"VLLM_CPU_KVCACHE_SPACE": "2"}
 
@@ -45,7 +45,7 @@ def test_shell_kv_cache_space_enters_the_baseline_context(pytester: pytest.Pytes
     rerun = pytester.runpytest_subprocess("-s", "-p", "no:cacheprovider", timeout=900)
     out = rerun.stdout.str()
     # Decidable from the configuration alone: refused in set-up, before any boot, naming the variable.
-    rerun.assert_outcomes(errors=1)
+    expect_outcomes(rerun, errors=1)
     assert 'engine_env.VLLM_CPU_KVCACHE_SPACE: "2" -> "1"' in out, out
     assert "booting" not in out and "server boots:" not in out, out
     # Forced, the run boots: the variable reached the server, which got half the KV cache.

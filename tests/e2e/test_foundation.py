@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.conftest import TINY_WORKLOAD, boots_line, default_server_toml
+from tests.e2e.conftest import TINY_WORKLOAD, boots_line, default_server_toml, expect_outcomes
 
 
 def test_suite_save_recheck_and_slower_configuration_fails(
@@ -33,7 +33,8 @@ def test_suite_save_recheck_and_slower_configuration_fails(
     first = pytester.runpytest_subprocess("--llmserve-suite", "--llmserve-server=default",
                                           "--llmserve-save-baseline", "-p", "no:cacheprovider", timeout=900)
     out = first.stdout.str()
-    first.assert_outcomes(passed=14, skipped=1)  # 12 suite items + 2 property tests
+    expect_outcomes(first, passed=14, skipped=2)  # 14 suite items + 2 property tests; skipped: captured sizes
+    # (graphs off) and matches-reference (no reference combination declared)
     assert boots_line(out) == "server boots: 1 (default)"
     assert "saved 5 rounds as a new baseline record" in out
     baseline_files = sorted((pytester.path / "baselines").glob("test_throughput--default--tiny-*.json"))
@@ -45,16 +46,20 @@ def test_suite_save_recheck_and_slower_configuration_fails(
     saved_figure = stored["records"][0]["summary"]["output_throughput"]["median"]
     assert saved_figure > 0
 
-    # 2. A re-run against the saved baseline passes (same configuration: not regressed).
-    second = pytester.runpytest_subprocess("--llmserve-suite", "--llmserve-server=default", "-k", "throughput",
+    # 2. The same command again, against the saved baseline, passes (same configuration: not regressed). The
+    # whole suite, not its throughput test alone: the benchmark then runs after the same requests on a fresh
+    # server as the baseline's did. Alone, right after boot, it measured +31.5 % (190.5 -> 250.5 tok/s, a
+    # fresh-clone run on 2 cores, 2026-12-03) and was rightly "improved" against the ±30 % tolerance.
+    second = pytester.runpytest_subprocess("--llmserve-suite", "--llmserve-server=default",
                                            "-p", "no:cacheprovider", timeout=900)
-    second.assert_outcomes(passed=1, deselected=14)
+    expect_outcomes(second, passed=14, skipped=2)
     verdict_line = [ln for ln in second.stdout.lines if ln.startswith("test_throughput[default] ")]
-    assert verdict_line and verdict_line[0].split()[-1] in ("pass", "inconclusive"), second.stdout.str()
+    # The verdict column (the table goes on with the rounds and their CV).
+    assert verdict_line and {"pass", "inconclusive"} & set(verdict_line[0].split()), second.stdout.str()
 
     # 3. The same workload on --max-num-seqs 1 under concurrency 8 is slower: the gate fails and shows both figures.
     third = pytester.runpytest_subprocess("test_slow.py", "-p", "no:cacheprovider", timeout=900)
-    third.assert_outcomes(failed=1)
+    expect_outcomes(third, failed=1)
     text = third.stdout.str()
     assert "output_throughput REGRESSED on slow" in text
     assert "baseline: median" in text and "now:      median" in text

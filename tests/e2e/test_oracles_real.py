@@ -5,7 +5,7 @@ range float values are not JSON compliant" whenever logprobs are asked for). ``s
 layers in reverse order: finite, confident logprobs, and text like " piece, piece. piece in piece".
 Both are derived in set-up from the converted model (idempotent, cached under the plugin's cache; no
 weights in the repository). One inner pytest session runs the oracles on the healthy model and on both
-derived ones, booting one server at a time (two for the differential against the scrambled reference).
+derived ones, each served by a shared server of this test run (attached: the oracles' case is not booting).
 """
 
 from __future__ import annotations
@@ -16,11 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from pytest_llmserve.engines import embedded
-from pytest_llmserve.testing.checkpoints import derive_checkpoint
-from tests.e2e.conftest import REAL_CACHE, boots_line, default_server_toml
+from tests.e2e.conftest import boots_line
+from tests.e2e.shared import SharedServers
 
-DERIVED = Path(REAL_CACHE) / "models" / "derived"
+SHARED_SERVERS = ("healthy", "scrambled", "nan")  # the shared servers (tests/e2e/shared.py) this module attaches to
 
 INNER_TESTS = """
 import pytest
@@ -72,12 +71,9 @@ def outcomes_from_junit(path: Path) -> dict[str, tuple[str, str]]:
 
 
 def test_nan_and_scrambled_checkpoints_are_caught_by_the_right_oracle(
-        pytester: pytest.Pytester, write_config: Callable[[str], Path]) -> None:
-    source = embedded.model_dir()
-    nan = derive_checkpoint(source, DERIVED / "nan", "nan")
-    scrambled = derive_checkpoint(source, DERIVED / "scrambled", "scrambled")
-    write_config('default_server = "healthy"\n' + default_server_toml("healthy")
-                 + default_server_toml("scrambled", model=str(scrambled)) + default_server_toml("nan", model=str(nan)))
+        pytester: pytest.Pytester, write_config: Callable[[str], Path], shared_servers: SharedServers) -> None:
+    servers = {name: shared_servers.get(name) for name in ("healthy", "scrambled", "nan")}
+    write_config('default_server = "healthy"\n' + "".join(server.toml() for server in servers.values()))
     pytester.makeini("[pytest]\n")  # the rootdir is this directory, whatever lies above it
     pytester.makepyfile(test_oracles=INNER_TESTS)
     junit = pytester.path / "junit.xml"
@@ -108,7 +104,8 @@ def test_nan_and_scrambled_checkpoints_are_caught_by_the_right_oracle(
            in message
     assert "without logprobs the same request answers HTTP 200, and 32 tokens were generated but the text has " \
            "only 0 character(s)" in message
-    assert "/nan" in message and "log:" in message  # the server configuration and its log
+    assert "/nan" in message or servers["nan"].url in message, message  # which server
+    assert "log:" in message  # and its log
     for name in ("test_known_answers[nan]", "test_coherent[nan]"):
         assert "Out of range float values" in failure(name)  # every oracle sees the NaN, none hides it
 
@@ -130,8 +127,10 @@ def test_nan_and_scrambled_checkpoints_are_caught_by_the_right_oracle(
     assert "healthy vs scrambled: diverge at position 0" in message
     assert "is not in scrambled's top-5" in message
     assert "offending tokens: scrambled's first, then healthy's" in message
-    assert "reference: server scrambled" in message
+    assert "reference: attached server scrambled at " + servers["scrambled"].url in message, message
 
     assert len(got) == 11, summary
-    # One boot per configuration: the scrambled server booted beside the healthy one stays for its own tests.
-    assert boots_line(out) == "server boots: 3 (healthy, scrambled, nan)", out[-3000:]
+    # Nothing booted: each server attached, its log read for the facts.
+    assert boots_line(out) == "server boots: 0", out[-3000:]
+    for name, server in servers.items():
+        assert f"attached: {name} at {server.url}, not launched by this run" in out, out[-3000:]

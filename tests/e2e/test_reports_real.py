@@ -2,7 +2,7 @@
 
 The model is the ``nan`` checkpoint that the oracles' e2e test derives (one mid-depth layer filled with
 NaN: vLLM answers HTTP 400 whenever logprobs are asked for, and empty text without them). One inner
-pytest run (one boot) runs the whole built-in suite on it with a tiny benchmark workload, ``--junitxml``
+pytest run, attached to the test run's shared server of that checkpoint, runs the whole built-in suite on it with a tiny benchmark workload, ``--junitxml``
 and ``$GITHUB_STEP_SUMMARY`` set. What is checked is what a CI page is built from: summary.md's first
 line counts the correctness failures, results.json has a row for each, junit carries each verdict as
 testcase properties, the job summary is appended to (not overwritten), and the failure messages are
@@ -19,11 +19,11 @@ from pathlib import Path
 
 import pytest
 
-from pytest_llmserve.engines import embedded
-from pytest_llmserve.testing.checkpoints import derive_checkpoint
-from tests.e2e.conftest import REAL_CACHE, TINY_WORKLOAD, default_server_toml
+from tests.e2e.conftest import TINY_WORKLOAD
+from tests.e2e.shared import SharedServers
 
-DERIVED = Path(REAL_CACHE) / "models" / "derived"
+SHARED_SERVERS = ("nan",)  # the shared servers (tests/e2e/shared.py) this module attaches to
+
 EARLIER_STEP = "## an earlier step's summary\n"
 
 
@@ -39,9 +39,9 @@ def junit_cases(path: Path) -> dict[str, tuple[dict[str, str], str]]:
 
 
 def test_the_suite_on_the_nan_checkpoint_reports_every_failure(
-        pytester: pytest.Pytester, write_config: Callable[[str], Path], monkeypatch: pytest.MonkeyPatch) -> None:
-    nan = derive_checkpoint(embedded.model_dir(), DERIVED / "nan", "nan")
-    write_config(default_server_toml("nan", model=str(nan)) + TINY_WORKLOAD)
+        pytester: pytest.Pytester, write_config: Callable[[str], Path], monkeypatch: pytest.MonkeyPatch,
+        shared_servers: SharedServers) -> None:
+    write_config(shared_servers.get("nan").toml() + TINY_WORKLOAD)
     pytester.makeini("[pytest]\n")  # the rootdir is this directory, whatever lies above it
     step_summary = pytester.path / "step-summary.md"
     step_summary.write_text(EARLIER_STEP, encoding="utf-8")

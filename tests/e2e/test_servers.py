@@ -1,6 +1,7 @@
 """Servers in depth on the real vLLM CPU server: a two-combination matrix (eager vs compiled) boots twice
 with the right facts and passing config-is-execution checks; the same run A/B-tests the two; a baseline
-is refused when more than the variable under test changed; `-n 2` shares one boot; attach mode boots none.
+is refused when more than the variable under test changed; attach mode boots none. (That `-n 2` shares one
+boot between two workers is proven by tests/e2e/test_isolation_real.py, whose two workers each use it.)
 """
 
 from __future__ import annotations
@@ -9,11 +10,13 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
+import httpx
 import pytest
 
-from pytest_llmserve.engines import embedded
-from pytest_llmserve.server.handle import ServerHandle
-from tests.e2e.conftest import TINY_WORKLOAD, boots_line, default_server_toml
+from tests.e2e.conftest import TINY_WORKLOAD, boots_line, default_server_toml, expect_outcomes
+from tests.e2e.shared import SharedServers
+
+SHARED_SERVERS = ("healthy",)  # the shared servers (tests/e2e/shared.py) this module attaches to
 
 FACTS_TEST = """
 import json
@@ -50,7 +53,7 @@ def test_matrix_boots_each_combination_once_with_facts_ab_and_refusal(
     result = pytester.runpytest_subprocess("-s", "-p", "no:cacheprovider", "--llmserve-save-baseline",
                                            timeout=1500)
     out = result.stdout.str()
-    result.assert_outcomes(passed=5)
+    expect_outcomes(result, passed=5)
     # Two configurations, two boots (the A/B reuses both servers), each with its own facts.
     assert boots_line(out) == "server boots: 2 (cpu[eager=on], cpu[eager=off])", out
     facts = [json.loads(line.split("FACTS ", 1)[1]) for line in out.splitlines() if "FACTS " in line]
@@ -72,7 +75,7 @@ def test_matrix_boots_each_combination_once_with_facts_ab_and_refusal(
             llm_bench.run()
     """)
     refused = pytester.runpytest_subprocess("test_refuse.py", "-p", "no:cacheprovider", timeout=900)
-    refused.assert_outcomes(errors=1)  # refused in set-up, from the configuration alone: no boot
+    expect_outcomes(refused, errors=1)  # refused in set-up, from the configuration alone: no boot
     text = refused.stdout.str()
     assert "server boots:" not in text
     assert "comparison refused" in text
@@ -80,35 +83,17 @@ def test_matrix_boots_each_combination_once_with_facts_ab_and_refusal(
     assert "server_args.cuda_graph" in text         # and the variable under test is shown as such
 
 
-def test_xdist_two_workers_share_one_boot(pytester: pytest.Pytester, write_config: Callable[[str], Path]) -> None:
-    write_config(default_server_toml() + TINY_WORKLOAD)
-    pytester.makepyfile(test_many="""
-        import os
-        import pytest
-
-        @pytest.mark.parametrize("i", range(6))
-        def test_generate(llm_server, llm_client, i):
-            out = llm_client.complete(f"Count to {i}:", 4)
-            assert out.ok, out.describe()
-            print("WORKER", os.environ.get("PYTEST_XDIST_WORKER"), llm_server.base_url)
+def test_attach_to_running_server_boots_nothing(pytester: pytest.Pytester, shared_servers: SharedServers) -> None:
+    server = shared_servers.get("healthy")  # a server this run did not launch
+    pytester.makepyfile(test_attach="""
+        def test_generate(llm_server, llm_client):
+            out = llm_client.chat("What is the capital of France? Answer in one word.", 16)
+            assert "Paris" in out.text, out.describe()
+            assert llm_server.spec.engine == "external"
     """)
-    result = pytester.runpytest_subprocess("-n", "2", "-p", "no:cacheprovider", "-s", timeout=900)
-    result.assert_outcomes(passed=6)
-    assert boots_line(result.stdout.str()) == "server boots: 1 (default)", result.stdout.str()
-
-
-def test_attach_to_running_server_boots_nothing(pytester: pytest.Pytester, tmp_path: Path) -> None:
-    with ServerHandle(embedded.default_spec(), log_dir=tmp_path) as server:
-        pytester.makepyfile(test_attach="""
-            def test_generate(llm_server, llm_client):
-                out = llm_client.chat("What is the capital of France? Answer in one word.", 16)
-                assert "Paris" in out.text, out.describe()
-                assert llm_server.spec.engine == "external"
-        """)
-        result = pytester.runpytest_subprocess(f"--llmserve-url={server.base_url}", "-p", "no:cacheprovider",
-                                               timeout=600)
-        result.assert_outcomes(passed=1)
-        assert boots_line(result.stdout.str()) == "server boots: 0"
-        assert (f"attached: external at {server.base_url}, not launched by this run (nor stopped by it)"
-                in result.stdout.str())
-        assert server.is_alive()  # attach mode never stops a server it did not start
+    result = pytester.runpytest_subprocess(f"--llmserve-url={server.url}", "-p", "no:cacheprovider", timeout=600)
+    expect_outcomes(result, passed=1)
+    assert boots_line(result.stdout.str()) == "server boots: 0"
+    assert (f"attached: external at {server.url}, not launched by this run (nor stopped by it)"
+            in result.stdout.str())
+    assert httpx.get(server.url + "/health", timeout=10).status_code == 200  # attach mode never stops a server

@@ -184,7 +184,7 @@ def test_the_gate_bounds_each_measured_request_by_the_servers_request_timeout(
     The gate hands the server's ``request_timeout_s`` to the load generator instead of its 300 s default."""
     out = _failing_gate_run(pytester, standin_toml("wedged", "silent.py", token=token, request_timeout_s=1.0)
                             + "[workloads.tiny]\nnum_prompts = 2\ninput_len = 4\noutput_len = 4\nwarmup = 0\n")
-    assert "benchmark round 1 on wedged is INVALID (not a number)" in out
+    assert "warm-up round 1 on wedged is INVALID (not a number)" in out  # the first round warms up
     assert "timed out after 1 s" in out  # the server's 1 s, not the generator's default
     # The auxiliary requests before the round (/metrics, /version, /tokenize) are bounded by it too: with their
     # own 10 + 10 + 30 s timeouts the run could not take less than 50 s against this wedged server.
@@ -210,7 +210,7 @@ def test_measured_request_is_never_retried_through_the_gate(pytester: pytest.Pyt
     result = pytester.runpytest_subprocess("-s", "-p", "no:cacheprovider", timeout=120)
     result.assert_outcomes(failed=1)
     out = result.stdout.str()
-    assert "benchmark round 1 on flaky is INVALID (not a number)" in out
+    assert "warm-up round 1 on flaky is INVALID (not a number)" in out
     assert "1 of 4 requests failed (requests are never retried)" in out
     assert "HTTP 500" in out and "injected transient failure" in out
     stats = json.loads(out.split("STATS ", 1)[1].splitlines()[0])

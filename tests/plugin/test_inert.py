@@ -3,6 +3,7 @@ a run looks exactly as without it; and the core imports with pytest blocked."""
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import shutil
@@ -11,6 +12,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from tests.standins.helpers import server_toml, standin_argv
 
 pytestmark = pytest.mark.filterwarnings("ignore")
 
@@ -124,22 +127,123 @@ def test_under_xdist_the_dist_mode_stays_load(pytester: pytest.Pytester, plain_p
     assert list(plain_project.iterdir()) == []
 
 
-def test_a_gpu_marked_test_alone_runs_the_gpu_probe_but_not_under_collect_only(
-        pytester: pytest.Pytester, plain_project: Path, tmp_path: Path) -> None:
-    pytester.makepyfile(test_gpu="import pytest\n\n@pytest.mark.gpu\ndef test_needs_gpu():\n    pass\n")
-    pytester.runpytest_subprocess("-p", "no:cacheprovider", "--collect-only")
+OWN_GPU_MARKER_CONFTEST = """
+import pytest
+
+
+def pytest_runtest_setup(item):
+    marker = item.get_closest_marker("gpu")
+    if marker is not None and marker.kwargs.get("project_skips"):
+        pytest.skip("the project's own gpu rule")
+"""
+
+OWN_GPU_TESTS = """
+import pytest
+
+
+@pytest.mark.gpu
+def test_runs_on_the_projects_say():
+    pass
+
+
+@pytest.mark.gpu(project_skips=True)
+def test_skipped_by_the_project():
+    pass
+"""
+
+
+def test_a_projects_own_gpu_marker_keeps_its_behaviour(pytester: pytest.Pytester, plain_project: Path,
+                                                        tmp_path: Path) -> None:
+    """No GPU probe, no "no GPU visible" skip, and no second ``gpu`` marker of ours beside the project's."""
+    pytester.makeini("[pytest]\nmarkers =\n    gpu: the project's own GPU tests\n")
+    pytester.makeconftest(RECORDING_CONFTEST + OWN_GPU_MARKER_CONFTEST)
+    pytester.makepyfile(test_gpu=OWN_GPU_TESTS)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--strict-markers", "-rs", "test_gpu.py")
+    result.assert_outcomes(passed=1, skipped=1)
+    result.stdout.fnmatch_lines(["*the project's own gpu rule*"])
+    assert "GPU visible" not in result.stdout.str()
     assert not [argv for argv in json.loads((tmp_path / "record.json").read_text())["spawned"]
                 if "nvidia-smi" in " ".join(argv)]
-    pytester.runpytest_subprocess("-p", "no:cacheprovider", "test_gpu.py")
-    spawned = json.loads((tmp_path / "record.json").read_text())["spawned"]
-    assert [argv for argv in spawned if "nvidia-smi" in " ".join(argv)] or _nvml_answers()
+    markers = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--markers").stdout.str()
+    assert [line for line in markers.splitlines() if line.startswith("@pytest.mark.gpu")] == [
+        "@pytest.mark.gpu: the project's own GPU tests"]
 
 
-def _nvml_answers() -> bool:
-    """With pynvml and a driver, the probe asks NVML and never starts nvidia-smi."""
-    from pytest_llmserve.server import gpu
+# Run at the end of configuration (after pytest-xdist's and ours): what the controller would distribute with,
+# and the scheduler it would make; then end the run before any gateway is opened (no ssh here).
+XDIST_SETTINGS_CONFTEST = """
+import pytest
 
-    return gpu.snapshot(run=lambda argv: None).source == "nvml"
+
+@pytest.hookimpl(trylast=True)
+def pytest_configure(config):
+    scheduler = config.hook.pytest_xdist_make_scheduler(config=config, log=None)
+    print("XDIST", config.option.dist, config.option.maxworkerrestart, type(scheduler).__name__)
+    pytest.exit("settings printed", returncode=0)
+"""
+
+
+@pytest.mark.parametrize("configured", [False, True], ids=["plain", "configured"])
+def test_across_hosts_the_dist_settings_are_the_projects_own(pytester: pytest.Pytester, plain_project: Path,
+                                                             configured: bool) -> None:
+    """A remote gateway (``--tx ssh=...``): unconfigured, the dist mode, ``--max-worker-restart`` and the
+    scheduler are pytest-xdist's; configured, ours (grouped by configuration), which shows the check can fail."""
+    pytest.importorskip("xdist")
+    pytester.makeconftest(XDIST_SETTINGS_CONFTEST)
+    if configured:
+        pytester.makefile(".toml", llmserve=server_toml("a", engine="external", url="http://127.0.0.1:9"))
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-s", "--tx", "ssh=nohost.invalid",
+                                           "--dist", "load")
+    expected = "XDIST loadgroup 0 ByConfigScheduling" if configured else "XDIST load None LoadScheduling"
+    assert expected in result.stdout.str().splitlines(), result.stdout.str()
+
+
+SYS_MODULES_TEST = """
+import sys
+
+
+def test_print_modules():
+    print("MODULES", sorted(m for m in sys.modules if m.startswith("pytest_llmserve")
+                            or m.split(".")[0] in ("httpx", "psutil", "filelock", "numpy", "openai", "tomllib")))
+"""
+
+
+def test_a_plain_run_imports_only_the_entry_module(pytester: pytest.Pytester, plain_project: Path) -> None:
+    pytester.makepyfile(test_modules=SYS_MODULES_TEST)
+
+    def imported(*args: str) -> set[str]:
+        result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-s", "test_modules.py", *args)
+        result.assert_outcomes(passed=1)
+        line = next(line for line in result.stdout.lines if "MODULES [" in line)
+        return set(ast.literal_eval(line.split("MODULES ", 1)[1].rstrip(".")))
+
+    without = imported("-p", "no:llmserve")
+    assert imported() - without == {"pytest_llmserve", "pytest_llmserve.options", "pytest_llmserve.plugin"}
+
+
+def test_a_configured_gpu_server_still_skips_its_tests_without_a_gpu(pytester: pytest.Pytester,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """Configured and used, the probe runs for the server's items (gpu = true) and for llmserve items marked
+    gpu; the project's own gpu tests are still its own."""
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    pytester.makefile(".toml", llmserve=server_toml("g", engine="command", argv=standin_argv("silent.py"), gpu=True))
+    pytester.makepyfile("""
+        import pytest
+
+        def test_on_the_server(llm_server):
+            pass
+
+        @pytest.mark.gpu
+        def test_config_fixture(llmserve_config):
+            pass
+
+        @pytest.mark.gpu
+        def test_the_projects_own():
+            pass
+    """)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-rs")
+    result.assert_outcomes(passed=1, skipped=2)
+    result.stdout.fnmatch_lines(["*no GPU visible*"])
 
 
 CORE_IMPORT_CHECK = """
@@ -171,7 +275,7 @@ for module in pkgutil.walk_packages(pytest_llmserve.__path__, "pytest_llmserve."
         continue
     importlib.import_module(module.name)
     imported.append(module.name)
-assert set(pytest_llmserve.__all__) - {"__version__"} == set(pytest_llmserve._MODULE_OF)
+assert set(pytest_llmserve.__all__) == set(pytest_llmserve._MODULE_OF)
 for name in pytest_llmserve.__all__:
     getattr(pytest_llmserve, name)
 assert "pytest" not in sys.modules

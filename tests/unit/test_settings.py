@@ -57,6 +57,19 @@ def test_flags_from_every_source(tmp_path: Path) -> None:
         _resolve(tmp_path, env={"PYTEST_LLMSERVE_ALLOW_CONFOUNDED": "maybe"})
 
 
+def test_allow_host_change_is_off_unless_asked_and_the_command_line_wins_over_the_ini(tmp_path: Path) -> None:
+    assert not _resolve(tmp_path).allow_host_change
+    assert _resolve(tmp_path, ini={"allow_host_change": True}).allow_host_change
+    assert _resolve(tmp_path, cli={"allow_host_change": True}, ini={"allow_host_change": False}).allow_host_change
+    assert not _resolve(tmp_path, env={"PYTEST_LLMSERVE_ALLOW_HOST_CHANGE": "no"},
+                        ini={"allow_host_change": True}).allow_host_change
+    with pytest.raises(ConfigError, match="ini llmserve_allow_host_change = 'sometimes': must be true or false"):
+        _resolve(tmp_path, ini={"allow_host_change": "sometimes"})
+    option = next(o for o in OPTIONS if o.name == "allow_host_change")
+    assert (option.flag, option.ini, option.env) == ("--llmserve-allow-host-change", "llmserve_allow_host_change",
+                                                     "PYTEST_LLMSERVE_ALLOW_HOST_CHANGE")
+
+
 def test_option_spellings() -> None:
     names = {o.name: (o.flag, o.ini, o.env) for o in OPTIONS}
     assert names["servers"] == ("--llmserve-server", "llmserve_servers", "PYTEST_LLMSERVE_SERVERS")

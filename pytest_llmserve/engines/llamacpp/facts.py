@@ -42,7 +42,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-from pytest_llmserve.evidence.facts import ServerFacts, split_lines
+from pytest_llmserve.evidence.facts import LineRule, ServerFacts, apply_line_rules, split_lines
 from pytest_llmserve.evidence.prometheus import parse as parse_prometheus
 from pytest_llmserve.verdicts.execution import CheckResult, Status, check_config_is_execution
 
@@ -192,115 +192,177 @@ def _bool(text: str) -> bool | None:
     return None
 
 
+@dataclass
+class _LlamaCppLog:
+    """What reading a llama-server log has found so far, beyond the facts, and the line being read: its
+    rules match the message (``line``, after the time and level prefix) and keep the whole line (``raw``) as
+    evidence."""
+
+    facts: LlamaCppFacts
+    raw: str = ""
+    line: str = ""
+    level: str | None = None
+    ts: float | None = None  # the current line's seconds since start
+    first_ts: float | None = None
+    devices_used: list[str] = field(default_factory=list)
+
+    def read(self, raw: str) -> None:
+        self.raw = raw
+        self.ts, self.level, self.line = _strip_prefix(raw)
+        if self.ts is not None and self.first_ts is None:
+            self.first_ts = self.ts
+
+    def count_debug(self) -> bool:
+        """Count a debug line (a per-token one, a library one); True for a per-token line."""
+        facts, line, raw = self.facts, self.line, self.raw
+        if self.level != "D":
+            return False
+        facts.debug_lines += 1
+        if _DEBUG_TOKEN.search(line):
+            facts.debug_decode_tokens += 1
+            if facts.debug_decode_tokens <= 2:
+                facts.add_evidence("debug_decode_tokens", raw)
+            return True
+        if _LIBRARY_DEBUG.match(line):
+            facts.library_debug_lines += 1
+            if facts.library_debug_lines <= 1:
+                facts.add_evidence("library_debug_lines", raw)
+        return False
+
+
+def _on_graph_warmup(r: _LlamaCppLog, line: str, m: re.Match[str]) -> None:
+    r.facts.graph_warmups += 1
+    r.facts.cuda_graph_enabled = True
+    if r.facts.graph_warmups <= 3:
+        r.facts.add_evidence("cuda_graph_enabled", r.raw)
+
+
+def _on_graph_reused(r: _LlamaCppLog, line: str, m: re.Match[str]) -> None:
+    r.facts.graph_reuses += 1
+    r.facts.cuda_graph_enabled = True
+    if r.facts.graph_reuses <= 2:
+        r.facts.add_evidence("cuda_graph_enabled", r.raw)
+
+
+#: ggml-cuda's graph lines (debug): read before anything else, at any level.
+_GRAPH_RULES: tuple[LineRule[_LlamaCppLog], ...] = (
+    (_GRAPH_WARMUP, _on_graph_warmup),
+    (_GRAPH_REUSED, _on_graph_reused),
+)
+
+
+def _on_build(r: _LlamaCppLog, line: str, m: re.Match[str]) -> bool:
+    if r.facts.build_info is not None:  # the first build line is the server's
+        return False
+    build = f"b{m.group(1)}-{m.group(2)}"
+    r.facts.record_many(r.raw, build_info=build, version=build)
+    return True
+
+
+def _on_cuda_device(r: _LlamaCppLog, line: str, m: re.Match[str]) -> None:
+    r.facts.gpus.append(
+        {
+            "index": int(m.group(1)),
+            "name": m.group(2),
+            "compute_capability": f"{m.group(3)}.{m.group(4)}",
+            "vmm": m.group(5) == "yes",
+            "vram_mib": int(m.group(6)) if m.group(6) else None,
+        }
+    )
+    r.facts.add_evidence("gpus", r.raw)
+
+
+def _on_using_device(r: _LlamaCppLog, line: str, m: re.Match[str]) -> None:
+    if m.group(1) not in r.devices_used:
+        r.devices_used.append(m.group(1))
+    r.facts.record("devices_used", tuple(r.devices_used), r.raw)
+
+
+def _on_model_buffer(r: _LlamaCppLog, line: str, m: re.Match[str]) -> None:
+    r.facts.model_buffers[m.group(1)] = float(m.group(2))
+    r.facts.add_evidence("model_buffers", r.raw)
+
+
+def _on_context_field(r: _LlamaCppLog, line: str, m: re.Match[str]) -> None:
+    key, value = m.group(1), m.group(2)
+    if key == "n_ctx":
+        r.facts.record("n_ctx", int(value), r.raw)
+    elif key == "flash_attn":
+        r.facts.record("flash_attention_type", value, r.raw)
+        if value in ("enabled", "disabled"):
+            r.facts.record("flash_attention", value == "enabled", r.raw)
+    elif key == "kv_unified":
+        r.facts.record("kv_unified", _bool(value), r.raw)
+
+
+def _on_kv_size(r: _LlamaCppLog, line: str, m: re.Match[str]) -> None:
+    # "(2048 cells, 30 layers, 2/2 seqs)": cells per stream; one stream per sequence unless
+    # the KV cache is unified (then "4/1 seqs").
+    r.facts.record_many(r.raw, kv_cache_mib=float(m.group(1)),
+                        kv_cache_tokens=int(m.group(2)) * max(1, int(m.group(5))))
+
+
+def _on_model_path(r: _LlamaCppLog, line: str, m: re.Match[str]) -> None:
+    if r.facts.model_path is None:
+        r.facts.record("model_path", m.group(1), r.raw)
+
+
+def _on_speculative_off(r: _LlamaCppLog, line: str, m: re.Match[str]) -> None:
+    if r.facts.speculative is None:
+        r.facts.record("speculative", False, r.raw)
+
+
+def _on_ready(r: _LlamaCppLog, line: str, m: re.Match[str]) -> None:
+    if not r.facts.ready:
+        r.facts.record("ready", True, r.raw)
+        if r.ts is not None and r.first_ts is not None:
+            r.facts.startup_s = round(r.ts - r.first_ts, 3)
+
+
+#: The (non-debug) lines of a llama-server log and what each proves; the first rule a line matches (and whose
+#: handler takes it) reads it.
+_LLAMACPP_RULES: tuple[LineRule[_LlamaCppLog], ...] = (
+    (_BUILD, _on_build),
+    (_VERBOSITY, lambda r, line, m: r.facts.record("verbosity", int(m.group(1)), r.raw)),
+    (_SYSTEM_INFO, lambda r, line, m: _system_info(r.facts, r.raw, m.group(1))),
+    (_CUDA_FOUND, lambda r, line, m: r.facts.add_evidence("gpus", r.raw)),
+    (_CUDA_DEVICE, _on_cuda_device),
+    (_USING_DEVICE, _on_using_device),
+    (_OFFLOADED, lambda r, line, m: r.facts.record_many(
+        r.raw, offloaded_layers=int(m.group(1)), total_layers=int(m.group(2)), gpu_offload_supported=True)),
+    (_NO_GPU, lambda r, line, m: r.facts.record_many(r.raw, gpu_offload_supported=False, offloaded_layers=0)),
+    (_MODEL_BUFFER, _on_model_buffer),
+    (_CTX_FIELD, _on_context_field),
+    (_FA_RESOLVED, lambda r, line, m: r.facts.record("flash_attention", m.group(1) == "enabled", r.raw)),
+    (_FA_FORCED_ON, lambda r, line, m: r.facts.record("flash_attention", True, r.raw)),
+    (_FA_FORCED_OFF, lambda r, line, m: r.facts.record("flash_attention", False, r.raw)),
+    (_KV_SIZE, _on_kv_size),
+    (_SLOTS, lambda r, line, m: r.facts.record_many(
+        r.raw, n_parallel=int(m.group(1)), max_batch_size=int(m.group(1)), n_ctx_slot=int(m.group(2)),
+        kv_unified=_bool(m.group(3)))),
+    (_MODEL_PATH, _on_model_path),
+    (_SPEC_ON, lambda r, line, m: r.facts.record("speculative", True, r.raw)),
+    (_SPEC_OFF, _on_speculative_off),
+    (_READY, _on_ready),
+)
+
+
 def parse_llamacpp_log(text: str) -> LlamaCppFacts:
     """Facts from a llama-server log (stdout and stderr together, as the plugin captures them)."""
-    facts = LlamaCppFacts(engine="llamacpp")
-    first_ts: float | None = None
-    devices_used: list[str] = []
+    r = _LlamaCppLog(LlamaCppFacts(engine="llamacpp"))
+    facts = r.facts
     for raw in split_lines(text):
         if raw.startswith("# llmserve launch "):
             continue  # the plugin's own header: the request, not what ran
-        ts, level, line = _strip_prefix(raw)
-        if ts is not None and first_ts is None:
-            first_ts = ts
-        is_token_line = False
-        if level == "D":
-            facts.debug_lines += 1
-            token = _DEBUG_TOKEN.search(line)
-            if token:
-                is_token_line = True
-                facts.debug_decode_tokens += 1
-                if facts.debug_decode_tokens <= 2:
-                    facts.add_evidence("debug_decode_tokens", raw)
-            elif _LIBRARY_DEBUG.match(line):
-                facts.library_debug_lines += 1
-                if facts.library_debug_lines <= 1:
-                    facts.add_evidence("library_debug_lines", raw)
-        if _GRAPH_WARMUP.search(line):
-            facts.graph_warmups += 1
-            facts.cuda_graph_enabled = True
-            if facts.graph_warmups <= 3:
-                facts.add_evidence("cuda_graph_enabled", raw)
-            continue
-        if _GRAPH_REUSED.search(line):
-            facts.graph_reuses += 1
-            facts.cuda_graph_enabled = True
-            if facts.graph_reuses <= 2:
-                facts.add_evidence("cuda_graph_enabled", raw)
+        r.read(raw)
+        is_token_line = r.count_debug()
+        if apply_line_rules(r, r.line, _GRAPH_RULES):
             continue
         if not is_token_line:
-            _scan_events(facts, raw, line, level)
-        if is_token_line or level == "D":
+            _scan_events(facts, raw, r.line, r.level)
+        if is_token_line or r.level == "D":
             continue
-        if (m := _BUILD.search(line)) and facts.build_info is None:
-            build = f"b{m.group(1)}-{m.group(2)}"
-            facts.record_many(raw, build_info=build, version=build)
-        elif m := _VERBOSITY.search(line):
-            facts.record("verbosity", int(m.group(1)), raw)
-        elif m := _SYSTEM_INFO.search(line):
-            _system_info(facts, raw, m.group(1))
-        elif m := _CUDA_FOUND.search(line):
-            facts.add_evidence("gpus", raw)
-        elif m := _CUDA_DEVICE.search(line):
-            facts.gpus.append(
-                {
-                    "index": int(m.group(1)),
-                    "name": m.group(2),
-                    "compute_capability": f"{m.group(3)}.{m.group(4)}",
-                    "vmm": m.group(5) == "yes",
-                    "vram_mib": int(m.group(6)) if m.group(6) else None,
-                }
-            )
-            facts.add_evidence("gpus", raw)
-        elif m := _USING_DEVICE.search(line):
-            if m.group(1) not in devices_used:
-                devices_used.append(m.group(1))
-            facts.record("devices_used", tuple(devices_used), raw)
-        elif m := _OFFLOADED.search(line):
-            facts.record_many(raw, offloaded_layers=int(m.group(1)), total_layers=int(m.group(2)),
-                              gpu_offload_supported=True)
-        elif _NO_GPU.search(line):
-            facts.record_many(raw, gpu_offload_supported=False, offloaded_layers=0)
-        elif m := _MODEL_BUFFER.search(line):
-            facts.model_buffers[m.group(1)] = float(m.group(2))
-            facts.add_evidence("model_buffers", raw)
-        elif m := _CTX_FIELD.search(line):
-            key, value = m.group(1), m.group(2)
-            if key == "n_ctx":
-                facts.record("n_ctx", int(value), raw)
-            elif key == "flash_attn":
-                facts.record("flash_attention_type", value, raw)
-                if value in ("enabled", "disabled"):
-                    facts.record("flash_attention", value == "enabled", raw)
-            elif key == "kv_unified":
-                facts.record("kv_unified", _bool(value), raw)
-        elif m := _FA_RESOLVED.search(line):
-            facts.record("flash_attention", m.group(1) == "enabled", raw)
-        elif _FA_FORCED_ON.search(line):
-            facts.record("flash_attention", True, raw)
-        elif _FA_FORCED_OFF.search(line):
-            facts.record("flash_attention", False, raw)
-        elif m := _KV_SIZE.search(line):
-            # "(2048 cells, 30 layers, 2/2 seqs)": cells per stream; one stream per sequence unless
-            # the KV cache is unified (then "4/1 seqs").
-            facts.record_many(raw, kv_cache_mib=float(m.group(1)),
-                              kv_cache_tokens=int(m.group(2)) * max(1, int(m.group(5))))
-        elif m := _SLOTS.search(line):
-            facts.record_many(raw, n_parallel=int(m.group(1)), max_batch_size=int(m.group(1)),
-                              n_ctx_slot=int(m.group(2)), kv_unified=_bool(m.group(3)))
-        elif m := _MODEL_PATH.search(line):
-            if facts.model_path is None:
-                facts.record("model_path", m.group(1), raw)
-        elif _SPEC_ON.search(line):
-            facts.record("speculative", True, raw)
-        elif _SPEC_OFF.search(line):
-            if facts.speculative is None:
-                facts.record("speculative", False, raw)
-        elif _READY.search(line):
-            if not facts.ready:
-                facts.record("ready", True, raw)
-                if ts is not None and first_ts is not None:
-                    facts.startup_s = round(ts - first_ts, 3)
+        apply_line_rules(r, r.line, _LLAMACPP_RULES)
     if facts.devices_used is None and facts.model_buffers:
         # Older logs have no "using device" line: the devices holding weights say the same.
         gpu_buffers = tuple(n for n in facts.model_buffers if re.fullmatch(r"CUDA\d+", n))

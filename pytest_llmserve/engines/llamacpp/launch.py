@@ -46,16 +46,14 @@ import os
 import re
 import shutil
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from pytest_llmserve.config import cache_dir
+from pytest_llmserve.config import ServerSpec, cache_dir
 from pytest_llmserve.engines.base import EngineAdapter, LaunchPlan
+from pytest_llmserve.engines.llamacpp.facts import check_llamacpp_execution, parse_llamacpp
 from pytest_llmserve.errors import ConfigError
-
-if TYPE_CHECKING:
-    from pytest_llmserve.config import ServerSpec
-    from pytest_llmserve.evidence.facts import ServerFacts
-    from pytest_llmserve.verdicts.execution import CheckResult
+from pytest_llmserve.evidence.facts import ServerFacts
+from pytest_llmserve.verdicts.execution import CheckResult
 
 __all__ = [
     "BINARY_ENV",
@@ -360,13 +358,9 @@ class LlamaCppAdapter(EngineAdapter):
         self, log_text: str, metrics_text: str | None = None, server_info: dict[str, Any] | None = None
     ) -> ServerFacts:
         """Log facts, plus /metrics counters, plus gaps filled from /props and /slots."""
-        from pytest_llmserve.engines.llamacpp.facts import parse_llamacpp
-
         return parse_llamacpp(log_text, metrics_text, server_info)
 
     def check_execution(self, spec: ServerSpec, facts: ServerFacts) -> list[CheckResult]:
-        from pytest_llmserve.engines.llamacpp.facts import check_llamacpp_execution
-
         return check_llamacpp_execution(spec, facts)
 
     def deterministic_flag_on(self, spec: ServerSpec) -> bool:

@@ -5,14 +5,17 @@ Every fact keeps the lines that prove it; a fact the server did not report stays
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
 from pytest_llmserve.evidence.facts import (
     DecodeBatch,
+    LineRule,
     NanLogPattern,
     ServerFacts,
+    apply_line_rules,
     as_bool,
     as_float,
     as_int,
@@ -188,113 +191,149 @@ def _sgl_decode_line(facts: ServerFacts, line: str, tail: str) -> None:
         facts.record("speculative", True, line)
 
 
-def parse_sglang_log(text: str) -> ServerFacts:
-    """Facts from an SGLang server log (0.5.9, 0.5.15 and 0.5.23 formats)."""
-    facts = ServerFacts(engine="sglang")
-    state: dict[str, Any] = {}
-    capture_sizes: tuple[int, ...] | None = None
-    capture_lines: list[str] = []
-    bar_sizes: set[int] = set()
-    graph_backend: str | None = None
-    capture_failed = False
-    disabled_lines: list[str] = []
+@dataclass
+class _SGLangLog:
+    """What reading an SGLang log has found so far, beyond the facts: what only the whole log decides."""
+
+    facts: ServerFacts
+    args_state: dict[str, Any] = field(default_factory=dict)  # what the ServerArgs line leaves for later
+    line_ts: datetime | None = None  # the current line's timestamp
     first_ts: datetime | None = None
     ready_ts: datetime | None = None
     ready_line: str | None = None
-    default_backend: tuple[str, str] | None = None
-    dsa_line: tuple[str, str, str] | None = None
-    sched_running: tuple[int, str] | None = None
+    capture_sizes: tuple[int, ...] | None = None
+    capture_lines: list[str] = field(default_factory=list)
+    bar_sizes: set[int] = field(default_factory=set)
+    graph_backend: str | None = None
+    capture_failed: bool = False
+    disabled_lines: list[str] = field(default_factory=list)
+    default_backend: tuple[str, str] | None = None  # (backend, line)
+    dsa_line: tuple[str, str, str] | None = None  # (prefill, decode, line)
+    sched_running: tuple[int, str] | None = None  # (max running requests, line)
 
-    for line in split_lines(text):
-        ts = None
+    def note_time(self, line: str) -> None:
+        self.line_ts = None
         if ts_match := _SGL_TS.search(line):
             try:
-                ts = datetime.strptime(ts_match.group(1), "%Y-%m-%d %H:%M:%S")
+                self.line_ts = datetime.strptime(ts_match.group(1), "%Y-%m-%d %H:%M:%S")
             except ValueError:
-                ts = None
-            if ts is not None and first_ts is None:
-                first_ts = ts
-        scan_events(facts, line)
+                self.line_ts = None
+            if self.line_ts is not None and self.first_ts is None:
+                self.first_ts = self.line_ts
 
-        if m := _SGL_SERVER_ARGS.search(line):
-            _sgl_server_args(facts, line, m.group(1), state)
-            continue
-        if m := _SGL_SERVER_ARGS_DICT.search(line):
-            _sgl_server_args(facts, line, m.group(1), state, dict_form=True)
-            continue
-        if m := _SGL_DECODE.search(line):
-            _sgl_decode_line(facts, line, m.group(1))
-            continue
-        if m := _SGL_DEFAULT_BACKEND.search(line):
-            default_backend = (m.group(1), line)
-            continue
-        if _SGL_GRAPH_DISABLED.search(line):
-            disabled_lines.append(line)
-            continue
-        if m := _SGL_SET_DSA.search(line):
-            dsa_line = (m.group(1), m.group(2), line)
-            continue
-        if m := _SGL_CAPTURE_BS_059.search(line):
-            capture_sizes = int_list(m.group(1))
-            capture_lines.append(line)
-            graph_backend = graph_backend or "full"  # 0.5.9 decode graphs are full graphs
-            continue
-        if _SGL_CAPTURE_END_059.search(line):
-            capture_lines.append(line)
-            graph_backend = graph_backend or "full"
-            continue
-        if m := _SGL_CAPTURE_BAR_059.search(line):
-            bar_sizes.add(int(m.group(1)))
-            continue
-        if m := _SGL_CAPTURE_NEW.search(line):
-            role, phase, tail = m.group(1), m.group(2).strip(), m.group(4)
-            # Target decode (or target verify, with speculative decoding) graphs are the decode
-            # batch-size graphs; prefill graphs are keyed by token count, draft graphs by the drafter.
-            if role == "target" and phase in ("decode", "verify"):
-                capture_lines.append(line)
-                if bs := re.search(r"\bbs=\[([\d,\s]*)\]", tail):
-                    capture_sizes = int_list(bs.group(1))
-                if backend := re.search(r"\bbackend=(\w+)", tail):
-                    graph_backend = backend.group(1).lower()
-            continue
-        if _SGL_CAPTURE_FAILED.search(line):
-            capture_failed = True
-            continue
-        if m := _SGL_SCHED.search(line):
-            facts.record("kv_cache_tokens", int(m.group(1)), line)
-            if running := _SGL_SCHED_RUNNING.search(line):
-                sched_running = (int(running.group(1)), line)
-            continue
-        if m := _SGL_KV_ALLOC.search(line):
-            if facts.kv_cache_tokens is None:
-                facts.record("kv_cache_tokens", int(m.group(1).replace(",", "")), line)
-            continue
-        if _SGL_READY.search(line) and ready_line is None:
-            ready_line = line
-            ready_ts = ts
 
-    if default_backend and facts.attention_backend is None:
-        name = normalize_backend(default_backend[0])
-        facts.record("attention_backend", name, default_backend[1])
+def _on_capture_059(r: _SGLangLog, line: str, m: re.Match[str]) -> None:
+    r.capture_sizes = int_list(m.group(1))
+    r.capture_lines.append(line)
+    r.graph_backend = r.graph_backend or "full"  # 0.5.9 decode graphs are full graphs
+
+
+def _on_capture_end_059(r: _SGLangLog, line: str, m: re.Match[str]) -> None:
+    r.capture_lines.append(line)
+    r.graph_backend = r.graph_backend or "full"
+
+
+def _on_capture_new(r: _SGLangLog, line: str, m: re.Match[str]) -> None:
+    role, phase, tail = m.group(1), m.group(2).strip(), m.group(4)
+    # Target decode (or target verify, with speculative decoding) graphs are the decode
+    # batch-size graphs; prefill graphs are keyed by token count, draft graphs by the drafter.
+    if role == "target" and phase in ("decode", "verify"):
+        r.capture_lines.append(line)
+        if bs := re.search(r"\bbs=\[([\d,\s]*)\]", tail):
+            r.capture_sizes = int_list(bs.group(1))
+        if backend := re.search(r"\bbackend=(\w+)", tail):
+            r.graph_backend = backend.group(1).lower()
+
+
+def _on_scheduler(r: _SGLangLog, line: str, m: re.Match[str]) -> None:
+    r.facts.record("kv_cache_tokens", int(m.group(1)), line)
+    if running := _SGL_SCHED_RUNNING.search(line):
+        r.sched_running = (int(running.group(1)), line)
+
+
+def _on_kv_allocated(r: _SGLangLog, line: str, m: re.Match[str]) -> None:
+    if r.facts.kv_cache_tokens is None:  # the scheduler's line, when there is one, is the word on it
+        r.facts.record("kv_cache_tokens", int(m.group(1).replace(",", "")), line)
+
+
+def _on_ready(r: _SGLangLog, line: str, m: re.Match[str]) -> None:
+    if r.ready_line is None:
+        r.ready_line, r.ready_ts = line, r.line_ts
+
+
+def _on_default_backend(r: _SGLangLog, line: str, m: re.Match[str]) -> None:
+    r.default_backend = (m.group(1), line)  # used at the end, where ServerArgs named no backend
+
+
+def _on_dsa_backends(r: _SGLangLog, line: str, m: re.Match[str]) -> None:
+    r.dsa_line = (m.group(1), m.group(2), line)  # used at the end, where ServerArgs named no DSA backend
+
+
+def _on_capture_failed(r: _SGLangLog, line: str, m: re.Match[str]) -> None:
+    r.capture_failed = True
+
+
+#: The lines of an SGLang log and what each proves; the first rule a line matches reads it.
+_SGL_RULES: tuple[LineRule[_SGLangLog], ...] = (
+    (_SGL_SERVER_ARGS, lambda r, line, m: _sgl_server_args(r.facts, line, m.group(1), r.args_state)),
+    (_SGL_SERVER_ARGS_DICT,
+     lambda r, line, m: _sgl_server_args(r.facts, line, m.group(1), r.args_state, dict_form=True)),
+    (_SGL_DECODE, lambda r, line, m: _sgl_decode_line(r.facts, line, m.group(1))),
+    (_SGL_DEFAULT_BACKEND, _on_default_backend),
+    (_SGL_GRAPH_DISABLED, lambda r, line, m: r.disabled_lines.append(line)),
+    (_SGL_SET_DSA, _on_dsa_backends),
+    (_SGL_CAPTURE_BS_059, _on_capture_059),
+    (_SGL_CAPTURE_END_059, _on_capture_end_059),
+    (_SGL_CAPTURE_BAR_059, lambda r, line, m: r.bar_sizes.add(int(m.group(1)))),
+    (_SGL_CAPTURE_NEW, _on_capture_new),
+    (_SGL_CAPTURE_FAILED, _on_capture_failed),
+    (_SGL_SCHED, _on_scheduler),
+    (_SGL_KV_ALLOC, _on_kv_allocated),
+    (_SGL_READY, _on_ready),
+)
+
+
+def parse_sglang_log(text: str) -> ServerFacts:
+    """Facts from an SGLang server log (0.5.9, 0.5.15 and 0.5.23 formats)."""
+    r = _SGLangLog(ServerFacts(engine="sglang"))
+    for line in split_lines(text):
+        r.note_time(line)
+        scan_events(r.facts, line)
+        apply_line_rules(r, line, _SGL_RULES)
+    _sgl_backends(r)
+    if r.sched_running:
+        # The scheduler's max_running_requests is the effective one (capped by the KV pool).
+        r.facts.record("max_batch_size", r.sched_running[0], r.sched_running[1])
+    if r.ready_line is not None:
+        record_ready(r.facts, r.ready_line, r.first_ts, r.ready_ts)
+    _sgl_graph_facts(r)
+    r.facts.compact_evidence()
+    return r.facts
+
+
+def _sgl_backends(r: _SGLangLog) -> None:
+    """The default attention backend and the DSA backends, where ServerArgs did not name them."""
+    facts = r.facts
+    if r.default_backend and facts.attention_backend is None:
+        name = normalize_backend(r.default_backend[0])
+        facts.record("attention_backend", name, r.default_backend[1])
         for phase in ("prefill", "decode"):
             if getattr(facts, f"{phase}_attention_backend") is None:
-                facts.record(f"{phase}_attention_backend", name, default_backend[1])
-    if dsa_line:
-        for phase, value in (("prefill", dsa_line[0]), ("decode", dsa_line[1])):
+                facts.record(f"{phase}_attention_backend", name, r.default_backend[1])
+    if r.dsa_line:
+        for phase, value in (("prefill", r.dsa_line[0]), ("decode", r.dsa_line[1])):
             if getattr(facts, f"nsa_{phase}_backend") is None:
-                facts.record(f"nsa_{phase}_backend", normalize_backend(value), dsa_line[2])
+                facts.record(f"nsa_{phase}_backend", normalize_backend(value), r.dsa_line[2])
             elif getattr(facts, f"nsa_{phase}_backend") == normalize_backend(value):
-                facts.add_evidence(f"nsa_{phase}_backend", dsa_line[2])
-    if sched_running:
-        # The scheduler's max_running_requests is the effective one (capped by the KV pool).
-        facts.record("max_batch_size", sched_running[0], sched_running[1])
-    if ready_line is not None:
-        record_ready(facts, ready_line, first_ts, ready_ts)
+                facts.add_evidence(f"nsa_{phase}_backend", r.dsa_line[2])
 
-    # Graph facts: capture lines are execution; ServerArgs/"disabled because" lines are the reason.
-    if capture_sizes is None and bar_sizes:
-        capture_sizes = tuple(sorted(bar_sizes))
-    captured = bool(capture_lines) and not capture_failed
+
+def _sgl_graph_facts(r: _SGLangLog) -> None:
+    """Graph facts: capture lines are execution; ServerArgs/"disabled because" lines are the reason."""
+    facts, capture_sizes, capture_lines = r.facts, r.capture_sizes, r.capture_lines
+    if capture_sizes is None and r.bar_sizes:
+        capture_sizes = tuple(sorted(r.bar_sizes))
+    captured = bool(capture_lines) and not r.capture_failed
     if captured:
         facts.record("cuda_graph_enabled", True, capture_lines[0])
         facts.record(
@@ -305,57 +344,52 @@ def parse_sglang_log(text: str) -> ServerFacts:
                 facts.add_evidence("captured_batch_sizes", line)
         for line in capture_lines[1:]:
             facts.add_evidence("cuda_graph_enabled", line)
-        if graph_backend:
-            facts.record("cudagraph_mode", graph_backend, capture_lines[0])
-    else:
-        why = disabled_lines + ([state["graph_disabled_line"]] if "graph_disabled_line" in state else [])
-        proof = why + ([ready_line] if ready_line else [])
-        if why or ready_line is not None or capture_failed:
-            # Booted (or failed capture) without any target decode capture line: no graphs.
-            facts.record_many(None, cuda_graph_enabled=False, captured_batch_sizes=())
-            for line in proof:
-                facts.add_evidence("cuda_graph_enabled", line)
-                facts.add_evidence("captured_batch_sizes", line)
-            if why:
-                facts.record("cudagraph_mode", "disabled", why[0])
-    facts.compact_evidence()
-    return facts
+        if r.graph_backend:
+            facts.record("cudagraph_mode", r.graph_backend, capture_lines[0])
+        return
+    why = r.disabled_lines + ([r.args_state["graph_disabled_line"]] if "graph_disabled_line" in r.args_state else [])
+    proof = why + ([r.ready_line] if r.ready_line else [])
+    if why or r.ready_line is not None or r.capture_failed:
+        # Booted (or failed capture) without any target decode capture line: no graphs.
+        facts.record_many(None, cuda_graph_enabled=False, captured_batch_sizes=())
+        for line in proof:
+            facts.add_evidence("cuda_graph_enabled", line)
+            facts.add_evidence("captured_batch_sizes", line)
+        if why:
+            facts.record("cudagraph_mode", "disabled", why[0])
+
+
+def _info_source(key: str, value: Any) -> str:
+    """The evidence line of a /server_info value."""
+    return f"/server_info {key}={value!r}"
+
+
+def _as_str(value: Any) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+#: /server_info keys that prove one fact each: (fact, key, reader); a value the reader cannot read is not reported.
+_INFO_VERSION = (("version", "version", _as_str),)
+_INFO_RESOURCES = (("seed", "random_seed", as_int), ("mem_fraction", "mem_fraction_static", as_float),
+                   ("kv_cache_tokens", "max_total_num_tokens", as_int))
+_INFO_DETERMINISTIC = (("deterministic", "enable_deterministic_inference", as_bool),)
+_INFO_STARTUP = (("startup_s", "startup_time", as_float),)
+
+
+def _record_info_values(facts: ServerFacts, info: Mapping[str, Any],
+                        rows: tuple[tuple[str, str, Callable[[Any], Any]], ...]) -> None:
+    for fact, key, read in rows:
+        value = read(info.get(key))
+        if value is not None:
+            facts.record(fact, value, _info_source(key, value))
 
 
 def parse_sglang_server_info(info: Mapping[str, Any]) -> ServerFacts:
     """Facts from SGLang's ``/server_info`` JSON (resolved server args + scheduler info + version)."""
     facts = ServerFacts(engine="sglang")
-
-    def src(key: str, value: Any) -> str:
-        return f"/server_info {key}={value!r}"
-
-    version = info.get("version")
-    if isinstance(version, str):
-        facts.record("version", version, src("version", version))
-    attention = info.get("attention_backend")
-    if isinstance(attention, str):
-        facts.record("attention_backend", normalize_backend(attention), src("attention_backend", attention))
-    for phase in ("prefill", "decode"):
-        key = f"{phase}_attention_backend"
-        own = info.get(key)
-        if isinstance(own, str):
-            facts.record(key, normalize_backend(own), src(key, own))
-        elif isinstance(attention, str):
-            facts.record(key, normalize_backend(attention), src("attention_backend", attention))
-        for dsa_key in (f"dsa_{phase}_backend", f"nsa_{phase}_backend"):
-            value = info.get(dsa_key)
-            if isinstance(value, str):
-                facts.record(f"nsa_{phase}_backend", normalize_backend(value), src(dsa_key, value))
-                break
-    seed = as_int(info.get("random_seed"))
-    if seed is not None:
-        facts.record("seed", seed, src("random_seed", seed))
-    fraction = as_float(info.get("mem_fraction_static"))
-    if fraction is not None:
-        facts.record("mem_fraction", fraction, src("mem_fraction_static", fraction))
-    tokens = as_int(info.get("max_total_num_tokens"))
-    if tokens is not None:
-        facts.record("kv_cache_tokens", tokens, src("max_total_num_tokens", tokens))
+    _record_info_values(facts, info, _INFO_VERSION)
+    _info_backends(facts, info)
+    _record_info_values(facts, info, _INFO_RESOURCES)
     states = info.get("internal_states")
     state0: Mapping[str, Any] = (
         states[0] if isinstance(states, list) and states and isinstance(states[0], Mapping) else {}
@@ -365,25 +399,44 @@ def parse_sglang_server_info(info: Mapping[str, Any]) -> ServerFacts:
         facts.record(
             "max_batch_size",
             running,
-            src("internal_states[0].effective_max_running_requests_per_dp", running),
+            _info_source("internal_states[0].effective_max_running_requests_per_dp", running),
         )
     else:
-        running = as_int(info.get("max_running_requests"))
-        if running is not None:
-            facts.record("max_batch_size", running, src("max_running_requests", running))
-    deterministic = as_bool(info.get("enable_deterministic_inference"))
-    if deterministic is not None:
-        facts.record("deterministic", deterministic, src("enable_deterministic_inference", deterministic))
+        _record_info_values(facts, info, (("max_batch_size", "max_running_requests", as_int),))
+    _record_info_values(facts, info, _INFO_DETERMINISTIC)
     if "speculative_algorithm" in info:
         algorithm = info.get("speculative_algorithm")
-        facts.record("speculative", algorithm not in (None, ""), src("speculative_algorithm", algorithm))
+        facts.record("speculative", algorithm not in (None, ""), _info_source("speculative_algorithm", algorithm))
         if algorithm:
             facts.record(
-                "speculative_detail", f"algorithm={algorithm}", src("speculative_algorithm", algorithm)
+                "speculative_detail", f"algorithm={algorithm}", _info_source("speculative_algorithm", algorithm)
             )
-    startup = as_float(info.get("startup_time"))
-    if startup is not None:
-        facts.record("startup_s", startup, src("startup_time", startup))
+    _record_info_values(facts, info, _INFO_STARTUP)
+    _info_graphs(facts, info, state0)
+    return facts
+
+
+def _info_backends(facts: ServerFacts, info: Mapping[str, Any]) -> None:
+    """The attention backends: prefill and decode default to attention_backend; dsa_* (0.5.15) or nsa_*."""
+    attention = info.get("attention_backend")
+    if isinstance(attention, str):
+        facts.record("attention_backend", normalize_backend(attention), _info_source("attention_backend", attention))
+    for phase in ("prefill", "decode"):
+        key = f"{phase}_attention_backend"
+        own = info.get(key)
+        if isinstance(own, str):
+            facts.record(key, normalize_backend(own), _info_source(key, own))
+        elif isinstance(attention, str):
+            facts.record(key, normalize_backend(attention), _info_source("attention_backend", attention))
+        for dsa_key in (f"dsa_{phase}_backend", f"nsa_{phase}_backend"):
+            value = info.get(dsa_key)
+            if isinstance(value, str):
+                facts.record(f"nsa_{phase}_backend", normalize_backend(value), _info_source(dsa_key, value))
+                break
+
+
+def _info_graphs(facts: ServerFacts, info: Mapping[str, Any], state0: Mapping[str, Any]) -> None:
+    """Graph facts: memory held by captured graphs, else the requested disable flags and decode backend."""
     disabled, backend = _sgl_graph_backend_requested(info)
     memory = state0.get("memory_usage")
     graph_memory = memory.get("graph") if isinstance(memory, Mapping) else None
@@ -392,18 +445,17 @@ def parse_sglang_server_info(info: Mapping[str, Any]) -> ServerFacts:
     graph_gb = as_float(graph_memory)
     if graph_gb is not None and graph_gb > 0:
         # Memory held by captured graphs is a trace of execution, unlike the disable flags.
-        facts.record("cuda_graph_enabled", True, src("internal_states[0].memory_usage.graph", graph_gb))
+        facts.record("cuda_graph_enabled", True, _info_source("internal_states[0].memory_usage.graph", graph_gb))
     elif disabled is not None:
         facts.record(
             "cuda_graph_enabled",
             not disabled,
-            src("disable_cuda_graph / cuda_graph_backend_decode", "disabled" if disabled else backend),
+            _info_source("disable_cuda_graph / cuda_graph_backend_decode", "disabled" if disabled else backend),
         )
     if disabled:
-        facts.record("cudagraph_mode", "disabled", src("cuda_graph_backend_decode", "disabled"))
+        facts.record("cudagraph_mode", "disabled", _info_source("cuda_graph_backend_decode", "disabled"))
     elif backend:
-        facts.record("cudagraph_mode", backend, src("cuda_graph_backend_decode", backend))
-    return facts
+        facts.record("cudagraph_mode", backend, _info_source("cuda_graph_backend_decode", backend))
 
 
 def merge_sglang_metrics(facts: ServerFacts, metrics: MetricSamples) -> None:

@@ -22,11 +22,13 @@ from typing import TYPE_CHECKING, Any
 
 from pytest_llmserve.engines.base import EngineAdapter, LaunchPlan
 from pytest_llmserve.engines.sglang.facts import NAN_LOG_PATTERNS as SGLANG_NAN_LOG_PATTERNS
+from pytest_llmserve.engines.sglang.facts import merge_sglang_metrics, parse_sglang_log, parse_sglang_server_info
 from pytest_llmserve.errors import ConfigError, ServerStartError
+from pytest_llmserve.evidence.facts import ServerFacts, fill_missing
+from pytest_llmserve.evidence.prometheus import parse as parse_prometheus
 
 if TYPE_CHECKING:
     from pytest_llmserve.config import ServerSpec
-    from pytest_llmserve.evidence.facts import ServerFacts
 
 __all__ = [
     "KNOWN_VERSIONS",
@@ -510,6 +512,34 @@ class _Plan:
             self.notes.append(f"{option}={value!r} -> {shown}")
 
 
+# Kernels that exist only for some GPUs or in some sgl_kernel builds (what a boot would otherwise fail on, late and
+# with a long traceback): the DSA backend trtllm runs flashinfer's trtllm-gen kernels, built for SM100/SM103 only;
+# fa3 (the DSA backend, and the attention backend of that name) needs sgl_kernel's FA3 library, flash_ops.abi3.so
+# (1.76 GB; left out of a slimmed install such as the one carried to the lent H200).
+TRTLLM_MIN_MAJOR = 10
+_FLASH_OPS_PROBE = """
+import importlib.util, pathlib
+spec = importlib.util.find_spec("sgl_kernel")
+if spec is None or not spec.submodule_search_locations:
+    print("NO_SGL_KERNEL")
+else:
+    where = pathlib.Path(list(spec.submodule_search_locations)[0])
+    print(("HAS " if any(where.glob("flash_ops*.so")) else "LACKS ") + str(where))
+"""
+
+
+def sgl_kernel_lacks_flash_ops(python: str, env: Mapping[str, str] | None = None) -> str | None:
+    """The sgl_kernel folder of ``python`` (with the server's extra environment) when it has no ``flash_ops``
+    library; None when it has one or nothing can be said (no sgl_kernel there: the boot's own error is clearer)."""
+    try:
+        done = subprocess.run([python, "-c", _FLASH_OPS_PROBE], capture_output=True, text=True, timeout=60,
+                              check=False, stdin=subprocess.DEVNULL, env={**os.environ, **dict(env or {})})
+    except (OSError, subprocess.SubprocessError):
+        return None
+    answer = done.stdout.strip()
+    return answer.removeprefix("LACKS ") if answer.startswith("LACKS ") else None
+
+
 class SGLangAdapter(EngineAdapter):
     """``python -m sglang.launch_server`` with flags mapped to the installed version."""
 
@@ -531,6 +561,26 @@ class SGLangAdapter(EngineAdapter):
     def flagset(self, python: str, env: Mapping[str, str] | None = None) -> FlagSet:
         """The injected flag set, else the one the interpreter's ``--help`` reports (cached)."""
         return self._flagset if self._flagset is not None else detect_sglang_flags(python, env=env)
+
+    def preflight_problems(self, spec: ServerSpec, gpus: Sequence[tuple[str, str | None]]) -> list[str]:
+        problems: list[str] = []
+        chosen = [(f"nsa_{phase}_backend", getattr(spec, f"nsa_{phase}_backend")) for phase in ("prefill", "decode")]
+        chosen.append(("attention_backend", spec.attention_backend))
+        for key, backend in chosen:
+            if backend == "trtllm" and key.startswith("nsa_"):
+                for label, capability in gpus:
+                    if capability and int(capability.split(".")[0]) < TRTLLM_MIN_MAJOR:
+                        problems.append(f"{key} = 'trtllm' (from {spec.source}) runs only on SM100/SM103 GPUs "
+                                        f"(flashinfer's trtllm-gen kernels); {label} has compute capability "
+                                        f"{capability}")
+            if backend == "fa3":
+                python = spec.python or sys.executable
+                lacking = sgl_kernel_lacks_flash_ops(python, spec.env_dict)
+                if lacking:
+                    problems.append(f"{key} = 'fa3' (from {spec.source}) needs sgl_kernel's FA3 kernels "
+                                    f"(flash_ops.abi3.so), which {python} does not have: {lacking} holds no "
+                                    "flash_ops library")
+        return problems
 
     def launch_plan(self, spec: ServerSpec, host: str, port: int) -> LaunchPlan:
         python = spec.python or sys.executable
@@ -631,8 +681,9 @@ class SGLangAdapter(EngineAdapter):
                     "disabled",
                     choice="disabled",
                 )
-                # The deprecated --disable-cuda-graph meant "both"; keep that meaning.
-                if flagset.has("--cuda-graph-backend-prefill"):
+                # The deprecated --disable-cuda-graph meant "both"; keep that meaning, unless the user chose the
+                # prefill graph backend in args (e.g. prefill graphs off for every combination of a matrix).
+                if flagset.has("--cuda-graph-backend-prefill") and "--cuda-graph-backend-prefill" not in plan.spec.args:
                     plan.add(
                         "cuda_graph",
                         "off",
@@ -717,9 +768,6 @@ class SGLangAdapter(EngineAdapter):
         self, log_text: str, metrics_text: str | None = None, server_info: dict[str, Any] | None = None
     ) -> ServerFacts:
         """Log facts, plus graph-pass counters from /metrics, plus gaps filled from /server_info."""
-        from pytest_llmserve.engines.sglang.facts import parse_sglang_log, parse_sglang_server_info
-        from pytest_llmserve.evidence.facts import fill_missing
-
         facts = parse_sglang_log(log_text)
         if metrics_text:
             self.merge_metrics(facts, metrics_text)
@@ -731,8 +779,5 @@ class SGLangAdapter(EngineAdapter):
         return facts
 
     def merge_metrics(self, facts: ServerFacts, metrics_text: str) -> None:
-        from pytest_llmserve.engines.sglang.facts import merge_sglang_metrics
-        from pytest_llmserve.evidence.prometheus import parse
-
-        merge_sglang_metrics(facts, parse(metrics_text))
+        merge_sglang_metrics(facts, parse_prometheus(metrics_text))
         facts.compact_evidence()

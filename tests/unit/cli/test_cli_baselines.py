@@ -13,7 +13,7 @@ import pytest
 
 from pytest_llmserve.cli import baselines as cli_baselines
 from pytest_llmserve.config import CudaGraphSpec, ServerSpec, Workload
-from pytest_llmserve.evidence.environment import build_context
+from pytest_llmserve.gates.context import build_context
 from pytest_llmserve.report.json import write_results_json
 from pytest_llmserve.report.outcome import BenchOutcome
 from pytest_llmserve.store.baselines import BaselineStore, BenchKey

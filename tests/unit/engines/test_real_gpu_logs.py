@@ -221,3 +221,45 @@ def test_real_vllm_026_suite_runs_on_the_real_model() -> None:
     assert "V2 model runner" in result["cuda_graph.used_in_decode"].note
     eager = parse_vllm_log(recorded("real_vllm_gpu_0.26.0_h200_smollm2_eager_suite.log"))
     assert (eager.enforce_eager, eager.compilation_mode, eager.cuda_graph_enabled) == (True, "NONE", False)
+
+
+DSA_DECODE_LINES = ("Set DSA backends for bfloat16 KV Cache: prefill=flashmla_sparse, decode=",
+                    "Capture target decode CUDA graph begin. backend=full, num_tokens_per_bs=1, bs=[1, 2, 4, 8]")
+
+
+def test_real_sglang_0515_dsa_flashmla_kv_with_graphs_proves_backend_and_graph_use_per_batch_size() -> None:
+    """The plugin's own launch on the H200 (scripts/gpu/dsa_suite.sh d1): the tiny DSA model, decode on flashmla_kv,
+    graphs for 1, 2, 4, 8, through the built-in suite: every decode step of 1..8 running requests on a graph (3, 5
+    and 6 padded up), every step above 8 eager."""
+    text = recorded("real_sglang_0.5.15_h200_dsa_flashmla_kv_graphs_suite.log")
+    assert all(line in text for line in DSA_DECODE_LINES)
+    facts = parse_sglang_log(text)
+    assert (facts.attention_backend, facts.nsa_prefill_backend, facts.nsa_decode_backend) == (
+        "dsa", "flashmla_sparse", "flashmla_kv")
+    assert facts.captured_batch_sizes == (1, 2, 4, 8) and facts.cudagraph_mode == "full"
+    assert all(use["off"] == 0 and use["on"] > 0 for size, use in facts.graph_use_by_size.items() if size <= 8)
+    assert all(use["on"] == 0 and use["off"] > 0 for size, use in facts.graph_use_by_size.items() if size > 8)
+    assert {3, 5, 9} <= set(facts.graph_use_by_size)  # the padded and above-max batch cases ran
+    assert (facts.kv_cache_tokens, facts.mem_fraction, facts.seed) == (65536, 0.25, 0)
+    spec = ServerSpec(name="dsa", engine="sglang", model="/m", attention_backend="dsa",
+                      nsa_prefill_backend="flashmla_sparse", nsa_decode_backend="flashmla_kv", cuda_graph=GRAPHS_1_8,
+                      mem_fraction=0.25, seed=0)
+    result = checks("sglang", spec, facts)
+    assert {name: r.status for name, r in result.items()} == {name: "pass" for name in result}
+    # The same log against another requested decode backend: caught, naming the line that proves what ran.
+    other = checks("sglang", ServerSpec(name="dsa", engine="sglang", model="/m", nsa_decode_backend="tilelang"),
+                   facts)["nsa_decode_backend"]
+    assert other.status == "fail" and "decode=flashmla_kv" in other.message
+
+
+def test_real_sglang_0515_dsa_tilelang_without_graphs() -> None:
+    facts = parse_sglang_log(recorded("real_sglang_0.5.15_h200_dsa_tilelang_nographs_suite.log"))
+    assert (facts.nsa_decode_backend, facts.cuda_graph_enabled, facts.captured_batch_sizes) == ("tilelang", False, ())
+    assert all(use["on"] == 0 for use in facts.graph_use_by_size.values())
+    spec = ServerSpec(name="dsa", engine="sglang", model="/m", nsa_decode_backend="tilelang",
+                      cuda_graph=CudaGraphSpec(enabled=False))
+    result = checks("sglang", spec, facts)
+    assert result["nsa_decode_backend"].status == "pass"
+    assert result["cuda_graph.used_in_decode"].status == "pass"
+    assert checks("sglang", ServerSpec(name="dsa", engine="sglang", model="/m", cuda_graph=GRAPHS_1_8),
+                  facts)["cuda_graph.captured"].status == "fail"

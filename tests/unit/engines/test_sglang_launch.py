@@ -123,6 +123,17 @@ def test_cuda_graph_off_per_version() -> None:
         assert any("--cuda-graph-backend-decode disabled" in n for n in notes)
 
 
+def test_cuda_graph_off_leaves_the_prefill_graph_backend_to_args_that_choose_it() -> None:
+    """A DSA matrix keeps prefill graphs off in every combination through args (seen on the H200, 2026-12-02: the
+    graph-off combinations were refused as a clash with the prefill flag cuda_graph=off also sets)."""
+    args = ("--cuda-graph-backend-prefill", "disabled")
+    argv, _ = plan_for("0.5.15", cuda_graph=CudaGraphSpec(enabled=False), args=args)
+    assert flag_value(argv, "--cuda-graph-backend-decode") == ["disabled"]
+    assert argv.count("--cuda-graph-backend-prefill") == 1  # the user's, once
+    argv, _ = plan_for("0.5.15", cuda_graph=CudaGraphSpec(enabled=True, batch_sizes=(1, 2)), args=args)
+    assert flag_value(argv, "--cuda-graph-backend-prefill") == ["disabled"]
+
+
 def test_cuda_graph_on_without_sizes_passes_nothing() -> None:
     argv, notes = plan_for("0.5.23", cuda_graph=CudaGraphSpec(enabled=True))
     assert not any("cuda-graph" in a for a in argv)
@@ -435,3 +446,42 @@ def test_parse_facts_combines_log_metrics_and_server_info() -> None:
     assert checks["cuda_graph.used_in_decode"].status == "pass"
     assert checks["attention_backend"].status == "pass"
     assert checks["seed"].status == "pass"
+
+
+# ---------------------------------------------------------------------- kernels that cannot run here
+
+
+H200 = [("GPU 0 (NVIDIA H200)", "9.0")]
+
+
+def test_trtllm_dsa_backend_is_refused_before_boot_on_hopper() -> None:
+    """SGLang's trtllm DSA backend runs flashinfer's trtllm-gen kernels, built for SM100/SM103 only: on an H200 the
+    boot would fail late (or not at all on some paths); the preflight names the option, its file and the GPU."""
+    adapter = SGLangAdapter(flagset_for_version("0.5.15"))
+    problems = adapter.preflight_problems(spec(nsa_decode_backend="trtllm"), H200)
+    assert len(problems) == 1
+    assert "nsa_decode_backend = 'trtllm'" in problems[0] and "SM100/SM103" in problems[0]
+    assert "GPU 0 (NVIDIA H200) has compute capability 9.0" in problems[0]
+    assert adapter.preflight_problems(spec(nsa_decode_backend="trtllm"), [("GPU 0 (NVIDIA B200)", "10.0")]) == []
+    # Unknown capability: nothing can be said before the boot, which then tells.
+    assert adapter.preflight_problems(spec(nsa_decode_backend="trtllm"), [("GPU 0 (?)", None)]) == []
+    assert adapter.preflight_problems(spec(nsa_decode_backend="flashmla_kv"), H200) == []
+
+
+def test_fa3_is_refused_where_sgl_kernel_has_no_flash_ops(tmp_path: Path) -> None:
+    """The FA3 kernels (sgl_kernel's flash_ops.abi3.so, 1.76 GB) are what a slimmed install leaves out; the check
+    asks the server's own python, with the server's environment, where its sgl_kernel is."""
+    kernel = tmp_path / "site" / "sgl_kernel"
+    kernel.mkdir(parents=True)
+    (kernel / "__init__.py").write_text("raise ImportError('never imported by the check')\n")
+    env = {"PYTHONPATH": str(tmp_path / "site")}
+    adapter = SGLangAdapter(flagset_for_version("0.5.15"))
+    fa3 = spec(nsa_decode_backend="fa3", python=sys.executable, env=tuple(env.items()))
+    problems = adapter.preflight_problems(fa3, H200)
+    assert len(problems) == 1
+    assert "nsa_decode_backend = 'fa3'" in problems[0] and "flash_ops.abi3.so" in problems[0]
+    assert str(kernel) in problems[0]
+    (kernel / "flash_ops.abi3.so").write_bytes(b"")
+    assert adapter.preflight_problems(fa3, H200) == []
+    # No sgl_kernel at all for that python: the boot's own error says more than a guess here.
+    assert adapter.preflight_problems(spec(nsa_decode_backend="fa3", python=sys.executable), H200) == []

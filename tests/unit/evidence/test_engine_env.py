@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from pytest_llmserve.config import ServerSpec, Workload
-from pytest_llmserve.evidence.environment import build_context, engine_env_prefixes, engine_environment
+from pytest_llmserve.engines import engine_env_prefixes, engine_environment
+from pytest_llmserve.gates.context import build_context
 from pytest_llmserve.verdicts.comparability import comparability
 
 VLLM = ServerSpec(name="a", engine="vllm", model="/m")

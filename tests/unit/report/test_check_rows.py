@@ -103,3 +103,19 @@ def test_one_line() -> None:
     assert one_line("\n  first\nsecond") == "first"
     assert one_line("x" * 300, 20) == "x" * 17 + "..."
     assert one_line(None) is None
+
+
+def test_not_applicable_is_counted_on_its_own_in_every_report() -> None:
+    untrained = [check("test_boots_and_generates", "pass", server="tiny"),
+                 check("test_known_answers", "not-applicable", server="tiny",
+                       first="not applicable: known-answers on tiny: random weights"),
+                 check("test_long_decode_is_coherent", "not-applicable", server="tiny",
+                       first="not applicable: long-decode on tiny: random weights"),
+                 check("test_captured_batch_sizes_covered", "skipped", server="tiny", first="CUDA graphs are off")]
+    assert headline(untrained, []) == "1 passed · 2 not applicable · 1 skipped"
+    counts = headline_counts(untrained, [])
+    assert (counts["passed"], counts["not-applicable"], counts["skipped"], counts["unverifiable"]) == (1, 2, 1, 0)
+    markdown = format_markdown([], untrained)
+    assert markdown.splitlines()[0] == "### pytest-llmserve: 1 passed · 2 not applicable · 1 skipped"
+    assert "| ➖ | `test_known_answers` | tiny | not applicable | not applicable: known-answers" in markdown
+    assert CheckOutcome.from_dict(untrained[1].to_dict()).verdict == "not-applicable"

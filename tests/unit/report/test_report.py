@@ -12,7 +12,7 @@ import pytest
 
 from pytest_llmserve.config import CudaGraphSpec, ServerSpec, Workload
 from pytest_llmserve.errors import BaselineError
-from pytest_llmserve.evidence.environment import build_context
+from pytest_llmserve.gates.context import build_context
 from pytest_llmserve.report.benchmark_json import (
     benchmark_stats,
     stats_transform,

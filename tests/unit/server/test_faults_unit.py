@@ -122,6 +122,34 @@ def test_dead_server_fails_later_tests_fast_and_the_next_configuration_boots(tmp
     assert pool.stop_all() == []
 
 
+# The main thread leaves (pthread_exit) while another thread lives on: the kernel shows the process as a zombie
+# and reports no exit status, as for a SIGKILLed multi-threaded engine whose threads are still exiting.
+ZOMBIE_LEADER = ("import ctypes, threading, time; threading.Thread(target=time.sleep, args=(600,)).start(); "
+                 "ctypes.CDLL(None).pthread_exit(None)")
+
+
+def test_a_server_seen_as_a_zombie_is_dead_before_the_kernel_reports_its_status(
+        tmp_path: Path, token: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Stand-in (the state cannot be produced on demand by a real engine: seen once on vLLM, /proc said Z 4 ms
+    after a SIGKILL while ``waitpid`` still said running, and the test whose server died under it was not told
+    so). The handle reports the death at once, after a bounded wait for the status."""
+    handle = ServerHandle(spec("zombie", "fail_once.py", token=token), log_dir=tmp_path)
+    handle.proc = subprocess.Popen([sys.executable, "-c", ZOMBIE_LEADER], env={**os.environ, MARK_ENV: token})
+    try:
+        wait_for(lambda: not procs.pid_alive(handle.proc.pid), 10, "the stand-in's main thread to leave")  # type: ignore[union-attr]
+        assert handle.proc.poll() is None  # what made the plugin think it alive
+        monkeypatch.setattr(server, "ZOMBIE_REAP_S", 0.2)
+        assert not handle.is_alive()
+        report = handle.death_report()
+        assert report is not None and f"zombie (pid {handle.proc.pid}) died (its exit status not reported yet) " \
+            "during the session (server died" in report, report
+    finally:
+        handle.proc.kill()
+        handle.proc.wait(10)
+    # Once the status is reported, the account says how it ended.
+    assert handle.death_report() is not None and "was killed by SIGKILL" in (handle.death_report() or "")
+
+
 # --------------------------------------------------------------------------- 5: ports and the registry
 
 
@@ -366,3 +394,25 @@ def test_free_port_is_bindable(tmp_path: Path) -> None:
     port = procs.free_port()
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", port))
+
+
+def test_a_kernel_that_cannot_run_on_this_gpu_is_refused_before_anything_launches(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A GPU reading stands in (no GPU here): one H200 (compute capability 9.0) and SGLang's trtllm DSA decode
+    backend, whose kernels are SM100/SM103 only. The boot is refused in preflight with the reason, no process
+    starts, and the error is a PreflightError naming the option, its file and the GPU."""
+    from pytest_llmserve.errors import PreflightError
+    from pytest_llmserve.server import gpu
+
+    h200 = gpu.GpuInfo(index=0, name="NVIDIA H200", uuid="GPU-0", memory_total_mib=143771, memory_used_mib=1,
+                       memory_free_mib=143770, compute_capability="9.0")
+    monkeypatch.setattr(gpu, "gpu_check", lambda spec, ignore_pids=(): gpu.PreflightResult([h200], [0], [], {0: 1}))
+    s = ServerSpec(name="dsa", engine="sglang", model=str(tmp_path), gpu=True, python=sys.executable,
+                   nsa_decode_backend="trtllm", source="llmserve.toml")
+    handle = ServerHandle(s, log_dir=tmp_path / "logs")
+    with pytest.raises(PreflightError) as refused:
+        handle.start()
+    text = str(refused.value)
+    assert "nsa_decode_backend = 'trtllm' (from llmserve.toml) runs only on SM100/SM103" in text
+    assert "GPU 0 (NVIDIA H200) has compute capability 9.0" in text
+    assert handle.proc is None and handle.plan is None  # nothing launched

@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 from collections.abc import Sequence
+from dataclasses import replace
 from types import SimpleNamespace
 from typing import Any
 
@@ -95,6 +96,9 @@ class FakeNVML:
 
     def nvmlDeviceGetPciInfo(self, h: int) -> Any:  # noqa: N802
         return SimpleNamespace(busId=f"00000000:00:0{5 + h}.0")
+
+    def nvmlDeviceGetCudaComputeCapability(self, h: int) -> tuple[int, int]:  # noqa: N802
+        return (9, 0)  # Hopper, as the H200s here
 
     def nvmlDeviceGetComputeRunningProcesses(self, h: int) -> list[Any]:  # noqa: N802
         if h == 1:
@@ -401,3 +405,123 @@ def test_module_imports_without_pynvml() -> None:
         env={**os.environ, "PATH": "/nonexistent"},
     )
     assert out.returncode == 0 and out.stdout.strip() == "[]", out.stderr
+
+
+# --------------------------------------------------------------------------- compute capability
+
+
+def test_compute_capability_from_nvml_and_from_its_own_nvidia_smi_query() -> None:
+    """What an engine's kernels are built for (the SGLang adapter refuses trtllm's SM100-only DSA kernels on 9.0)."""
+    snap = gpu.snapshot(nvml=FakeNVML(), run=no_smi)
+    assert [g.compute_capability for g in snap.gpus] == ["9.0", "9.0"]
+    assert snap.gpus[0].label == "GPU 0 (NVIDIA H200)"
+
+    def run(argv: Sequence[str]) -> str | None:
+        if "--query-gpu=index,compute_cap" in argv:
+            return "0, 9.0\n1, 9.0\n"
+        answer: str | None = smi_runner()(argv)
+        return answer
+
+    assert [g.compute_capability for g in gpu.snapshot(nvml=FakeNVML(fail_init=True), run=run).gpus] == ["9.0", "9.0"]
+
+    def old_driver(argv: Sequence[str]) -> str | None:  # a driver that does not know the field: GPUs still seen
+        answer: str | None = None if "--query-gpu=index,compute_cap" in argv else smi_runner()(argv)
+        return answer
+
+    snap = gpu.snapshot(nvml=FakeNVML(fail_init=True), run=old_driver)
+    assert len(snap.gpus) == 2 and {g.compute_capability for g in snap.gpus} == {None}
+
+
+# --------------------------------------------------------------------------- the GPUs' part of a host's identity
+
+
+class NVLinkNVML(FakeNVML):
+    """Two H200 of an SXM board as NVML reads them: a 700 W enforced limit, links 0-17 of which NVML answers."""
+
+    class NVMLError_NotSupported(Exception):  # noqa: N801 - pynvml's name, which the probe reads
+        pass
+
+    def __init__(self, *, nvlink: bool, power_mw: int = 700000) -> None:
+        super().__init__()
+        self.nvlink = nvlink
+        self.power_mw = power_mw
+
+    def nvmlDeviceGetEnforcedPowerLimit(self, h: int) -> int:  # noqa: N802
+        return self.power_mw
+
+    def nvmlDeviceGetNvLinkState(self, h: int, link: int) -> int:  # noqa: N802
+        if not self.nvlink:
+            raise self.NVMLError_NotSupported("Not Supported")  # a PCIe card
+        return 1 if link < 18 else 0
+
+
+def test_the_gpus_identity_power_limit_and_interconnect_from_nvml() -> None:
+    summary = gpu.gpu_summary(gpu.snapshot(nvml=NVLinkNVML(nvlink=True), run=no_smi))
+    assert {name: summary[name] for name in gpu.GPU_IDENTITY_FIELDS} == {
+        "gpu_name": "NVIDIA H200", "gpu_count": 2, "driver": "580.159.04", "cuda": "13.0", "gpu_memory_mib": 143771,
+        "gpu_compute_capability": "9.0", "gpu_power_limit_w": 700, "gpu_interconnect": "nvlink"}
+    pcie = gpu.gpu_summary(gpu.snapshot(nvml=NVLinkNVML(nvlink=False, power_mw=600000), run=no_smi))
+    assert (pcie["gpu_interconnect"], pcie["gpu_power_limit_w"]) == ("pcie", 600)
+    # An NVML without these calls (the older stand-in): unknown, not "pcie".
+    old = gpu.gpu_summary(gpu.snapshot(nvml=FakeNVML(), run=no_smi))
+    assert (old["gpu_interconnect"], old["gpu_power_limit_w"]) == (None, None)
+
+
+def test_the_power_limit_through_its_own_nvidia_smi_query_and_the_interconnect_unknown_there() -> None:
+    assert gpu.parse_smi_power_limits("0, 700.00\n1, 699.60\n2, [N/A]\n") == {0: 700, 1: 700}
+
+    def run(argv: Sequence[str]) -> str | None:
+        if "--query-gpu=index,power.limit" in argv:
+            return "0, 700.00\n1, 700.00\n"
+        answer: str | None = smi_runner()(argv)
+        return answer
+
+    summary = gpu.gpu_summary(gpu.snapshot(nvml=FakeNVML(fail_init=True), run=run))
+    assert (summary["gpu_power_limit_w"], summary["gpu_interconnect"], summary["gpu_memory_mib"]) == (700, None, 143771)
+
+
+def test_gpus_that_differ_are_stored_as_their_sorted_values() -> None:
+    snap = gpu.snapshot(nvml=FakeNVML(), run=no_smi)
+    mixed = gpu.GpuSnapshot((snap.gpus[0], replace(snap.gpus[1], memory_total_mib=81559, power_limit_w=400)),
+                            snap.processes, snap.source)
+    summary = gpu.gpu_summary(mixed)
+    assert summary["gpu_memory_mib"] == [81559, 143771] and summary["gpu_power_limit_w"] == [400, None]
+
+
+# --------------------------------------------------------------------------- per-process utilisation (contention)
+
+
+class AccountingNVML(FakeNVML):
+    """FakeNVML with NVML's per-process utilisation samples: the llama-server on GPU 1 and a process that holds
+    no memory but ran kernels on GPU 0; GPU 1 had no other sampled process in the window."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.since: list[int] = []
+
+    def nvmlDeviceGetProcessUtilization(self, h: int, since_us: int) -> list[Any]:  # noqa: N802
+        self.since.append(since_us)
+        if h == 0:
+            return [SimpleNamespace(pid=777, smUtil=40, memUtil=5, timeStamp=1),
+                    SimpleNamespace(pid=777, smUtil=60, memUtil=5, timeStamp=2)]
+        return [SimpleNamespace(pid=4242, smUtil=90, memUtil=30, timeStamp=1)]
+
+
+def test_process_utilization_reads_each_process_s_sm_share_and_memory() -> None:
+    nvml = AccountingNVML()
+    readings = gpu.process_utilization(nvml=nvml, window_s=1.0)
+    assert readings == [gpu.ProcessUtilization(0, 777, "llama-server", 0.5, None),
+                        gpu.ProcessUtilization(1, 4242, "llama-server", 0.9, 1188)]
+    assert len(nvml.since) == 2 and nvml.shutdowns == 1
+
+
+def test_process_utilization_of_idle_gpus_is_empty_and_without_nvml_is_none() -> None:
+    class Idle(FakeNVML):
+        def nvmlDeviceGetComputeRunningProcesses(self, h: int) -> list[Any]:  # noqa: N802
+            return []
+
+        def nvmlDeviceGetProcessUtilization(self, h: int, since_us: int) -> list[Any]:  # noqa: N802
+            raise self.NVMLError("Not Found")  # what NVML says when no process ran in the window
+
+    assert gpu.process_utilization(nvml=Idle()) == []
+    assert gpu.process_utilization(nvml=FakeNVML(fail_init=True)) is None

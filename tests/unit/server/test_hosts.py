@@ -126,7 +126,7 @@ def test_scheduler_places_each_configuration_on_one_host_and_fails_a_dead_hosts_
                              option=SimpleNamespace(tx=["ssh=host1", "ssh=host2"], numprocesses=None),
                              hook=SimpleNamespace(pytest_runtest_logreport=lambda report: logged.append(report)))
     groups = {"a": "llmserve-config-a", "b": "llmserve-config-b", "c": "llmserve-config-c"}
-    hooks = xdist_hooks.XdistHooks("/tmp/run", config, lambda: groups)  # type: ignore[arg-type]
+    hooks = xdist_hooks.XdistHooks("/tmp/run", config, lambda: groups, by_config=True)  # type: ignore[arg-type]
     sched = xdist_hooks.by_config_scheduler(config, None, hooks)  # type: ignore[arg-type]
     collection = [f"t.py::test_{n}[{g}]" for g in "abc" for n in (1, 2)]
     one, two = _node("gw0", "host1"), _node("gw1", "host2")
@@ -154,7 +154,7 @@ def test_dead_hosts_untouched_tests_are_each_failed_naming_host_and_configuratio
                              option=SimpleNamespace(tx=["ssh=host1", "ssh=host2"], numprocesses=None),
                              hook=SimpleNamespace(pytest_runtest_logreport=lambda report: logged.append(report)))
     groups = {"srv[b]": "llmserve-config-b"}
-    hooks = xdist_hooks.XdistHooks("/tmp/run", config, lambda: groups)  # type: ignore[arg-type]
+    hooks = xdist_hooks.XdistHooks("/tmp/run", config, lambda: groups, by_config=True)  # type: ignore[arg-type]
     node = _node("gw1", "root@127.0.0.3")
     hooks.host_reports["gw1"] = hosts.HostReport(gateway="gw1", label="root@127.0.0.3",
                                                  down="OSError: cannot send (already closed?)")

@@ -17,7 +17,8 @@ import pytest
 
 from pytest_llmserve.config import CudaGraphSpec, ServerSpec, Workload
 from pytest_llmserve.errors import BaselineError
-from pytest_llmserve.evidence.environment import build_context, find_secrets, redact_context
+from pytest_llmserve.evidence.environment import find_secrets, redact_context
+from pytest_llmserve.gates.context import build_context
 from pytest_llmserve.store.baselines import BaselineStore, BenchKey, read_baseline_file
 
 HW = {"cpu_model": "Test CPU", "cpu_count": 2, "gpu_name": None, "gpu_count": 0, "driver": None, "cuda": None}
@@ -322,3 +323,21 @@ def test_lock_timeout_is_a_baseline_error(tmp_path: Path) -> None:
         with pytest.raises(BaselineError, match="could not take the lock"):
             store.save(KEY, ctx(), samples(), metric=METRIC, higher_is_better=True)
     assert not path.exists()
+
+
+def test_a_baseline_recorded_before_host_identity_loads_and_compares_as_from_an_unknown_host(tmp_path: Path) -> None:
+    """The baseline this repository once shipped for the embedded default (recorded 2026-11-30 with the six
+    hardware keys of then): it still loads, and against today's context it is an unknown host, refused."""
+    from pytest_llmserve.server.hardware import HOST_FIELDS
+    from pytest_llmserve.verdicts.comparability import comparability, unknown_host
+
+    shipped = Path(__file__).parents[2] / "data" / "baselines" / "test_throughput--default--smoke-dd9513b7af.json"
+    (tmp_path / shipped.name).write_bytes(shipped.read_bytes())
+    doc = BaselineStore(tmp_path).load(BenchKey("test_llmserve_suite.py::test_throughput", "default", "smoke"))
+    assert doc is not None and len(doc.samples("output_throughput")) == 5
+    assert list(doc.context["hardware"]) == list(HOST_FIELDS[:6])
+    now = json.loads(json.dumps(doc.context))
+    now["hardware"].update(cpu_vendor="AuthenticAMD", cpu_flags=["avx", "avx2"], memory_gib=24)
+    comp = comparability(doc.context, now)
+    assert comp.status == "refused" and unknown_host(comp.diffs)
+    assert {d.key for d in comp.diffs} == {"hardware.cpu_vendor", "hardware.cpu_flags", "hardware.memory_gib"}

@@ -6,12 +6,14 @@ from dataclasses import replace
 from typing import Any
 
 from pytest_llmserve.config import CudaGraphSpec, ServerSpec, Workload
-from pytest_llmserve.evidence.environment import build_context
+from pytest_llmserve.gates.context import build_context
 from pytest_llmserve.verdicts.comparability import (
     IGNORED_CONTEXT_KEYS,
     Comparability,
     comparability,
     diff_context,
+    host_change_text,
+    unknown_host,
 )
 
 HW = {"cpu_model": "Test CPU", "cpu_count": 2, "gpu_name": None, "gpu_count": 0, "driver": None, "cuda": None}
@@ -112,3 +114,56 @@ def test_comparability_round_trips_and_diff_describes_absent_keys() -> None:
     assert "new_key: (absent) -> 1" in text
     assert 'python: "CPython 3.11" -> (absent)' in text
     assert Comparability.from_dict(comp.to_dict()) == comp
+
+
+# --------------------------------------------------------------------------- the host's identity
+
+FAST = ["avx", "avx2", "avx512_bf16", "avx512f", "fma"]
+
+
+def on_host(**hardware: Any) -> dict[str, Any]:
+    """A context recorded on the 2-core "AMD EPYC" of issue 25, its hardware changed by ``hardware``."""
+    c = ctx()
+    c["hardware"] = {"cpu_model": "AMD EPYC", "cpu_count": 2, "gpu_name": None, "gpu_count": 0, "driver": None,
+                     "cuda": None, "cpu_vendor": "AuthenticAMD", "cpu_flags": FAST, "memory_gib": 24, **hardware}
+    return c
+
+
+def test_a_host_of_the_same_cpu_name_without_avx2_is_refused_naming_the_flags() -> None:
+    comp = comparability(on_host(cpu_flags=["avx"]), on_host(), None, False)
+    assert comp.status == "refused"
+    assert [d.key for d in comp.diffs] == ["hardware.cpu_flags"]
+    assert '  - hardware.cpu_flags: ["avx"] -> ["avx", "avx2", "avx512_bf16", "avx512f", "fma"]' in comp.message
+    assert host_change_text(comp.diffs) == 'hardware.cpu_flags: ["avx"] -> ["avx", "avx2", "avx512_bf16", ' \
+                                           '"avx512f", "fma"]'
+    assert not unknown_host(comp.diffs)
+
+
+def test_a_baseline_recorded_before_host_identity_is_from_an_unknown_host() -> None:
+    old = ctx()
+    old["hardware"] = {"cpu_model": "AMD EPYC", "cpu_count": 2, "gpu_name": None, "gpu_count": 0, "driver": None,
+                       "cuda": None}  # the committed baseline's six keys
+    comp = comparability(old, on_host(), None, False)
+    assert comp.status == "refused" and unknown_host(comp.diffs)
+    assert "hardware.cpu_flags: (absent) -> [" in comp.message and "hardware.memory_gib: (absent) -> 24" in comp.message
+    # A field the current host lacks (a newer baseline read by an older plugin) is not "unknown host".
+    assert not unknown_host(comparability(on_host(), old, None, False).diffs)
+
+
+def test_allow_host_change_compares_across_hosts_and_names_the_host_fields() -> None:
+    comp = comparability(on_host(cpu_flags=["avx"], memory_gib=16), on_host(), None, False, allow_host_change=True)
+    assert comp.status == "same" and comp.ok and comp.diffs == ()
+    assert [d.key for d in comp.host_diffs] == ["hardware.cpu_flags", "hardware.memory_gib"]
+    assert comp.label == "same context, across hosts (allowed)"
+    assert "  ~ hardware.memory_gib: 16 -> 24" in comp.message
+    assert Comparability.from_dict(comp.to_dict()) == comp  # the results JSON keeps them
+    assert Comparability.from_dict({"status": "same"}).host_diffs == ()  # results written before the field
+
+
+def test_allow_host_change_still_refuses_any_other_difference() -> None:
+    other = on_host(cpu_flags=["avx"])
+    other["server_args"]["mem_fraction"] = 0.8
+    comp = comparability(other, on_host(), None, False, allow_host_change=True)
+    assert comp.status == "refused" and [d.key for d in comp.diffs] == ["server_args.mem_fraction"]
+    assert "hardware.cpu_flags" in comp.message  # named as allowed, not as a confounder
+    assert "  - server_args.mem_fraction: 0.8 -> 0.9" in comp.message

@@ -1,0 +1,149 @@
+"""A busy host never makes a verdict: contended rounds are not samples, and a host that stays busy is
+"confounded: host busy" naming the processes, never REGRESSED. Stand-in rounds carry a host-contention record."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pytest_llmserve.config import ServerSpec
+from pytest_llmserve.errors import ConfigError
+from pytest_llmserve.gates.bench import HOST_CONTENTION, MAX_CONTENDED_ROUNDS, BenchGate
+from pytest_llmserve.load.contention import BusyProcess, HostContention
+from pytest_llmserve.report.outcome import BenchOutcome, outcome_from_gate
+from pytest_llmserve.report.text import format_markdown
+from pytest_llmserve.settings import BenchSpec, Sources, bench_spec, resolve_settings
+from tests.unit.gates.standins import CFG, TEST_ID, StandinServer
+
+GATE = BenchSpec(workload="tiny", metric="output_throughput", tolerance=0.05, rounds=2, max_rounds=8, alpha=0.02,
+                 warmup_rounds=0, contention_bound=0.10)
+BURNER = 4242
+
+
+@dataclass
+class _Result:
+    """The part of a RunResult the gate and judge_contention touch."""
+
+    metrics: dict[str, float]
+    host_contention: HostContention
+    valid: bool = True
+    summaries: dict[str, Any] = field(default_factory=dict)
+    diagnostics: dict[str, float] = field(default_factory=dict)
+    invalid_reasons: list[str] = field(default_factory=list)
+    server_check: Any = None
+
+
+def _host(share: float) -> HostContention:
+    top = [BusyProcess(BURNER, "python", share * 20.0, share)] if share > 0.02 else []
+    return HostContention(share=share, seconds=10.0, cores=2, samples=11, top=top,
+                          by_command=[("python", share, 1)] if top else [])
+
+
+@dataclass
+class Rounds:
+    """Round k returns ``figures[k]`` measured under ``contention[k]`` (a share of the machine)."""
+
+    figures: Sequence[float]
+    contention: Sequence[float]
+    calls: list[str] = field(default_factory=list)
+
+    def __call__(self, server: Any, workload: Any, prompts: Any, what: str, fail: Callable[[str], Any]) -> _Result:
+        self.calls.append(what)
+        k = len(self.calls) - 1
+        return _Result({"output_throughput": self.figures[k]}, _host(self.contention[k]))
+
+
+class Failed(Exception):
+    pass
+
+
+def _fail(message: str) -> None:
+    raise Failed(message)
+
+
+class Skipped(Exception):
+    pass
+
+
+def _skip(message: str) -> None:
+    raise Skipped(message)
+
+
+def gate(tmp_path: Path, rounds: Rounds, *, save: bool = False,
+         skip: Any = None) -> tuple[BenchGate, list[dict[str, Any]], list[str]]:
+    recorded: list[dict[str, Any]] = []
+    said: list[str] = []
+    made = BenchGate(server=StandinServer(), cfg=CFG, options=GATE,  # type: ignore[arg-type]
+                     store_dir=tmp_path / "baselines", results_dir=tmp_path / "results", save=save,
+                     allow_confounded=False, test_id=TEST_ID, key_test="tests/test_perf.py::test_throughput",
+                     record=recorded.append, fail=_fail, say=said.append, round_runner=rounds, skip=skip)
+    return made, recorded, said
+
+
+def test_a_contended_round_is_not_a_sample_and_is_measured_again(tmp_path: Path) -> None:
+    rounds = Rounds([100.0, 55.0, 101.0], [0.01, 0.47, 0.02])
+    bench, recorded, said = gate(tmp_path, rounds)
+    outcome = bench.run()
+    assert outcome["verdict"] == "no-baseline"
+    assert outcome["current"]["output_throughput"] == [100.0, 101.0]  # the 55 never reaches the figures
+    assert outcome["current"][HOST_CONTENTION] == [0.01, 0.02]  # stored with each sample
+    assert len(outcome["contended_rounds"]) == 1
+    assert outcome["contended_rounds"][0]["reason"].startswith(
+        "confounded: host busy: other processes took 47.0% of the machine's 2 cores during the round (bound 10%): "
+        f"pid {BURNER} python (47.0%); by command: python 47.0% (1 process)")
+    assert any("is not a sample: confounded: host busy" in line for line in said)
+    assert rounds.calls[2].endswith("(again: 1 contended so far)")
+    # The round's terminal line shows its contention; the reports carry the column and the discarded round.
+    assert any(line.endswith("host contention 1.0% of the machine (2 cores, 10.0 s): no other process used CPU")
+               for line in said)
+    markdown = format_markdown([outcome_from_gate(recorded[-1])])
+    assert "host contention" in markdown and "2.0%" in markdown and f"pid {BURNER} python" in markdown
+
+
+def test_a_busy_host_is_confounded_never_regressed(tmp_path: Path) -> None:
+    baseline = Rounds([100.0, 101.0, 99.0, 100.5, 100.2], [0.01] * 5)
+    gate(tmp_path, baseline, save=True)[0].run()
+    # Every round now runs beside a CPU-bound process, and is slow: from these alone a verdict would say REGRESSED.
+    busy = Rounds([55.0] * 10, [0.47] * 10)
+    # Under pytest the gate skips (no verdict either way); a caller without skip gets a failure instead.
+    bench, recorded, _ = gate(tmp_path, busy, skip=_skip)
+    with pytest.raises(Skipped) as skipped:
+        bench.run()
+    message = str(skipped.value)
+    assert f"confounded: host busy: {MAX_CONTENDED_ROUNDS} rounds discarded" in message
+    assert f"pid {BURNER} python (47.0%)" in message and "REGRESSED" not in message
+    assert len(busy.calls) == MAX_CONTENDED_ROUNDS
+    assert recorded[-1]["verdict"] == "confounded" and "error" not in recorded[-1]
+    assert recorded[-1]["current"] == {}
+    report = outcome_from_gate(recorded[-1])
+    assert (report.status, report.failed) == ("confounded", False)
+    assert BenchOutcome.from_dict(report.to_dict()).status == "confounded"
+    without_skip, _, _ = gate(tmp_path, Rounds([55.0] * 10, [0.47] * 10))
+    with pytest.raises(Failed, match="confounded: host busy"):
+        without_skip.run()
+
+
+def test_clean_rounds_between_busy_ones_are_judged_alone(tmp_path: Path) -> None:
+    gate(tmp_path, Rounds([100.0, 101.0, 99.0, 100.5, 100.2], [0.01] * 5), save=True)[0].run()
+    mixed = Rounds([55.0, 100.4, 56.0, 99.8], [0.47, 0.01, 0.5, 0.02])
+    outcome = gate(tmp_path, mixed)[0].run()
+    assert outcome["current"]["output_throughput"] == [100.4, 99.8]
+    assert outcome["verdict"] != "regressed" and len(outcome["contended_rounds"]) == 2
+
+
+def _settings(tmp_path: Path, cli: dict[str, Any] | None = None, env: dict[str, str] | None = None) -> Any:
+    return resolve_settings(tmp_path, Sources(cli=cli or {}, ini={}, env=env or {}),
+                            lambda: ServerSpec(name="default", engine="vllm", model="/m"))
+
+
+def test_the_bound_is_a_setting_from_every_source_and_the_marker(tmp_path: Path) -> None:
+    assert _settings(tmp_path).bench.contention_bound == 0.10
+    assert _settings(tmp_path, cli={"contention_bound": "0.2"}).bench.contention_bound == 0.2
+    assert _settings(tmp_path, env={"PYTEST_LLMSERVE_CONTENTION_BOUND": "0.3"}).bench.contention_bound == 0.3
+    assert bench_spec(_settings(tmp_path), (), {"contention_bound": 0.25}, where="W").contention_bound == 0.25
+    with pytest.raises(ConfigError, match=r"--llmserve-contention-bound = '2': must be a fraction below 1"):
+        _settings(tmp_path, cli={"contention_bound": "2"})

@@ -1,0 +1,332 @@
+"""The benchmark gate's warm-up and the between-round spread it reports, with a stand-in round runner: no engine.
+
+Each stand-in round returns the next figure of a list (what a real round's ``output_throughput`` would be), so the
+tests decide which rounds agree; the warm-up's time budget is read on a stand-in clock that each round advances.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import statistics
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pytest_llmserve.config import ServerSpec
+from pytest_llmserve.errors import ConfigError
+from pytest_llmserve.gates.bench import WARMUP_BUDGET_S, BenchGate, relative_difference
+from pytest_llmserve.gates.context import build_context
+from pytest_llmserve.report.json import read_results_json, write_results_json
+from pytest_llmserve.report.outcome import outcome_from_gate
+from pytest_llmserve.report.session import format_text_summary
+from pytest_llmserve.report.text import format_markdown
+from pytest_llmserve.settings import BenchSpec, Sources, bench_spec, resolve_settings
+from pytest_llmserve.store.baselines import BaselineStore, BenchKey
+from pytest_llmserve.verdicts.stats import NOISY_CV
+from tests.unit.gates.standins import CFG, SPEC, TEST_ID, StandinServer
+
+GATE = BenchSpec(workload="tiny", metric="output_throughput", tolerance=0.05, rounds=2, max_rounds=8, alpha=0.02,
+                 warmup_rounds=3, warmup_agreement=0.05)
+
+
+@dataclass
+class _Result:
+    metrics: dict[str, float]
+    server_check: Any = None
+
+
+@dataclass
+class Rounds:
+    """The stand-in round runner: round k returns ``figures[k]`` and advances the clock by ``seconds``."""
+
+    figures: Sequence[float]
+    seconds: float = 10.0
+    now: float = 0.0
+    calls: list[tuple[str, Any, Any]] = field(default_factory=list)
+    invalid_at: int | None = None  # the round (1-based) that comes back invalid
+    # Rounds (1-based call numbers) that come back invalid for these reasons instead (artefacts or faults).
+    invalid_for: dict[int, str] = field(default_factory=dict)
+
+    def __call__(self, server: Any, workload: Any, prompts: Any, what: str, fail: Callable[[str], Any]) -> _Result:
+        self.calls.append((what, workload, prompts))
+        self.now += self.seconds
+        if self.invalid_at == len(self.calls):
+            fail(f"{what} is INVALID (not a number):\n  - 2 of 8 requests failed")
+        if len(self.calls) in self.invalid_for:
+            fail(f"{what} is INVALID (not a number):\n  - {self.invalid_for[len(self.calls)]}")
+        value = self.figures[len(self.calls) - 1]
+        return _Result({"output_throughput": value, "mean_ttft_ms": 1000.0 / value})
+
+    def clock(self) -> float:
+        return self.now
+
+
+class Failed(Exception):
+    pass
+
+
+def _fail(message: str) -> None:
+    raise Failed(message)
+
+
+def gate(tmp_path: Path, rounds: Rounds, *, options: BenchSpec = GATE, save: bool = False
+         ) -> tuple[BenchGate, list[dict[str, Any]], list[str]]:
+    recorded: list[dict[str, Any]] = []
+    said: list[str] = []
+    made = BenchGate(server=StandinServer(), cfg=CFG, options=options,  # type: ignore[arg-type]
+                     store_dir=tmp_path / "baselines", results_dir=tmp_path / "results", save=save,
+                     allow_confounded=False, test_id=TEST_ID, key_test="tests/test_perf.py::test_throughput",
+                     record=recorded.append, fail=_fail, say=said.append, round_runner=rounds, clock=rounds.clock)
+    return made, recorded, said
+
+
+# --------------------------------------------------------------------------- the warm-up
+
+
+def test_the_warm_up_stops_at_the_first_round_that_agrees_with_the_one_before_it(tmp_path: Path) -> None:
+    # The H200 case: a cold first round at half speed, then warm rounds within 1 % of each other.
+    rounds = Rounds([1118.0, 2217.0, 2230.0, 2221.0, 2226.0])
+    bench, recorded, _ = gate(tmp_path, rounds)
+    outcome = bench.run()
+    warm = outcome["warmup"]
+    assert (warm["rounds"], warm["settled"], warm["values"]) == (2, True, [1118.0, 2217.0])
+    assert warm["difference"] == pytest.approx(relative_difference(2217.0, 2230.0))
+    # The agreeing round is the first measured one: 2 warm-up rounds, then the 2 measured rounds of the gate.
+    assert outcome["current"]["output_throughput"] == [2230.0, 2221.0]
+    assert len(rounds.calls) == 4
+    # Every round, warm-up included, sends the same workload and the very same prompts.
+    assert len({id(prompts) for _, _, prompts in rounds.calls}) == 1
+    assert {workload.name for _, workload, _ in rounds.calls} == {"tiny"}
+    assert recorded[-1]["warmup"] is warm and "note" not in warm
+
+
+def test_where_the_first_two_rounds_agree_the_warm_up_costs_one_round(tmp_path: Path) -> None:
+    rounds = Rounds([100.0, 102.0, 101.0])
+    outcome = gate(tmp_path, rounds)[0].run()
+    assert len(rounds.calls) == GATE.rounds + 1
+    assert (outcome["warmup"]["rounds"], outcome["warmup"]["settled"]) == (1, True)
+    assert outcome["current"]["output_throughput"] == [102.0, 101.0]
+
+
+def test_the_warm_up_continues_while_consecutive_rounds_disagree(tmp_path: Path) -> None:
+    rounds = Rounds([50.0, 80.0, 95.0, 100.0, 101.0, 100.5])
+    options = replace(GATE, warmup_rounds=6)
+    outcome = gate(tmp_path, rounds, options=options)[0].run()
+    # 80 is 60 % above 50, 95 19 % above 80, 100 5.3 % above 95: all beyond 5 %; 101 is within 1 % of 100.
+    assert outcome["warmup"]["values"] == [50.0, 80.0, 95.0, 100.0]
+    assert outcome["warmup"]["settled"] is True
+    assert outcome["current"]["output_throughput"] == [101.0, 100.5]
+
+
+def test_at_the_round_cap_the_warm_up_stops_and_the_result_says_it_did_not_settle(tmp_path: Path) -> None:
+    rounds = Rounds([100.0, 150.0] * 4)  # never two alike
+    outcome = gate(tmp_path, rounds)[0].run()  # no baseline: a figure, not a failure
+    warm = outcome["warmup"]
+    assert (warm["rounds"], warm["settled"]) == (GATE.warmup_rounds, False)
+    assert len(rounds.calls) == GATE.warmup_rounds + GATE.rounds
+    assert warm["note"].startswith("warm-up did not settle: output_throughput of the first measured round")
+    assert "warmup_rounds = 3" in warm["note"] and "50.0%" in warm["note"]
+    assert outcome["verdict"] == "no-baseline"
+
+
+def test_the_time_budget_stops_the_warm_up_before_the_round_cap(tmp_path: Path) -> None:
+    # Rounds so long that two of them spend the budget: the second is measured though it disagrees.
+    rounds = Rounds([100.0, 150.0, 151.0, 150.0], seconds=WARMUP_BUDGET_S * 0.6)
+    outcome = gate(tmp_path, rounds, options=replace(GATE, warmup_rounds=10))[0].run()
+    warm = outcome["warmup"]
+    assert (warm["rounds"], warm["settled"]) == (1, False)
+    assert "time budget" in warm["note"]
+    assert outcome["current"]["output_throughput"] == [150.0, 151.0]
+
+
+def test_warmup_rounds_0_measures_from_the_first_round(tmp_path: Path) -> None:
+    rounds = Rounds([100.0, 150.0])
+    outcome = gate(tmp_path, rounds, options=replace(GATE, warmup_rounds=0))[0].run()
+    assert outcome["current"]["output_throughput"] == [100.0, 150.0]
+    assert outcome["warmup"]["settled"] is None and outcome["warmup"]["rounds"] == 0
+
+
+def test_the_warm_up_runs_once_per_gate_not_again_for_the_extra_rounds(tmp_path: Path) -> None:
+    bench, _, _ = gate(tmp_path, Rounds([100.0, 101.0, 102.0, 100.0, 99.0]))
+    first, _ = bench.measure(CFG.workload("tiny", where="t"), 2)
+    more, _ = bench.measure(CFG.workload("tiny", where="t"), 2, done=first)
+    assert [s["output_throughput"] for s in first + more] == [101.0, 102.0, 100.0, 99.0]
+
+
+def test_an_invalid_warm_up_round_fails_the_benchmark_and_is_named_as_warm_up(tmp_path: Path) -> None:
+    rounds = Rounds([100.0, 100.0, 100.0], invalid_at=1)
+    bench, recorded, _ = gate(tmp_path, rounds)
+    with pytest.raises(Failed, match="warm-up round 1 on cpu is INVALID"):
+        bench.run()
+    assert recorded[-1]["verdict"] == "error" and recorded[-1]["rounds"] == 0
+
+
+# Reasons as load/metrics.invalid_reasons writes them: two artefacts of a starved machine, one output fault.
+ARTEFACT = "8 of 8 requests have TPOT = 0 (all chunks in one read): the stream was buffered"
+CONTAMINATED = "contaminated: 12 running requests during a round of concurrency 8"
+FAULT = "8 of 8 requests generated tokens but no text (every content chunk empty)"
+
+
+def test_a_round_invalid_only_for_artefacts_of_the_machine_is_run_again_and_said(tmp_path: Path) -> None:
+    # Seen in CI on 2 cores: one round of a healthy server invalid for chunk timing failed the benchmark.
+    rounds = Rounds([100.0, 101.0, 100.0, 102.0], invalid_for={2: ARTEFACT})
+    bench, recorded, said = gate(tmp_path, rounds)
+    outcome = bench.run()
+    assert outcome["verdict"] == "no-baseline"
+    assert len(rounds.calls) == 4  # warm-up 1, the artefact, its re-run (agrees: measured 1), measured 2
+    assert outcome["current"]["output_throughput"] == [100.0, 102.0]
+    assert outcome["discarded_rounds"] == [{"round": rounds.calls[1][0], "reasons": [ARTEFACT]}]
+    assert any("a measurement artefact of the machine, not the server's output; discarded and run again (1 of 2"
+               in line for line in said), said
+    report = outcome_from_gate(recorded[-1])
+    assert report.discarded_rounds == outcome["discarded_rounds"]
+    assert any("1 round(s) discarded as measurement artefacts" in note for note in report.notes)
+
+
+def test_an_output_fault_is_never_run_again_even_beside_an_artefact(tmp_path: Path) -> None:
+    rounds = Rounds([100.0, 100.0, 100.0], invalid_for={2: f"{ARTEFACT}\n  - {FAULT}"})
+    bench, recorded, _ = gate(tmp_path, rounds)
+    with pytest.raises(Failed, match="generated tokens but no text"):
+        bench.run()
+    assert len(rounds.calls) == 2 and recorded[-1]["verdict"] == "error"
+    assert "discarded_rounds" not in recorded[-1]
+
+
+def test_artefacts_beyond_the_retries_fail_naming_every_discarded_round(tmp_path: Path) -> None:
+    rounds = Rounds([100.0] * 6, invalid_for={1: ARTEFACT, 2: CONTAMINATED, 3: ARTEFACT})
+    bench, recorded, _ = gate(tmp_path, rounds)
+    with pytest.raises(Failed) as failed:
+        bench.run()
+    message = str(failed.value)
+    assert len(rounds.calls) == 3  # two run again, the third fails
+    assert "2 earlier round(s) of this benchmark were discarded as measurement artefacts (is the machine busy?)" \
+        in message and CONTAMINATED in message
+    assert [d["reasons"] for d in recorded[-1]["discarded_rounds"]] == [[ARTEFACT], [CONTAMINATED]]
+
+
+def test_relative_difference_of_rounds() -> None:
+    assert relative_difference(100.0, 105.0) == pytest.approx(0.05)
+    assert relative_difference(100.0, 95.0) == pytest.approx(0.05)
+    assert relative_difference(0.0, 1.0) == math.inf
+    assert math.isnan(relative_difference(math.nan, 1.0))
+
+
+# --------------------------------------------------------------------------- the spread in the reports
+
+
+def _store_baseline(tmp_path: Path) -> None:
+    wl = CFG.workload("tiny", where="t")
+    store = BaselineStore(tmp_path / "baselines")
+    store.save(BenchKey("tests/test_perf.py::test_throughput", SPEC.id, "tiny"),
+               build_context(SPEC, wl, engine_version=None),
+               {"output_throughput": [100.0, 101.0, 99.5, 100.4, 100.2]}, metric="output_throughput",
+               higher_is_better=True)
+
+
+@pytest.mark.parametrize("case", ["no-baseline", "comparison", "saved"])
+def test_every_benchmark_reports_its_rounds_cv_log_sd_and_warm_up(tmp_path: Path, case: str) -> None:
+    if case == "comparison":
+        _store_baseline(tmp_path)
+    figures = [60.0, 100.0, 100.3, 99.8, 100.1, 99.9, 100.2, 100.0, 99.7, 100.1, 100.0]
+    outcome = gate(tmp_path, Rounds(figures), save=case == "saved")[0].run()
+    expected_verdict = {"no-baseline": "no-baseline", "saved": "saved"}.get(case, "pass")
+    assert outcome["verdict"] == expected_verdict
+    values = outcome["current"]["output_throughput"]
+    row = outcome_from_gate(outcome)
+    spread = row.spread
+    assert spread["rounds"] == len(values) >= 2
+    assert spread["cv"] == pytest.approx(statistics.stdev(values) / statistics.mean(values))
+    assert spread["log_sd"] == pytest.approx(statistics.stdev([math.log(v) for v in values]))
+    assert not spread["noisy"] and row.notes == []
+    # results.json carries the spread and the warm-up, and reads the warm-up back.
+    path = write_results_json(tmp_path / "results.json", [row])
+    stored = json.loads(path.read_text())["benchmarks"][0]
+    assert stored["spread"]["cv"] == pytest.approx(spread["cv"])
+    assert stored["spread"]["log_sd"] == pytest.approx(spread["log_sd"])
+    assert (stored["warmup"]["rounds"], stored["warmup"]["settled"]) == (2, True)  # 60 and 100 set aside
+    assert read_results_json(path)[1][0].warmup == row.warmup
+    # The terminal table and summary.md: measured rounds (+ warm-up), and the CV with the log sd beside it.
+    cells = f"{spread['cv']:.1%} ({spread['log_sd']:.3f})"
+    text, markdown = format_text_summary([row]), format_markdown([row])
+    for report in (text, markdown):
+        assert "rounds (+warm-up)" in report and "CV (sd ln)" in report
+        assert f"{len(values)} (+2 warm-up)" in report and cells in report
+
+
+def test_noisy_rounds_and_an_unsettled_warm_up_get_notes_in_every_report(tmp_path: Path) -> None:
+    rounds = Rounds([1118.0, 2217.0, 1118.0, 2217.0, 1118.0, 2217.0])  # the H200's two rounds, over and over
+    outcome = gate(tmp_path, rounds)[0].run()
+    row = outcome_from_gate(outcome)
+    assert row.spread["noisy"] and row.spread["cv"] > NOISY_CV
+    assert row.spread["cv"] == pytest.approx(0.466, abs=0.001)
+    assert row.spread["log_sd"] == pytest.approx(0.484, abs=0.001)
+    assert len(row.notes) == 2
+    assert row.notes[0].startswith("warm-up did not settle")
+    assert row.notes[1].startswith("the rounds are noisy: output_throughput CV 46.6% over 2 rounds")
+    text, markdown = format_text_summary([row]), format_markdown([row])
+    for report in (text, markdown):
+        assert "NOT settled" in report and "46.6% (0.484) noisy" in report
+        assert "warm-up did not settle" in report and "the rounds are noisy" in report
+    stored = json.loads(write_results_json(tmp_path / "results.json", [row]).read_text())["benchmarks"][0]
+    assert stored["spread"]["noisy"] is True and stored["spread"]["noisy_cv"] == NOISY_CV
+    assert stored["warmup"]["settled"] is False
+
+
+def test_a_benchmark_without_a_warm_up_record_reports_its_rounds_alone() -> None:
+    row = outcome_from_gate({"test": TEST_ID, "server": "cpu", "workload": "tiny", "metric": "output_throughput",
+                             "verdict": "no-baseline", "current": {"output_throughput": [100.0]}})
+    assert row.warmup is None and row.spread["cv"] is None and row.notes == []
+    table_rows = [line for line in format_text_summary([row]).splitlines() if line.startswith("test_throughput")]
+    assert len(table_rows) == 1
+    assert re.split(r"\s{2,}", table_rows[0].strip())[-4:] == ["no baseline", "1", "-", "-"]  # verdict, rounds, CV, host
+
+
+# --------------------------------------------------------------------------- the settings
+
+
+def _settings(tmp_path: Path, cli: dict[str, Any] | None = None, ini: dict[str, Any] | None = None,
+              env: dict[str, str] | None = None) -> Any:
+    return resolve_settings(tmp_path, Sources(cli=cli or {}, ini=ini or {}, env=env or {}),
+                            lambda: ServerSpec(name="default", engine="vllm", model="/m"))
+
+
+def test_warm_up_settings_from_every_source_and_the_marker(tmp_path: Path) -> None:
+    assert (_settings(tmp_path).bench.warmup_rounds, _settings(tmp_path).bench.warmup_agreement) == (3, 0.05)
+    assert _settings(tmp_path, ini={"warmup_rounds": 5}).bench.warmup_rounds == 5
+    assert _settings(tmp_path, env={"PYTEST_LLMSERVE_WARMUP_ROUNDS": "0"}).bench.warmup_rounds == 0
+    assert _settings(tmp_path, cli={"warmup_agreement": "0.02"}).bench.warmup_agreement == 0.02
+    (tmp_path / "llmserve.toml").write_text('[servers.a]\nmodel = "/a"\n[bench]\nwarmup_rounds = 6\n')
+    settings = _settings(tmp_path, ini={"warmup_rounds": 5})
+    assert settings.bench.warmup_rounds == 6  # the bench table outranks the ini
+    spec = bench_spec(settings, (), {"warmup_rounds": 1, "warmup_agreement": 0.1}, where="W")
+    assert (spec.warmup_rounds, spec.warmup_agreement) == (1, 0.1)
+
+
+@pytest.mark.parametrize(("source", "expected"), [
+    ({"cli": {"warmup_rounds": "-1"}}, "--llmserve-warmup-rounds = '-1': must be a whole number >= 0"),
+    ({"env": {"PYTEST_LLMSERVE_WARMUP_ROUNDS": "two"}},
+     "$PYTEST_LLMSERVE_WARMUP_ROUNDS = 'two': must be a whole number >= 0"),
+    ({"ini": {"warmup_agreement": 1.5}}, "ini llmserve_warmup_agreement = 1.5: must be a fraction below 1"),
+    ({"env": {"PYTEST_LLMSERVE_WARMUP_AGREEMENT": "0"}}, "$PYTEST_LLMSERVE_WARMUP_AGREEMENT = '0': must be > 0"),
+    ({"table": "warmup_rounds = 1.5"}, "[tool.llmserve.bench] warmup_rounds = 1.5: must be a whole number >= 0"),
+    ({"table": "warmup_rounds = true"}, "[tool.llmserve.bench] warmup_rounds = True: must be a whole number >= 0"),
+    ({"marker": {"warmup_agreement": 2}}, "W warmup_agreement = 2: must be a fraction below 1"),
+])
+def test_bad_warm_up_settings_name_the_value_and_its_source(tmp_path: Path, source: dict[str, Any],
+                                                             expected: str) -> None:
+    if "table" in source:
+        (tmp_path / "pyproject.toml").write_text(
+            f'[tool.llmserve.servers.a]\nmodel = "/a"\n[tool.llmserve.bench]\n{source["table"]}\n')
+
+    def resolve() -> BenchSpec:
+        settings = _settings(tmp_path, cli=source.get("cli"), ini=source.get("ini"), env=source.get("env"))
+        return bench_spec(settings, (), source.get("marker"), where="W")
+
+    with pytest.raises(ConfigError) as info:
+        resolve()
+    assert expected in str(info.value)
