@@ -16,7 +16,7 @@ num_prompts x input_len; a tool that could not be made to send that workload is 
 server-counter throughput is the counter's delta over the tool's own duration.
 
 Each peer's figure is divided by the plugin's, per metric, with a 95 % interval from the rounds
-(:func:`pytest_llmserve.verdicts.stats.ratio_ci`: geometric-mean ratio, pooled log t interval). Metrics are
+(:func:`pytest_llmserve.verdicts.two_sample.ratio_ci`: geometric-mean ratio, pooled log t interval). Metrics are
 compared on one definition (docs/performance.md, section 9): TPOT = (e2e - TTFT) / (n - 1) per request, ITL =
 the same per-request mean for the tools that report a per-token ITL, throughput = output tokens over the first
 request's start to the last response's end.
@@ -65,7 +65,7 @@ from vs_vllm_bench import (  # noqa: E402  (the plugin and vLLM runs, the scrape
 from pytest_llmserve.config import Workload  # noqa: E402
 from pytest_llmserve.engines import embedded  # noqa: E402
 from pytest_llmserve.load.runner import run_workload  # noqa: E402
-from pytest_llmserve.verdicts.stats import ratio_ci  # noqa: E402
+from pytest_llmserve.verdicts.two_sample import ratio_ci  # noqa: E402
 
 CACHE = Path(os.environ.get("PYTEST_LLMSERVE_CACHE", Path.home() / ".cache" / "pytest-llmserve"))
 PEERS_DIR = CACHE / "peers"

@@ -1,7 +1,8 @@
 """Configuration: frozen dataclasses, loaded from ``[tool.llmserve]`` (pyproject.toml) or llmserve.toml.
 
 Every validation error is a :class:`ConfigError` whose message names the key, the bad value and the
-file it came from, e.g. ``llmserve.toml: [tool.llmserve.servers.a] startup_timeout_s = -1: must be > 0``.
+file it came from, e.g. ``llmserve.toml: [tool.llmserve.servers.a] startup_timeout_s = -1: must be > 0``
+(each value is checked by :mod:`pytest_llmserve.config_values`; the tables, their keys and the matrix here).
 
 Shape of the file (all tables optional)::
 
@@ -61,6 +62,14 @@ from pathlib import Path
 from typing import Any, Literal
 
 from pytest_llmserve import engine_registry  # read at call time: a test may put another registry in its place
+from pytest_llmserve.config_values import (
+    check_known_key,
+    check_log,
+    check_table,
+    check_url,
+    parse_server_value,
+    parse_workload_value,
+)
 from pytest_llmserve.errors import ConfigError
 from pytest_llmserve.options import CONFIG_FILE_NAMES, BenchDefaults
 
@@ -420,12 +429,12 @@ def config_from_table(table: Mapping[str, Any], source: str, default_factory: An
         if key not in _TOP_KEYS:
             raise ConfigError(f"{source}: unknown key [tool.llmserve] {key!r} "
                               f"(expected one of {', '.join(sorted(_TOP_KEYS))})")
-    servers_table = _table(table.get("servers", {}), "[tool.llmserve.servers]", source)
-    matrix_table = _table(table.get("matrix", {}), "[tool.llmserve.matrix]", source)
+    servers_table = check_table(table.get("servers", {}), "[tool.llmserve.servers]", source)
+    matrix_table = check_table(table.get("matrix", {}), "[tool.llmserve.matrix]", source)
     # A server whose combinations are attached by its matrix's attach table is checked combination by
     # combination, with the url each is given (it needs no model, for instance).
     attached_by_matrix = {name for name, body in matrix_table.items() if isinstance(body, dict) and "attach" in body}
-    servers = [server_from_table(name, _table(body, f"[tool.llmserve.servers.{name}]", source), source,
+    servers = [server_from_table(name, check_table(body, f"[tool.llmserve.servers.{name}]", source), source,
                                  check=name not in attached_by_matrix)
                for name, body in servers_table.items()]
     if not servers:
@@ -438,8 +447,8 @@ def config_from_table(table: Mapping[str, Any], source: str, default_factory: An
         raise ConfigError(f"{source}: default_server = {default_server!r} is not a configured server "
                           f"(configured: {', '.join(names)})")
     workloads = dict(WORKLOAD_PRESETS)
-    for name, body in _table(table.get("workloads", {}), "[tool.llmserve.workloads]", source).items():
-        workloads[name] = workload_from_table(name, _table(body, f"[tool.llmserve.workloads.{name}]", source),
+    for name, body in check_table(table.get("workloads", {}), "[tool.llmserve.workloads]", source).items():
+        workloads[name] = workload_from_table(name, check_table(body, f"[tool.llmserve.workloads.{name}]", source),
                                               source, base=workloads.get(name))
     matrices: dict[str, tuple[ServerSpec, ...]] = {}
     references: dict[str, str] = {}
@@ -449,24 +458,16 @@ def config_from_table(table: Mapping[str, Any], source: str, default_factory: An
         if name not in by_name:
             raise ConfigError(f"{source}: {where} names no configured server {name!r} "
                               f"(configured: {', '.join(names)})")
-        body = dict(_table(body, where, source))
+        body = dict(check_table(body, where, source))
         reference = body.pop("reference", None)
         matrices[name] = expand_matrix(by_name[name], body, source)
         if reference is not None:
             references[name] = matrix_reference(matrices[name], reference, f"{source}: {where} reference")
-    bench = _table(table.get("bench", {}), "[tool.llmserve.bench]", source)
+    bench = check_table(table.get("bench", {}), "[tool.llmserve.bench]", source)
     for key, value in bench.items():
-        if key not in BENCH_KEYS:
-            raise ConfigError(f"{source}: [tool.llmserve.bench] unknown key {key!r} = {value!r} "
-                              f"(known keys: {', '.join(sorted(BENCH_KEYS))})")
+        check_known_key(key, value, BENCH_KEYS, f"{source}: [tool.llmserve.bench]")
     return LLMServeConfig(servers=tuple(servers), workloads=workloads, default_server=default_server,
                           source=source, matrices=matrices, references=references, bench=dict(bench))
-
-
-def _table(value: Any, where: str, source: str) -> dict[str, Any]:
-    if not isinstance(value, dict):
-        raise ConfigError(f"{source}: {where} must be a table, got {value!r}")
-    return value
 
 
 def server_from_table(name: str, body: Mapping[str, Any], source: str,
@@ -474,9 +475,7 @@ def server_from_table(name: str, body: Mapping[str, Any], source: str,
     where = f"[tool.llmserve.servers.{name}]"
     kwargs: dict[str, Any] = {}
     for key, value in body.items():
-        if key not in _SERVER_KEYS:
-            raise ConfigError(f"{source}: {where} unknown key {key!r} = {value!r} "
-                              f"(known keys: {', '.join(sorted(_SERVER_KEYS))})")
+        check_known_key(key, value, _SERVER_KEYS, f"{source}: {where}")
         kwargs[key] = _server_value(key, value, f"{source}: {where} {key}", source)
     spec = replace(base, **kwargs) if base else ServerSpec(name=name, source=source, **kwargs)
     if check:
@@ -525,77 +524,10 @@ def _check_spec(spec: ServerSpec, where: str) -> None:
         raise ConfigError(f"{where} engine = {spec.engine!r} needs model = '<path or id>'")
 
 
-def _check_url(value: Any, where: str) -> str:
-    from urllib.parse import urlsplit
-
-    if not isinstance(value, str) or not value.strip():
-        raise ConfigError(f"{where} = {value!r}: must be the server's base URL, 'http://host:port'")
-    try:
-        parts = urlsplit(value.strip())
-        parts.port  # noqa: B018 - raises ValueError for a port that is not a number
-    except ValueError as exc:
-        raise ConfigError(f"{where} = {value!r}: not a valid URL ({exc})") from None
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ConfigError(f"{where} = {value!r}: must be the server's base URL, 'http://host:port' "
-                          "(scheme http or https, and a host)")
-    return value.strip()
-
-
-def _check_log(value: Any, where: str, source: str) -> str:
-    """An attached server's log path: ``~`` expanded, a relative path taken from the configuration file's
-    folder. Whether it exists is checked when the server is attached (the file may be written later)."""
-    if not isinstance(value, str) or not value.strip():
-        raise ConfigError(f"{where} = {value!r}: must be the path of the server's log file")
-    path = Path(value.strip()).expanduser()
-    if not path.is_absolute() and not source.startswith("<"):
-        path = Path(source).parent / path
-    return str(path)
-
-
 def _server_value(key: str, value: Any, where: str, source: str = "<built-in>") -> Any:
-    def want(cond: bool, what: str) -> None:
-        if not cond:
-            raise ConfigError(f"{where} = {value!r}: must be {what}")
-
-    if key == "url":
-        return _check_url(value, where)
-    if key == "log":
-        return _check_log(value, where, source)
-
-    if key in ("args", "argv"):
-        want(isinstance(value, list) and all(isinstance(v, str | int | float) for v in value),
-             "a list of strings")
-        return tuple(str(v) for v in value)
-    if key == "env":
-        want(isinstance(value, dict), "a table of NAME = 'value'")
-        return tuple(sorted((str(k), str(v)) for k, v in value.items()))
     if key == "cuda_graph":
         return parse_cuda_graph(value, where)
-    if key == "differential_max_logprob_delta":
-        want(isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value) and value > 0,
-             "a number > 0 (the largest |Δlogprob| allowed before the first divergence)")
-        return float(value)
-    if key in ("startup_timeout_s", "request_timeout_s"):
-        want(isinstance(value, int | float) and not isinstance(value, bool) and value > 0, "a number of seconds > 0")
-        return float(value)
-    if key == "mem_fraction":
-        want(isinstance(value, int | float) and not isinstance(value, bool) and 0 < value <= 1,
-             "a fraction in (0, 1]")
-        return float(value)
-    if key in ("tp", "max_batch_size", "gpu_layers", "context_size", "parallel"):
-        want(isinstance(value, int) and not isinstance(value, bool) and value >= (0 if key == "gpu_layers" else 1),
-             "a positive integer")
-        return value
-    if key in ("seed", "port"):
-        want(isinstance(value, int) and not isinstance(value, bool) and value >= 0, "a non-negative integer")
-        if key == "port":
-            want(value < 65536, "a port number below 65536")
-        return value
-    if key in ("deterministic", "eager", "flash_attention", "gpu", "random_weights"):
-        want(isinstance(value, bool), "true or false")
-        return value
-    want(isinstance(value, str), "a string")
-    return value
+    return parse_server_value(key, value, where, source)
 
 
 #: The file a tiny-checkpoint builder writes beside the weights; ``{"random_weights": true}`` in it marks the
@@ -694,38 +626,12 @@ def workload_from_table(name: str, body: Mapping[str, Any], source: str, base: W
     where = f"{source}: [tool.llmserve.workloads.{name}]"
     kwargs: dict[str, Any] = {}
     for key, value in body.items():
-        if key not in _WORKLOAD_KEYS:
-            raise ConfigError(f"{where} unknown key {key!r} = {value!r} "
-                              f"(known keys: {', '.join(sorted(_WORKLOAD_KEYS))})")
+        check_known_key(key, value, _WORKLOAD_KEYS, where)
         kwargs[key] = parse_workload_value(key, value, f"{where} {key}")
     wl = replace(base, name=name, **kwargs) if base else Workload(name=name, **kwargs)
     if wl.warmup >= 0 and wl.num_prompts < 1:
         raise ConfigError(f"{where} num_prompts = {wl.num_prompts!r}: must be >= 1")
     return wl
-
-
-def parse_workload_value(key: str, value: Any, where: str) -> Any:
-    if key == "request_rate":
-        if isinstance(value, str) and value.strip().lower() in ("inf", "infinite", "infinity"):
-            return math.inf
-        if isinstance(value, int | float) and not isinstance(value, bool) and value > 0:
-            return float(value)
-        raise ConfigError(f"{where} = {value!r}: must be a positive number of requests/s or \"inf\"")
-    if key == "max_concurrency":
-        if value is None or (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
-            return value
-        raise ConfigError(f"{where} = {value!r}: must be a positive integer")
-    if key == "burstiness":
-        if isinstance(value, int | float) and not isinstance(value, bool) and value > 0:
-            return float(value)
-        raise ConfigError(f"{where} = {value!r}: must be a number > 0")
-    if key in ("warmup", "seed"):
-        if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
-            return value
-        raise ConfigError(f"{where} = {value!r}: must be a non-negative integer")
-    if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
-        return value
-    raise ConfigError(f"{where} = {value!r}: must be a positive integer")
 
 
 def _variant_label(value: Any) -> str:
@@ -746,7 +652,7 @@ def expand_matrix(base: ServerSpec, body: Mapping[str, Any], source: str) -> tup
     body = dict(body)
     attach = body.pop("attach", None)
     if attach is not None:
-        attach = _table(attach, f"[tool.llmserve.matrix.{base.name}.attach]", source)
+        attach = check_table(attach, f"[tool.llmserve.matrix.{base.name}.attach]", source)
         if "build" in body:
             raise ConfigError(f"{where} build = ... installs and launches each build here; combinations attached "
                               "by [tool.llmserve.matrix." + base.name + ".attach] are launched elsewhere: "
@@ -839,8 +745,8 @@ def _attach_combinations(specs: list[ServerSpec], table: Mapping[str, Any], wher
                               f"(known: {', '.join(ATTACH_ENTRY_KEYS)})")
         if "url" not in value:
             raise ConfigError(f"{entry_where} = {value!r}: needs url = 'http://host:port'")
-        url = _check_url(value["url"], f"{entry_where}.url")
-        log = _check_log(value["log"], f"{entry_where}.log", source) if "log" in value else None
+        url = check_url(value["url"], f"{entry_where}.url")
+        log = check_log(value["log"], f"{entry_where}.log", source) if "log" in value else None
         entries[spec.id] = (url, log)
     missing = [spec.combination for spec in specs if spec.id not in entries]
     if missing:
@@ -856,34 +762,3 @@ def _matrix_builds(values: Any, where: str) -> list[BuildSpec]:
     if not isinstance(values, list) or not values or not all(isinstance(v, str) for v in values):
         raise ConfigError(f"{where} build = {values!r}: must be a non-empty list of build strings")
     return [parse_build(text, source=f"{where} build[{i}]") for i, text in enumerate(values)]
-
-
-def parse_bool(value: str, where: str) -> bool:
-    low = value.strip().lower()
-    if low in ("1", "true", "yes", "on"):
-        return True
-    if low in ("0", "false", "no", "off", ""):
-        return False
-    raise ConfigError(f"{where} = {value!r}: must be true or false")
-
-
-def parse_positive_float(value: Any, where: str, allow_zero: bool = False) -> float:
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        raise ConfigError(f"{where} = {value!r}: must be a number") from None
-    if math.isnan(number) or number < 0 or (number == 0 and not allow_zero):
-        raise ConfigError(f"{where} = {value!r}: must be {'>= 0' if allow_zero else '> 0'}")
-    return number
-
-
-def parse_positive_int(value: Any, where: str) -> int:
-    if isinstance(value, bool):
-        raise ConfigError(f"{where} = {value!r}: must be a positive integer")
-    try:
-        number = int(value)
-    except (TypeError, ValueError):
-        raise ConfigError(f"{where} = {value!r}: must be a positive integer") from None
-    if number < 1 or (isinstance(value, float) and value != number):
-        raise ConfigError(f"{where} = {value!r}: must be a positive integer")
-    return number

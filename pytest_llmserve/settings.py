@@ -46,10 +46,8 @@ from pytest_llmserve.config import (
     config_from_table,
     find_config_file,
     load_config,
-    parse_bool,
-    parse_positive_float,
-    parse_positive_int,
 )
+from pytest_llmserve.config_values import parse_bool, parse_count, parse_positive_float, parse_positive_int
 from pytest_llmserve.errors import ConfigError
 from pytest_llmserve.metrics import METRICS, is_known
 
@@ -251,19 +249,6 @@ def parse_fraction(value: Any, where: str) -> float:
     number = parse_positive_float(value, where)
     if number >= 1:
         raise ConfigError(f"{where} = {value!r}: must be a fraction below 1 (0.05 = 5%)")
-    return number
-
-
-def parse_count(value: Any, where: str) -> int:
-    """A number of rounds that may be 0 (``warmup_rounds = 0``: no warm-up round), whichever source it came from."""
-    if isinstance(value, bool):
-        raise ConfigError(f"{where} = {value!r}: must be a whole number >= 0")
-    try:
-        number = int(value)
-    except (TypeError, ValueError):
-        raise ConfigError(f"{where} = {value!r}: must be a whole number >= 0") from None
-    if number < 0 or (isinstance(value, float) and value != number):
-        raise ConfigError(f"{where} = {value!r}: must be a whole number >= 0")
     return number
 
 

@@ -51,15 +51,27 @@ class CheckResult:
         }
 
 
-def _evidence(facts: ServerFacts, *names: str, needles: Iterable[str] = ()) -> list[str]:
+def evidence_lines(facts: ServerFacts, *names: str, needles: Iterable[str] = ()) -> list[str]:
+    """The lines the server's facts ``names`` were read from, each once. With ``needles`` a long line (a whole
+    config on one line) is cut to the part around the first needle it holds; without, lines are kept whole."""
     needles = tuple(needles)
     out: list[str] = []
     for name in names:
         for line in facts.evidence.get(name, []):
-            short = focus_line(line, needles)
+            short = focus_line(line, needles) if needles else line
             if short not in out:
                 out.append(short)
     return out
+
+
+def check_reported(name: str, requested: str, observed: str | None, evidence: list[str], *, passed: bool = False,
+                   note: str = "", unreported_note: str = "") -> CheckResult:
+    """The requested-vs-reported verdict every engine's checks end in: a fact the server did not report
+    (``observed`` None) makes the check "unverifiable", never "pass"; a reported one passes or fails as ``passed``
+    says. ``note`` goes with a reported fact, ``unreported_note`` (where the engine would report it) with none."""
+    if observed is None:
+        return CheckResult(name, "unverifiable", requested, "not reported", evidence, note=unreported_note)
+    return CheckResult(name, "pass" if passed else "fail", requested, observed, evidence, note=note)
 
 
 def _sizes(sizes: Iterable[int] | None) -> str:
@@ -80,10 +92,8 @@ def _compare(
     if requested is None:
         return None
     want = normalize_backend(requested)
-    evidence = _evidence(facts, fact, needles=needles)
-    if observed is None:
-        return CheckResult(name, "unverifiable", str(want), "not reported", evidence)
-    return CheckResult(name, "pass" if observed == want else "fail", str(want), observed, evidence)
+    return check_reported(name, str(want), observed, evidence_lines(facts, fact, needles=needles),
+                          passed=observed == want)
 
 
 def check_config_is_execution(spec: ServerSpec, facts: ServerFacts) -> list[CheckResult]:
@@ -162,30 +172,19 @@ def check_config_is_execution(spec: ServerSpec, facts: ServerFacts) -> list[Chec
         )
     results.append(_check_number("seed", spec.seed, facts.seed, facts, ("random_seed", "seed=")))
     if spec.deterministic:
-        evidence = _evidence(facts, "deterministic", needles=("enable_deterministic_inference",))
-        if facts.deterministic is None:
-            results.append(CheckResult("deterministic", "unverifiable", "on", "not reported", evidence))
-        else:
-            results.append(
-                CheckResult(
-                    "deterministic",
-                    "pass" if facts.deterministic else "fail",
-                    "on",
-                    "on" if facts.deterministic else "off",
-                    evidence,
-                )
-            )
+        reported = facts.deterministic
+        results.append(check_reported(
+            "deterministic", "on", None if reported is None else "on" if reported else "off",
+            evidence_lines(facts, "deterministic", needles=("enable_deterministic_inference",)), passed=bool(reported)))
     return [r for r in results if r is not None]
 
 
 def _check_number(
     name: str, requested: float, observed: float | None, facts: ServerFacts, needles: Iterable[str]
 ) -> CheckResult:
-    evidence = _evidence(facts, name, needles=needles)
-    if observed is None:
-        return CheckResult(name, "unverifiable", f"{requested:g}", "not reported", evidence)
-    same = abs(float(observed) - float(requested)) <= 1e-6 * max(1.0, abs(float(requested)))
-    return CheckResult(name, "pass" if same else "fail", f"{requested:g}", f"{observed:g}", evidence)
+    same = observed is not None and abs(float(observed) - float(requested)) <= 1e-6 * max(1.0, abs(float(requested)))
+    return check_reported(name, f"{requested:g}", None if observed is None else f"{observed:g}",
+                          evidence_lines(facts, name, needles=needles), passed=same)
 
 
 # Most specific first: the window shown from a one-line config is centred on the first needle found.
@@ -206,7 +205,7 @@ def _check_cuda_graph(spec: ServerSpec, facts: ServerFacts) -> list[CheckResult]
     graph = spec.cuda_graph
     out: list[CheckResult] = []
     captured = facts.captured_batch_sizes
-    capture_evidence = _evidence(
+    capture_evidence = evidence_lines(
         facts, "captured_batch_sizes", "cuda_graph_enabled", "graph_captures", needles=_GRAPH_NEEDLES
     )
     if graph.enabled:
@@ -271,7 +270,7 @@ def _check_cuda_graph(spec: ServerSpec, facts: ServerFacts) -> list[CheckResult]
                 "cuda_graph.mode", "unverifiable" if graph_mode is None else
                 "pass" if graph_mode.upper() == graph.mode.upper() else "fail", graph.mode,
                 graph_mode or "not reported",
-                _evidence(facts, "cudagraph_mode", needles=("cudagraph_mode", "backend="))))
+                evidence_lines(facts, "cudagraph_mode", needles=("cudagraph_mode", "backend="))))
         out.append(_check_graph_used(facts, requested, captured or graph.batch_sizes))
     else:
         requested = "cuda graphs off"
@@ -316,8 +315,8 @@ _GRAPH_USE_NEEDLES = ("graph:", "| FULL", "| PIECEWISE", "| NONE", "cuda_graph_p
 
 
 def _graph_use_evidence(facts: ServerFacts) -> list[str]:
-    return _evidence(facts, "graph_use_by_size", "decode_batches_on_graph", "graph_passes", "decode_batches_off_graph",
-                     needles=_GRAPH_USE_NEEDLES)
+    return evidence_lines(facts, "graph_use_by_size", "decode_batches_on_graph", "graph_passes",
+                          "decode_batches_off_graph", needles=_GRAPH_USE_NEEDLES)
 
 
 def _check_graph_used(facts: ServerFacts, requested: str, captured: tuple[int, ...] | None) -> CheckResult:
@@ -360,28 +359,23 @@ def _check_graph_used(facts: ServerFacts, requested: str, captured: tuple[int, .
 
 def _check_speculative(spec: ServerSpec, facts: ServerFacts) -> CheckResult:
     requested = spec.speculative or "off"
-    evidence = _evidence(
+    evidence = evidence_lines(
         facts,
         "speculative",
         "speculative_detail",
         needles=("speculative_config", "speculative_algorithm", "accept len", "SpecDecoding"),
     )
-    if facts.speculative is None:
-        return CheckResult("speculative", "unverifiable", requested, "not reported", evidence)
-    observed = (
-        ("on" + (f" ({facts.speculative_detail})" if facts.speculative_detail else ""))
-        if (facts.speculative)
-        else "off"
-    )
-    wanted = spec.speculative is not None
-    return CheckResult(
-        "speculative", "pass" if facts.speculative == wanted else "fail", requested, observed, evidence
-    )
+    reported = facts.speculative
+    observed = (None if reported is None
+                else "on" + (f" ({facts.speculative_detail})" if facts.speculative_detail else "") if reported
+                else "off")
+    return check_reported("speculative", requested, observed, evidence,
+                          passed=reported == (spec.speculative is not None))
 
 
 def _check_eager(eager: bool, facts: ServerFacts) -> CheckResult:
     requested = "eager (no torch.compile, no graphs)" if eager else "compiled (not eager)"
-    evidence = _evidence(
+    evidence = evidence_lines(
         facts,
         "compilation_mode",
         "enforce_eager",

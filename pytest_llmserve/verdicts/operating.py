@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from pytest_llmserve.verdicts import stats
+from pytest_llmserve.verdicts import stats, two_sample
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,7 +134,7 @@ def characterise(results: Sequence[Trial]) -> Characteristics:
         n_trials=len(results),
         outcomes=dict(Counter(t.outcome for t in results)),
         mean_rounds=sum(spent) / len(spent),
-        median_rounds=stats.percentile(spent, 50),
-        p90_rounds=stats.percentile(spent, 90),
+        median_rounds=two_sample.percentile(spent, 50),
+        p90_rounds=two_sample.percentile(spent, 90),
         rounds=dict(Counter(t.rounds for t in results)),
     )

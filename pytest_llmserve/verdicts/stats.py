@@ -76,7 +76,10 @@ the same interval (|d| + t(nominal beta) * se against log(1 + margin)), each cou
 At CV 5 % and a 5-round baseline it says 8 current rounds resolve about ±5.5 % and ±5 % needs about 15; seeded
 A/A trials (``tests/unit/verdicts/test_resolution.py``) pass more often at the stated count than at 8.
 
-numpy and scipy are imported inside the functions that need them.
+The two-sample figures these rules decide on (Mann-Whitney p-values, bootstrap intervals, effect sizes, the pooled
+log-ratio t, the slow-round test) and :func:`~pytest_llmserve.verdicts.two_sample.ratio_ci` are computed in
+:mod:`pytest_llmserve.verdicts.two_sample`; this module decides and says why. numpy and scipy are imported inside
+the functions that need them.
 """
 
 from __future__ import annotations
@@ -87,16 +90,24 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any, Literal
 
+from pytest_llmserve.verdicts.two_sample import (
+    bootstrap_change_ci,
+    bootstrap_median_ci,
+    check_samples,
+    effect_sizes,
+    log_t,
+    mann_whitney,
+    min_attainable_p,
+    percentile,
+    slow_round,
+)
+
 Outcome = Literal["pass", "regressed", "improved", "inconclusive"]
 OUTCOMES: tuple[str, ...] = ("pass", "regressed", "improved", "inconclusive")
 
 DEFAULT_ALPHA = 0.05
 DEFAULT_MIN_SAMPLES = 3
 DEFAULT_RESAMPLES = 2000
-# Largest C(n + m, n) for which ties are handled by enumerating every permutation.
-_EXACT_PERMUTATION_LIMIT = 20000
-# Up to this many samples per side the exact Mann-Whitney distribution is used (no ties).
-_EXACT_LIMIT = 50
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,30 +154,9 @@ class Summary:
         )
 
 
-def _check_samples(samples: Sequence[float], what: str) -> list[float]:
-    values = [float(v) for v in samples]
-    if not values:
-        raise ValueError(f"{what}: no samples")
-    bad = [v for v in values if not math.isfinite(v)]
-    if bad:
-        raise ValueError(f"{what}: non-finite sample(s) {bad[:3]} (an invalid round must not be summarised)")
-    return values
-
-
-def percentile(sorted_values: Sequence[float], q: float) -> float:
-    """Linear-interpolation percentile (numpy's default) of sorted values, ``q`` in [0, 100]."""
-    if not sorted_values:
-        raise ValueError("percentile of no values")
-    pos = (len(sorted_values) - 1) * q / 100.0
-    lo = math.floor(pos)
-    hi = min(lo + 1, len(sorted_values) - 1)
-    frac = pos - lo
-    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * frac
-
-
 def summarize(samples: Sequence[float]) -> Summary:
     """Summary of samples; raises ValueError for no samples or non-finite ones."""
-    values = _check_samples(samples, "summarize")
+    values = check_samples(samples, "summarize")
     n = len(values)
     ordered = sorted(values)
     mean = math.fsum(values) / n
@@ -197,7 +187,7 @@ def log_sd(samples: Sequence[float]) -> float:
     (:func:`decide_sequential`, a t test on log values) works with. Close to the CV for a small spread (0.03 for
     CV 3 %), larger for a wide one (two rounds at 1,118 and 2,217 tok/s: CV 46.6 %, log sd 0.48); NaN for fewer
     than two samples or a sample <= 0 (no log)."""
-    values = _check_samples(samples, "log_sd")
+    values = check_samples(samples, "log_sd")
     if len(values) < 2 or any(v <= 0 for v in values):
         return math.nan
     logs = [math.log(v) for v in values]
@@ -208,22 +198,10 @@ def log_sd(samples: Sequence[float]) -> float:
 def median_ci(samples: Sequence[float], *, confidence: float = 0.95, n_resamples: int = DEFAULT_RESAMPLES,
               seed: int = 0) -> tuple[float, float]:
     """Seeded percentile-bootstrap CI of the median of one set of samples (how well a baseline knows it)."""
-    values = _check_samples(samples, "median_ci")
+    values = check_samples(samples, "median_ci")
     if len(values) == 1:
         return values[0], values[0]
-    import numpy as np
-
-    rng = np.random.default_rng(seed)
-    data = np.asarray(values, dtype=float)
-    medians = np.median(data[rng.integers(0, data.size, size=(n_resamples, data.size))], axis=1)
-    tail = (1.0 - confidence) / 2.0 * 100.0
-    low, high = np.percentile(medians, [tail, 100.0 - tail])
-    return float(low), float(high)
-
-
-def min_attainable_p(n_baseline: int, n_current: int) -> float:
-    """Smallest one-sided p an exact Mann-Whitney test can give: 1 / C(n + m, n) (complete separation)."""
-    return 1.0 / math.comb(n_baseline + n_current, n_baseline)
+    return bootstrap_median_ci(values, n_resamples=n_resamples, confidence=confidence, seed=seed)
 
 
 @dataclass(frozen=True, slots=True)
@@ -281,66 +259,6 @@ class Verdict:
         return cls(**kwargs)
 
 
-def _mann_whitney(
-    baseline: list[float], current: list[float], *, higher_is_better: bool, seed: int
-) -> tuple[float, float, str]:
-    """One-sided p-values (worse, better) of current vs baseline and the name of the method used."""
-    if len(set(baseline) | set(current)) == 1:
-        return 1.0, 1.0, "all samples equal"
-    import numpy as np
-    from scipy.stats import PermutationMethod, mannwhitneyu
-
-    n_b, n_c = len(baseline), len(current)
-    has_ties = len(set(baseline + current)) < n_b + n_c
-    method: Any
-    if not has_ties and max(n_b, n_c) <= _EXACT_LIMIT:
-        method, name = "exact", "Mann-Whitney U (exact)"
-    elif has_ties and math.comb(n_b + n_c, n_b) <= _EXACT_PERMUTATION_LIMIT:
-        method = PermutationMethod(n_resamples=_EXACT_PERMUTATION_LIMIT, rng=np.random.default_rng(seed))
-        name = "Mann-Whitney U (exact permutation, ties)"
-    elif has_ties and max(n_b, n_c) <= _EXACT_LIMIT:
-        method = PermutationMethod(n_resamples=9999, rng=np.random.default_rng(seed))
-        name = "Mann-Whitney U (permutation, 9999 resamples, ties)"
-    else:
-        method, name = "asymptotic", "Mann-Whitney U (normal approximation)"
-    lower = float(mannwhitneyu(current, baseline, alternative="less", method=method).pvalue)
-    higher = float(mannwhitneyu(current, baseline, alternative="greater", method=method).pvalue)
-    return (lower, higher, name) if higher_is_better else (higher, lower, name)
-
-
-def _bootstrap_ci(
-    baseline: list[float],
-    current: list[float],
-    *,
-    sign: float,
-    n_resamples: int,
-    confidence: float,
-    seed: int,
-) -> tuple[float, float]:
-    import numpy as np
-
-    rng = np.random.default_rng(seed)
-    b = np.asarray(baseline, dtype=float)
-    c = np.asarray(current, dtype=float)
-    med_b = np.median(b[rng.integers(0, b.size, size=(n_resamples, b.size))], axis=1)
-    med_c = np.median(c[rng.integers(0, c.size, size=(n_resamples, c.size))], axis=1)
-    rel = sign * (med_c - med_b) / np.abs(med_b)
-    tail = (1.0 - confidence) / 2.0 * 100.0
-    low, high = np.percentile(rel, [tail, 100.0 - tail])
-    return float(low), float(high)
-
-
-def _effect_sizes(
-    baseline: list[float], current: list[float], sign: float, base_median: float
-) -> tuple[float, float]:
-    diffs = sorted(c - b for c in current for b in baseline)
-    greater = sum(1 for d in diffs if d > 0)
-    less = sum(1 for d in diffs if d < 0)
-    cliffs = sign * (greater - less) / len(diffs)
-    hodges_lehmann = sign * percentile(diffs, 50) / abs(base_median)
-    return cliffs, hodges_lehmann
-
-
 def _pct(x: float) -> str:
     return f"{x * 100:+.1f}%"
 
@@ -359,8 +277,8 @@ def decide(
     seed: int = 0,
 ) -> Verdict:
     """Compare current samples with baseline samples by the rule in the module docstring."""
-    base = _check_samples(baseline, "baseline")
-    cur = _check_samples(current, "current")
+    base = check_samples(baseline, "baseline")
+    cur = check_samples(current, "current")
     if not tolerance >= 0 or not math.isfinite(tolerance):
         raise ValueError(f"tolerance = {tolerance!r}: must be a finite fraction >= 0 (0.05 = 5%)")
     if not 0 < alpha < 1:
@@ -374,12 +292,12 @@ def decide(
     sign = 1.0 if higher_is_better else -1.0
     raw_change = (cur_median - base_median) / abs(base_median)
     change = sign * raw_change
-    p_worse, p_better, test = _mann_whitney(base, cur, higher_is_better=higher_is_better, seed=seed)
+    p_worse, p_better, test = mann_whitney(base, cur, higher_is_better=higher_is_better, seed=seed)
     p_value = p_worse if change < 0 else p_better
-    ci_low, ci_high = _bootstrap_ci(
+    ci_low, ci_high = bootstrap_change_ci(
         base, cur, sign=sign, n_resamples=n_resamples, confidence=confidence, seed=seed
     )
-    cliffs, hl = _effect_sizes(base, cur, sign, base_median)
+    cliffs, hl = effect_sizes(base, cur, sign, base_median)
     n_b, n_c = len(base), len(cur)
     floor_p = min_attainable_p(n_b, n_c)
     name = metric or "the metric"
@@ -514,15 +432,16 @@ class SequentialPlan:
         return 0
 
 
-def _pocock_z(looks: Sequence[tuple[int, int]], level: float) -> float:
+def _pocock_z(looks: Sequence[tuple[int, int]], level: float, draws: int = _BOUNDARY_DRAWS) -> float:
     """The constant z boundary crossed at some look with probability ``level`` under the canonical joint
-    distribution of the looks' z statistics (seeded Monte Carlo: the same plan always gets the same bound)."""
+    distribution of the looks' z statistics (seeded Monte Carlo: the same plan always gets the same bound;
+    :func:`resolution` takes fewer ``draws`` for its many candidate plans)."""
     import numpy as np
 
     info = np.array([1.0 / (1.0 / b + 1.0 / c) for b, c in looks])
     corr = np.sqrt(np.minimum.outer(info, info) / np.maximum.outer(info, info))
     rng = np.random.default_rng(_BOUNDARY_SEED)
-    z = rng.standard_normal((_BOUNDARY_DRAWS, info.size)) @ np.linalg.cholesky(corr).T
+    z = rng.standard_normal((draws, info.size)) @ np.linalg.cholesky(corr).T
     return float(np.quantile(z.max(axis=1), 1.0 - level))
 
 
@@ -550,62 +469,6 @@ def ab_looks(first: int, max_rounds: int) -> tuple[tuple[int, int], ...]:
     return tuple((n, n) for n in range(max(first, 2), max(max_rounds, first) + 1))
 
 
-def _slow_round(side: list[float], other: list[float], level: float) -> int | None:
-    """Index of the side's slowest round when it is an outlier on the slow side, else None.
-
-    Contention on a shared machine only ever makes a round slower, so the slowest round of a side is set
-    aside when it lies below the mean of the side's other rounds by more than a t prediction bound at
-    ``level``, the scale taken from every other round of both sides (so one slow round cannot inflate it)."""
-    if len(side) < 2:
-        return None
-    low = min(range(len(side)), key=side.__getitem__)
-    rest = [v for i, v in enumerate(side) if i != low]
-    df = len(rest) - 1 + len(other) - 1
-    if df < 2:
-        return None
-    from scipy.stats import t as student_t
-
-    mean_rest, mean_other = math.fsum(rest) / len(rest), math.fsum(other) / len(other)
-    ss = math.fsum((v - mean_rest) ** 2 for v in rest) + math.fsum((v - mean_other) ** 2 for v in other)
-    bound = float(student_t.isf(level, df)) * math.sqrt(ss / df * (1.0 + 1.0 / len(rest)))
-    return low if mean_rest - side[low] > bound else None
-
-
-def _log_t(lb: list[float], lc: list[float]) -> tuple[float, float, int]:
-    """Mean log-ratio (current over baseline), its pooled standard error and degrees of freedom."""
-    df = len(lb) + len(lc) - 2
-    mb, mc = math.fsum(lb) / len(lb), math.fsum(lc) / len(lc)
-    ss = math.fsum((v - mb) ** 2 for v in lb) + math.fsum((v - mc) ** 2 for v in lc)
-    se = math.sqrt(ss / df * (1.0 / len(lb) + 1.0 / len(lc))) if df > 0 else math.inf
-    return mc - mb, se, df
-
-
-def ratio_ci(baseline: Sequence[float], current: Sequence[float], *,
-             confidence: float = 0.95) -> tuple[float, float, float]:
-    """The ratio current / baseline of two sets of rounds (one tool against another, one build against another)
-    with its ``confidence`` interval: the geometric-mean ratio ``exp(mean log c - mean log b)`` and the
-    two-sided Student t interval of that log difference with the pooled standard error of :func:`_log_t` (the
-    sequential rule's). Rounds need not be paired. NaN bounds with fewer than three rounds in all (no degrees of
-    freedom); ``ValueError`` naming the bad value for an empty side or a sample <= 0 (no log)."""
-    lb = [math.log(v) for v in _positive(baseline, "ratio_ci baseline")]
-    lc = [math.log(v) for v in _positive(current, "ratio_ci current")]
-    diff, se, df = _log_t(lb, lc)
-    if df <= 0 or not math.isfinite(se):
-        return math.exp(diff), math.nan, math.nan
-    from scipy.stats import t as student_t
-
-    half = float(student_t.isf((1.0 - confidence) / 2.0, df)) * se
-    return math.exp(diff), math.exp(diff - half), math.exp(diff + half)
-
-
-def _positive(samples: Sequence[float], what: str) -> list[float]:
-    values = _check_samples(samples, what)
-    bad = [v for v in values if v <= 0]
-    if bad:
-        raise ValueError(f"{what}: {bad[0]!r} is not > 0 (a ratio's interval works on logs)")
-    return values
-
-
 def decide_sequential(
     baseline: Sequence[float],
     current: Sequence[float],
@@ -624,8 +487,8 @@ def decide_sequential(
     """The group-sequential rule at one look of ``plan`` (the module docstring, "The sequential rule")."""
     from scipy.stats import t as student_t
 
-    base = _check_samples(baseline, "baseline")
-    cur = _check_samples(current, "current")
+    base = check_samples(baseline, "baseline")
+    cur = check_samples(current, "current")
     if any(v <= 0 for v in base + cur):
         raise ValueError("samples must be > 0 for a test on the log scale")
     margin = 2.0 * tolerance if margin is None else margin
@@ -650,11 +513,11 @@ def decide_sequential(
     lb = [sign * math.log(v) for v in base]
     lc = [sign * math.log(v) for v in cur]
     aside = []
-    drop_b = _slow_round(lb, lc, SLOW_ROUND_LEVEL) if len(lb) > min_samples else None
+    drop_b = slow_round(lb, lc, SLOW_ROUND_LEVEL) if len(lb) > min_samples else None
     if drop_b is not None:
         aside.append(f"baseline round {drop_b + 1} ({_pct(math.expm1(lb[drop_b] - _mean(lb, drop_b)))})")
         lb = lb[:drop_b] + lb[drop_b + 1:]
-    drop_c = _slow_round(lc, lb, SLOW_ROUND_LEVEL)
+    drop_c = slow_round(lc, lb, SLOW_ROUND_LEVEL)
     if drop_c is not None:
         aside.append(f"current round {drop_c + 1} ({_pct(math.expm1(lc[drop_c] - _mean(lc, drop_c)))})")
         lc = lc[:drop_c] + lc[drop_c + 1:]
@@ -667,7 +530,7 @@ def decide_sequential(
         return replace(fixed, outcome="inconclusive", look=look, final_look=final, set_aside=set_aside, reason=(
             f"{name} median change {_pct(change)}: too few current rounds left beside a slow one ({counts})"
             + ("" if final else ": run more rounds")), **common)
-    d, se, df = _log_t(lb, lc)  # d > 0 = better, on the log scale
+    d, se, df = log_t(lb, lc)  # d > 0 = better, on the log scale
     t_stat = d / se if se > 0 else (0.0 if d == 0 else math.copysign(math.inf, d))
     t_alpha = float(student_t.isf(plan.nominal_alpha, df))
     t_beta = float(student_t.isf(plan.nominal_beta, df))
@@ -811,17 +674,6 @@ def _pass_width(z_beta: float, n_baseline: int, n_current: int, sd: float, power
     return (t_beta + t_power) * sd * math.sqrt(1.0 / n_baseline + 1.0 / n_current)
 
 
-def _pocock_z_draws(looks: Sequence[tuple[int, int]], level: float, draws: int) -> float:
-    """:func:`_pocock_z` with fewer draws (same seed): for the many candidate plans of :func:`resolution`."""
-    import numpy as np
-
-    info = np.array([1.0 / (1.0 / b + 1.0 / c) for b, c in looks])
-    corr = np.sqrt(np.minimum.outer(info, info) / np.maximum.outer(info, info))
-    rng = np.random.default_rng(_BOUNDARY_SEED)
-    z = rng.standard_normal((draws, info.size)) @ np.linalg.cholesky(corr).T
-    return float(np.quantile(z.max(axis=1), 1.0 - level))
-
-
 def pooled_log_sd(baseline_log_sd: float, n_baseline: int, current_log_sd: float, n_current: int) -> float:
     """The pooled sd of two sides' log values (decide_sequential's t test pools them): a side with fewer than two
     rounds (no sd of its own) takes the other's."""
@@ -877,7 +729,7 @@ def resolution(baseline_log_sd: float, current_log_sd: float, *, n_baseline: int
             z_low = plan.z_beta if n >= cap else z_one_look
             if _pass_width(z_low, baseline_for(n), n, sd, power) > bound:
                 continue
-            z = _pocock_z_draws(looks_for(n), plan.beta, _RESOLUTION_DRAWS)
+            z = _pocock_z(looks_for(n), plan.beta, _RESOLUTION_DRAWS)
             if _pass_width(z, baseline_for(n), n, sd, power) <= bound:
                 return n
         return None

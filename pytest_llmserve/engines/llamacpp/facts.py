@@ -44,7 +44,13 @@ from typing import TYPE_CHECKING, Any
 
 from pytest_llmserve.evidence.facts import LineRule, ServerFacts, apply_line_rules, split_lines
 from pytest_llmserve.evidence.prometheus import parse as parse_prometheus
-from pytest_llmserve.verdicts.execution import CheckResult, Status, check_config_is_execution
+from pytest_llmserve.verdicts.execution import (
+    CheckResult,
+    Status,
+    check_config_is_execution,
+    check_reported,
+    evidence_lines,
+)
 
 if TYPE_CHECKING:
     from pytest_llmserve.config import ServerSpec
@@ -487,15 +493,6 @@ def parse_llamacpp(
 # --------------------------------------------------------------------------- config is execution
 
 
-def _ev(facts: ServerFacts, *names: str) -> list[str]:
-    out: list[str] = []
-    for name in names:
-        for line in facts.evidence.get(name, []):
-            if line not in out:
-                out.append(line)
-    return out
-
-
 def _decoded_tokens(facts: LlamaCppFacts) -> int:
     return max(facts.debug_decode_tokens, int(facts.tokens_predicted or 0))
 
@@ -505,9 +502,9 @@ def _check_graphs(spec: ServerSpec, facts: LlamaCppFacts) -> list[CheckResult]:
     on = spec.cuda_graph.enabled
     requested = "cuda graphs on" if on else "cuda graphs off (GGML_CUDA_DISABLE_GRAPHS=1)"
     used = facts.graph_warmups + facts.graph_reuses
-    compile_ev = _ev(facts, "cuda_graphs_compiled")
-    use_ev = _ev(facts, "cuda_graph_enabled")
-    debug_ev = _ev(facts, "verbosity", "debug_decode_tokens", "library_debug_lines")
+    compile_ev = evidence_lines(facts, "cuda_graphs_compiled")
+    use_ev = evidence_lines(facts, "cuda_graph_enabled")
+    debug_ev = evidence_lines(facts, "verbosity", "debug_decode_tokens", "library_debug_lines")
     decoded = _decoded_tokens(facts)
     # Absence of the graph debug line proves "no graph" only where it would have been printed.
     absence_proven = (
@@ -517,33 +514,14 @@ def _check_graphs(spec: ServerSpec, facts: LlamaCppFacts) -> list[CheckResult]:
     )
     out: list[CheckResult] = []
     if on:
-        if facts.cuda_graphs_compiled is None:
-            out.append(
-                CheckResult(
-                    "cuda_graph.compiled",
-                    "unverifiable",
-                    requested,
-                    "not reported",
-                    compile_ev,
-                    note="system_info is logged at -lv 4",
-                )
-            )
-        else:
-            out.append(
-                CheckResult(
-                    "cuda_graph.compiled",
-                    "pass" if facts.cuda_graphs_compiled else "fail",
-                    requested,
-                    "CUDA backend built with USE_GRAPHS"
-                    if facts.cuda_graphs_compiled
-                    else (
-                        "no CUDA backend in this build"
-                        if facts.backends is not None and "CUDA" not in facts.backends
-                        else "CUDA backend built without USE_GRAPHS"
-                    ),
-                    compile_ev,
-                )
-            )
+        compiled = facts.cuda_graphs_compiled
+        out.append(check_reported(
+            "cuda_graph.compiled", requested,
+            None if compiled is None
+            else "CUDA backend built with USE_GRAPHS" if compiled
+            else "no CUDA backend in this build" if facts.backends is not None and "CUDA" not in facts.backends
+            else "CUDA backend built without USE_GRAPHS",
+            compile_ev, passed=bool(compiled), unreported_note="system_info is logged at -lv 4"))
     status: Status
     if used:
         status = "pass" if on else "fail"
@@ -598,48 +576,27 @@ def _check_graphs(spec: ServerSpec, facts: LlamaCppFacts) -> list[CheckResult]:
 
 def _check_flash_attention(want: bool, facts: LlamaCppFacts) -> CheckResult:
     requested = "on" if want else "off"
-    evidence = _ev(facts, "flash_attention_type", "flash_attention")
-    if facts.flash_attention is None:
-        return CheckResult(
-            "flash_attention",
-            "unverifiable",
-            requested,
-            "not reported",
-            evidence,
-            note="llama_context logs flash_attn at -lv 4",
-        )
-    observed = "on" if facts.flash_attention else "off"
-    if facts.flash_attention_type == "auto":
+    reported = facts.flash_attention
+    observed = None if reported is None else "on" if reported else "off"
+    if observed is not None and facts.flash_attention_type == "auto":
         observed += " (auto, resolved at load)"
-    return CheckResult(
-        "flash_attention", "pass" if facts.flash_attention == want else "fail", requested, observed, evidence
-    )
+    return check_reported("flash_attention", requested, observed,
+                          evidence_lines(facts, "flash_attention_type", "flash_attention"), passed=reported == want,
+                          unreported_note="llama_context logs flash_attn at -lv 4")
 
 
 def _check_gpu_layers(want: int, facts: LlamaCppFacts) -> CheckResult:
-    evidence = _ev(facts, "offloaded_layers", "gpu_offload_supported")
+    evidence = evidence_lines(facts, "offloaded_layers", "gpu_offload_supported")
     if facts.offloaded_layers is None:
-        return CheckResult(
-            "gpu_layers",
-            "unverifiable",
-            str(want),
-            "not reported",
-            evidence,
-            note="load_tensors logs 'offloaded N/M layers to GPU' at -lv 4",
-        )
+        return check_reported("gpu_layers", str(want), None, evidence,
+                              unreported_note="load_tensors logs 'offloaded N/M layers to GPU' at -lv 4")
     if facts.gpu_offload_supported is False:
-        status: Status = "pass" if want == 0 else "fail"
-        return CheckResult("gpu_layers", status, str(want), "0 (this build has no GPU offload)", evidence)
+        return check_reported("gpu_layers", str(want), "0 (this build has no GPU offload)", evidence, passed=want == 0)
     total = facts.total_layers
     expected = min(want, total) if total is not None else want
     observed = f"{facts.offloaded_layers}/{total}" if total is not None else str(facts.offloaded_layers)
-    return CheckResult(
-        "gpu_layers",
-        "pass" if facts.offloaded_layers == expected else "fail",
-        f"{want} (expect {expected} offloaded)",
-        observed,
-        evidence,
-    )
+    return check_reported("gpu_layers", f"{want} (expect {expected} offloaded)", observed, evidence,
+                          passed=facts.offloaded_layers == expected)
 
 
 def _check_int(
@@ -652,41 +609,18 @@ def _check_int(
     at_least: bool = False,
     note: str = "",
 ) -> CheckResult:
-    evidence = _ev(facts, fact)
-    if got is None:
-        return CheckResult(name, "unverifiable", str(want), "not reported", evidence, note=note)
-    ok = got >= want if at_least else got == want
-    return CheckResult(
-        name,
-        "pass" if ok else "fail",
-        str(want),
-        str(got),
-        evidence,
-        note=note if not ok or got != want else "",
-    )
+    ok = got is not None and (got >= want if at_least else got == want)
+    return check_reported(name, str(want), None if got is None else str(got), evidence_lines(facts, fact), passed=ok,
+                          note=note if got != want else "", unreported_note=note)
 
 
 def _check_devices(spec: ServerSpec, facts: LlamaCppFacts) -> CheckResult:
     want = max(1, spec.tp)
-    evidence = _ev(facts, "devices_used")
     used = facts.devices_used
-    if used is None:
-        return CheckResult(
-            "tp.devices",
-            "unverifiable",
-            f"{want} GPU(s)",
-            "not reported",
-            evidence,
-            note="llama_model_load_from_file_impl logs 'using device CUDAn' at -lv 4",
-        )
-    gpus = [d for d in used if not d.upper().startswith("CPU")]
-    return CheckResult(
-        "tp.devices",
-        "pass" if len(gpus) == want else "fail",
-        f"{want} GPU(s)",
-        ", ".join(gpus) or "none",
-        evidence,
-    )
+    gpus = None if used is None else [d for d in used if not d.upper().startswith("CPU")]
+    return check_reported("tp.devices", f"{want} GPU(s)", None if gpus is None else ", ".join(gpus) or "none",
+                          evidence_lines(facts, "devices_used"), passed=gpus is not None and len(gpus) == want,
+                          unreported_note="llama_model_load_from_file_impl logs 'using device CUDAn' at -lv 4")
 
 
 def check_llamacpp_execution(spec: ServerSpec, facts: ServerFacts) -> list[CheckResult]:
@@ -694,7 +628,8 @@ def check_llamacpp_execution(spec: ServerSpec, facts: ServerFacts) -> list[Check
 
     The generic checks (speculative, seed, max_batch_size) come from
     :func:`pytest_llmserve.verdicts.execution.check_config_is_execution`; CUDA graphs, flash attention, GPU
-    layers, context, slots and devices are checked here.
+    layers, context, slots and devices are checked here, each ending in the same requested-vs-reported verdict
+    (:func:`~pytest_llmserve.verdicts.execution.check_reported`) where the option is one fact compared.
     """
     lfacts = facts if isinstance(facts, LlamaCppFacts) else _promote(facts)
     results = check_config_is_execution(replace(spec, cuda_graph=None), lfacts)
@@ -705,17 +640,8 @@ def check_llamacpp_execution(spec: ServerSpec, facts: ServerFacts) -> list[Check
     if spec.gpu_layers is not None:
         results.append(_check_gpu_layers(spec.gpu_layers, lfacts))
     if spec.context_size is not None:
-        results.append(
-            _check_int(
-                "context_size",
-                spec.context_size,
-                lfacts.n_ctx,
-                lfacts,
-                "n_ctx",
-                at_least=True,
-                note="llama.cpp pads each slot's context to a multiple of 256",
-            )
-        )
+        results.append(_check_int("context_size", spec.context_size, lfacts.n_ctx, lfacts, "n_ctx", at_least=True,
+                                  note="llama.cpp pads each slot's context to a multiple of 256"))
     if spec.parallel is not None:
         results.append(_check_int("parallel", spec.parallel, lfacts.n_parallel, lfacts, "n_parallel"))
     if spec.gpu or spec.tp > 1:

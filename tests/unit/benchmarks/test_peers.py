@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from pytest_llmserve.config import Workload
-from pytest_llmserve.verdicts.stats import ratio_ci
+from pytest_llmserve.verdicts.two_sample import ratio_ci
 
 ROOT = Path(__file__).resolve().parents[3]
 DATA = ROOT / "tests" / "data" / "peers"

@@ -5,31 +5,17 @@ from __future__ import annotations
 import json
 import stat
 import sys
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from pytest_llmserve.config import CudaGraphSpec, ServerSpec, Workload
+from pytest_llmserve.config import Workload
 from pytest_llmserve.evidence.environment import find_secrets
 from pytest_llmserve.gates.context import build_context
 from pytest_llmserve.server import gpu
 from pytest_llmserve.server.hardware import HOST_FIELDS, hardware_context, parse_cpuinfo, probe_hardware
-
-HW = {"cpu_model": "Test CPU", "cpu_count": 2, "gpu_name": None, "gpu_count": 0, "driver": None, "cuda": None}
-
-
-def spec(**kw: Any) -> ServerSpec:
-    base = ServerSpec(
-        name="srv",
-        engine="vllm",
-        model="/models/smol",
-        port=8123,
-        cuda_graph=CudaGraphSpec(enabled=True, batch_sizes=(1, 2, 4)),
-        mem_fraction=0.9,
-    )
-    return replace(base, **kw)
+from tests.unit.contexts import HW, spec
 
 
 def test_build_context_shape() -> None:

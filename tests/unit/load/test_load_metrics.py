@@ -21,7 +21,7 @@ from pytest_llmserve.load.metrics import (
 )
 from pytest_llmserve.load.runner import merge_records, split_evenly
 from pytest_llmserve.metrics import LATENCIES, METRICS
-from pytest_llmserve.verdicts.stats import percentile
+from pytest_llmserve.verdicts.two_sample import percentile
 
 
 def rec(index: int, start: float, ttft: float, gaps: list[float], *, n: int | None = None,

@@ -9,47 +9,22 @@ import os
 import signal
 import sys
 import time
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from pytest_llmserve.config import CudaGraphSpec, ServerSpec, Workload
+from pytest_llmserve.config import Workload
 from pytest_llmserve.errors import BaselineError
 from pytest_llmserve.evidence.environment import find_secrets, redact_context
 from pytest_llmserve.gates.context import build_context
 from pytest_llmserve.store.baselines import BaselineStore, BenchKey, read_baseline_file
+from tests.unit.contexts import HW, ctx, spec
 
-HW = {"cpu_model": "Test CPU", "cpu_count": 2, "gpu_name": None, "gpu_count": 0, "driver": None, "cuda": None}
 KEY = BenchKey(test="tests/test_perf.py::test_throughput[srv]", server="srv", workload="smoke")
 METRIC = "output_throughput"
 
 fork = pytest.mark.skipif(sys.platform == "win32", reason="uses fork and SIGKILL")
-
-
-def spec(**kw: Any) -> ServerSpec:
-    base = ServerSpec(
-        name="srv",
-        engine="vllm",
-        model="/models/smol",
-        port=8123,
-        cuda_graph=CudaGraphSpec(enabled=True, batch_sizes=(1, 2, 4)),
-        mem_fraction=0.9,
-    )
-    return replace(base, **kw)
-
-
-def ctx(**kw: Any) -> dict[str, Any]:
-    engine_version = kw.pop("engine_version", "0.32.0")
-    return build_context(
-        spec(**kw),
-        Workload("smoke", num_prompts=16),
-        engine_version=engine_version,
-        hardware=HW,
-        plugin_version="0.1.0",
-        python="CPython 3.11",
-    )
 
 
 def samples(base: float = 100.0, n: int = 5) -> dict[str, list[float]]:

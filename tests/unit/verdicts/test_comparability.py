@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Any
 
-from pytest_llmserve.config import CudaGraphSpec, ServerSpec, Workload
-from pytest_llmserve.gates.context import build_context
+from pytest_llmserve.config import CudaGraphSpec
 from pytest_llmserve.verdicts.comparability import (
     IGNORED_CONTEXT_KEYS,
     Comparability,
@@ -15,29 +13,7 @@ from pytest_llmserve.verdicts.comparability import (
     host_change_text,
     unknown_host,
 )
-
-HW = {"cpu_model": "Test CPU", "cpu_count": 2, "gpu_name": None, "gpu_count": 0, "driver": None, "cuda": None}
-
-
-def ctx(**kw: Any) -> dict[str, Any]:
-    """A context of a vLLM server with CUDA graphs and a memory fraction; ``kw`` changes the server spec."""
-    engine_version = kw.pop("engine_version", "0.32.0")
-    spec = ServerSpec(
-        name="srv",
-        engine="vllm",
-        model="/models/smol",
-        port=8123,
-        cuda_graph=CudaGraphSpec(enabled=True, batch_sizes=(1, 2, 4)),
-        mem_fraction=0.9,
-    )
-    return build_context(
-        replace(spec, **kw),
-        Workload("smoke", num_prompts=16),
-        engine_version=engine_version,
-        hardware=HW,
-        plugin_version="0.1.0",
-        python="CPython 3.11",
-    )
+from tests.unit.contexts import HW, ctx
 
 
 def test_same_context_and_ignored_keys() -> None:

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from pytest_llmserve.verdicts.stats import ratio_ci
+from pytest_llmserve.verdicts.two_sample import ratio_ci
 
 
 def test_equal_sets_give_ratio_one_inside_a_symmetric_interval() -> None:

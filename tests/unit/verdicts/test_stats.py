@@ -13,10 +13,10 @@ from pytest_llmserve.verdicts.stats import (
     Summary,
     Verdict,
     decide,
-    min_attainable_p,
     needs_more_rounds,
     summarize,
 )
+from pytest_llmserve.verdicts.two_sample import min_attainable_p
 
 NOISE = 0.03  # relative round-to-round noise of a throughput
 TOL = 0.05
