@@ -432,7 +432,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     # collects the same items in the same order.
     if "llmserve_batch_case" in metafunc.fixturenames:
         # lazy: the plugin imports only options.py until a run uses it (tests/plugin/test_inert.py)
-        from pytest_llmserve.verdicts.oracles import coverage_plan
+        from pytest_llmserve.verdicts.batch_sizes import coverage_plan
 
         pairs = []
         for spec in specs:

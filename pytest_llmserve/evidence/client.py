@@ -1,4 +1,5 @@
-"""Requests for correctness checks: completions with logprobs, parsed into plain records.
+"""Requests for correctness checks: completions with logprobs, parsed into plain records
+(:mod:`pytest_llmserve.evidence.completion`).
 
 HTTP errors are *returned* as a :class:`Completion` with ``status`` and ``error`` set rather than
 raised, because an error can itself be evidence (vLLM answers HTTP 400 "Out of range float values
@@ -18,7 +19,6 @@ or in one batch ahead of it.
 from __future__ import annotations
 
 import json
-import math
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -29,66 +29,7 @@ from typing import Any, Literal, Protocol
 import httpx
 
 from pytest_llmserve.errors import RequestError
-
-
-@dataclass(slots=True)
-class TokenLogprob:
-    """One generated token, its logprob (None when the server sent null) and the top alternatives."""
-
-    token: str
-    logprob: float | None
-    top: dict[str, float | None] = field(default_factory=dict)
-
-
-@dataclass(slots=True)
-class Completion:
-    """What one request sent and what came back."""
-
-    request: dict[str, Any]
-    status: int
-    text: str = ""
-    tokens: list[TokenLogprob] = field(default_factory=list)
-    finish_reason: str | None = None
-    matched_stop: Any = None
-    prompt_tokens: int | None = None
-    completion_tokens: int | None = None
-    error: str | None = None
-    elapsed_s: float = 0.0
-    raw: dict[str, Any] | None = None
-
-    @property
-    def ok(self) -> bool:
-        return self.status == 200 and self.error is None
-
-    @property
-    def logprobs(self) -> list[float | None]:
-        return [t.logprob for t in self.tokens]
-
-    def describe(self, limit: int = 12) -> str:
-        """A short, human-readable account of the request and the first tokens that came back."""
-        prompt = self.request.get("prompt", self.request.get("messages"))
-        lines = [f"sent: prompt={_short(prompt)} max_tokens={self.request.get('max_tokens')} "
-                 f"temperature={self.request.get('temperature')}"]
-        if not self.ok:
-            lines.append(f"got: HTTP {self.status}: {_short(self.error, 300)}")
-            return "\n".join(lines)
-        lines.append(f"got: finish_reason={self.finish_reason} completion_tokens={self.completion_tokens} "
-                     f"text={_short(self.text, 200)}")
-        if self.tokens:
-            shown = ", ".join(f"{t.token!r}:{_fmt_lp(t.logprob)}" for t in self.tokens[:limit])
-            lines.append(f"first tokens (token:logprob): {shown}")
-        return "\n".join(lines)
-
-
-def _fmt_lp(value: float | None) -> str:
-    if value is None:
-        return "null"
-    return f"{value:.3f}" if math.isfinite(value) else str(value)
-
-
-def _short(value: Any, limit: int = 120) -> str:
-    text = repr(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
+from pytest_llmserve.evidence.completion import Completion, TokenLogprob, short_repr
 
 
 @dataclass(slots=True)
@@ -392,11 +333,11 @@ class LLMClient:
                             c.finish_reason, c.matched_stop = finish, matched
         except httpx.TimeoutException as exc:
             raise RequestError(f"streamed POST {self.base_url}/v1/completions timed out (sent "
-                               f"{_short(body, 300)}; received {out.chunks} chunks, text so far "
-                               f"{_short(''.join(text), 200)})") from exc
+                               f"{short_repr(body, 300)}; received {out.chunks} chunks, text so far "
+                               f"{short_repr(''.join(text), 200)})") from exc
         except httpx.HTTPError as exc:
             raise RequestError(f"streamed POST {self.base_url}/v1/completions failed: {exc!r} (sent "
-                               f"{_short(body, 300)}; received {out.chunks} chunks)") from exc
+                               f"{short_repr(body, 300)}; received {out.chunks} chunks)") from exc
         c.text = "".join(text)
         c.tokens = tokens
         return out
@@ -408,9 +349,9 @@ class LLMClient:
                                    headers={"Content-Type": "application/json"})
         except httpx.TimeoutException as exc:
             raise RequestError(f"POST {self.base_url}{path} timed out after {timeout_s or self.timeout_s:.0f} s "
-                               f"(sent {_short(body, 300)})") from exc
+                               f"(sent {short_repr(body, 300)})") from exc
         except httpx.HTTPError as exc:
-            raise RequestError(f"POST {self.base_url}{path} failed: {exc!r} (sent {_short(body, 300)})") from exc
+            raise RequestError(f"POST {self.base_url}{path} failed: {exc!r} (sent {short_repr(body, 300)})") from exc
         elapsed = time.monotonic() - start
         if resp.status_code != 200:
             return Completion(request=body, status=resp.status_code, error=resp.text, elapsed_s=elapsed)

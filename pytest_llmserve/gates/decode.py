@@ -27,15 +27,20 @@ from typing import Any, Literal
 from pytest_llmserve.config import LLMServeConfig, ServerSpec, untrained_reason
 from pytest_llmserve.errors import ConfigError, LLMServeError, ReferenceAnswersError, RequestError
 from pytest_llmserve.evidence.client import LLMClient
+from pytest_llmserve.gates import oracle_runs
 from pytest_llmserve.gates.probes import AnswerBook, SentBatch, ServerProbes, plan
 from pytest_llmserve.report.checks import NOT_APPLICABLE, one_line
 from pytest_llmserve.server.handle import engine_of
 from pytest_llmserve.store import reference_answers as store
 from pytest_llmserve.verdicts import oracles
+from pytest_llmserve.verdicts.batch_sizes import BatchCase, coverage_plan
+from pytest_llmserve.verdicts.coherence import CoherenceThresholds
+from pytest_llmserve.verdicts.divergence import divergence_rows, divergence_table, worst_row
+from pytest_llmserve.verdicts.findings import Finding, OracleReport
 
 # An independent check's run: the oracle on a client, given the batch its answers came from (None: sent
 # by the oracle itself, one at a time).
-IndependentRun = Callable[[LLMClient, SentBatch | None], oracles.OracleReport]
+IndependentRun = Callable[[LLMClient, SentBatch | None], OracleReport]
 
 
 def resolve_reference_spec(cfg: LLMServeConfig, reference: str | ServerSpec) -> ServerSpec:
@@ -93,7 +98,7 @@ def reference_plan(cfg: LLMServeConfig, spec: ServerSpec, record_dir: Path,
 
 
 def oracle_record(check: str, verdict: OracleVerdict, *, first_finding: str | None = None,
-                  findings: Sequence[oracles.Finding] = (), detail: str | None = None) -> dict[str, Any]:
+                  findings: Sequence[Finding] = (), detail: str | None = None) -> dict[str, Any]:
     """What one oracle run leaves for the reports (JSON-plain: it crosses xdist workers)."""
     return {"check": check, "verdict": verdict, "first_finding": first_finding,
             "findings": [f.to_dict() for f in findings], "detail": detail}
@@ -130,7 +135,7 @@ class DecodeCheck:
         self.batch_tokens = batch_tokens
         # Turns a spec id / ServerSpec into a running server (the plugin's pool, keeping this one alive).
         self.reference_server = reference_server
-        self.reports: list[oracles.OracleReport] = []
+        self.reports: list[OracleReport] = []
 
     @property
     def spec(self) -> ServerSpec:
@@ -160,7 +165,7 @@ class DecodeCheck:
         return self._conclude(report)
 
     def fail(self, message: str, *, check: str = "decode-check", detail: str | None = None,
-             findings: Sequence[oracles.Finding] = ()) -> None:
+             findings: Sequence[Finding] = ()) -> None:
         """Record the failure (with ``detail``, the full evidence, when the message is shortened), then fail."""
         self.record(oracle_record(check, "fail", first_finding=one_line(message), findings=findings,
                                   detail=detail or message))
@@ -194,7 +199,7 @@ class DecodeCheck:
             self.not_applicable(check, f"{what} means nothing on an untrained model ({reason})")
         return True
 
-    def _conclude(self, report: oracles.OracleReport, extra: str = "", note: str | None = None,
+    def _conclude(self, report: OracleReport, extra: str = "", note: str | None = None,
                   head: str | None = None) -> DecodeCheck:
         """Record and judge ``report``. ``note``: said in the record's detail whatever the verdict (e.g.
         which findings were not applicable, a differential's table); ``head``: a failure's first line (and
@@ -230,12 +235,12 @@ class DecodeCheck:
         """Greedy requests with logprobs; NaN evidence from responses, metrics and the server log."""
         adapter = engine_of(self.server)  # an attached vLLM's log is read for vLLM's NaN lines
 
-        def run(client: LLMClient, batch: SentBatch | None) -> oracles.OracleReport:
+        def run(client: LLMClient, batch: SentBatch | None) -> OracleReport:
             # Requests sent ahead left their log lines and counters before this call: read from before them.
             offset = batch.log_offset if batch is not None else len(self.server.log_text())
-            return oracles.run_nan_check(client, self.spec.id, read_log=self._log_since(offset),
-                                         log_patterns=adapter.nan_log_patterns, nan_counters=adapter.nan_counters,
-                                         metrics_before=batch.metrics_before if batch is not None else None)
+            return oracle_runs.run_nan_check(client, self.spec.id, read_log=self._log_since(offset),
+                                             log_patterns=adapter.nan_log_patterns, nan_counters=adapter.nan_counters,
+                                             metrics_before=batch.metrics_before if batch is not None else None)
 
         return self._independent(run)
 
@@ -243,23 +248,23 @@ class DecodeCheck:
         """Each known-answer probe's greedy answer holds an expected word (not applicable untrained)."""
         if self._needs_trained_model("known-answers", "an expected answer"):
             return self
-        return self._independent(lambda client, _batch: oracles.run_known_answers(
+        return self._independent(lambda client, _batch: oracle_runs.run_known_answers(
             client, probes or oracles.DEFAULT_KNOWN_ANSWERS, self.spec.id))
 
     def coherent(self, max_tokens: int | None = None,
-                 thresholds: oracles.CoherenceThresholds | None = None) -> DecodeCheck:
+                 thresholds: CoherenceThresholds | None = None) -> DecodeCheck:
         """A long greedy decode (256 tokens by default) is not degenerate (not applicable untrained: its
         collapse metrics and mean-logprob floor judge a trained model's text)."""
         if self._needs_trained_model("long-decode", "coherence of a long decode (collapse, mean-logprob floor)"):
             return self
-        return self._independent(lambda client, _batch: oracles.run_long_decode(
+        return self._independent(lambda client, _batch: oracle_runs.run_long_decode(
             client, self.spec.id, max_tokens or self.long_decode_tokens, thresholds))
 
     def deterministic(self) -> DecodeCheck:
         if self.planning is not None:  # composition-controlled or no requests: not planned ahead
             return self
         with self._client() as client:
-            report = oracles.run_determinism(client, self.spec.id, exact=self._exact())
+            report = oracle_runs.run_determinism(client, self.spec.id, exact=self._exact())
         return self._conclude(report)
 
     def matches(self, reference: Any, *, prompts: Sequence[oracles.ProbePrompt] | None = None,
@@ -291,11 +296,11 @@ class DecodeCheck:
             exact = self._exact() and bool(engine_of(ref_server).deterministic_flag_on(ref_spec))
         ref_server.ensure_alive()
         with ref_server.client() as ref_client, self._client() as client:
-            report = oracles.run_differential(ref_client, client, name_ref=ref_spec.id,
-                                              name_cand=self.spec.id,
-                                              prompts=prompts or oracles.DEFAULT_DIFFERENTIAL_PROMPTS,
-                                              max_tokens=max_tokens or self.batch_tokens, exact=exact,
-                                              concurrent=concurrent)
+            report = oracle_runs.run_differential(ref_client, client, name_ref=ref_spec.id,
+                                                  name_cand=self.spec.id,
+                                                  prompts=prompts or oracles.DEFAULT_DIFFERENTIAL_PROMPTS,
+                                                  max_tokens=max_tokens or self.batch_tokens, exact=exact,
+                                                  concurrent=concurrent)
         if not report.ok:
             ref_server.ensure_alive()
         return self._conclude(report, extra=f"reference: {ref_server.describe()}")
@@ -344,8 +349,8 @@ class DecodeCheck:
         server.ensure_alive()
         with server.client() as client:
             client.request_kind = "probes"
-            answers = oracles.send_prompts(client, oracles.DEFAULT_DIFFERENTIAL_PROMPTS, REFERENCE_MAX_TOKENS,
-                                           logprobs=oracles.DEFAULT_LOGPROBS)
+            answers = oracle_runs.send_prompts(client, oracles.DEFAULT_DIFFERENTIAL_PROMPTS, REFERENCE_MAX_TOKENS,
+                                               logprobs=oracles.DEFAULT_LOGPROBS)
         identity = store.model_identity(spec)
         version = None
         try:
@@ -390,8 +395,8 @@ class DecodeCheck:
     def _recorded(self, recorded: Any) -> DecodeCheck:
         """The reference combination's own test: its answers recorded, and sound (NaN-free, answered)."""
         labels = [f"differential[{p.label}]" for p in recorded.prompts]
-        report = oracles.OracleReport(f"reference answers recorded[{recorded.combination}]",
-                                      server_id=self.spec.id, completions=list(recorded.answers))
+        report = OracleReport(f"reference answers recorded[{recorded.combination}]",
+                              server_id=self.spec.id, completions=list(recorded.answers))
         for label, c in zip(labels, recorded.answers, strict=True):
             report.add(oracles.response_findings(c, probe=label))
         if report.ok:
@@ -405,19 +410,19 @@ class DecodeCheck:
         spec = self.spec
         labels = [f"differential[{p.label}]" for p in recorded.prompts]
         with self._client() as client:
-            report = oracles.run_differential(recorded.answers, client, name_ref=f"{recorded.combination} (recorded)",
-                                              name_cand=spec.id, prompts=recorded.prompts,
-                                              max_tokens=recorded.max_tokens, logprobs=recorded.logprobs,
-                                              max_delta=max_delta)
+            report = oracle_runs.run_differential(recorded.answers, client,
+                                                  name_ref=f"{recorded.combination} (recorded)", name_cand=spec.id,
+                                                  prompts=recorded.prompts, max_tokens=recorded.max_tokens,
+                                                  logprobs=recorded.logprobs, max_delta=max_delta)
         report.check = (f"reference differential[{spec.id} vs reference {recorded.combination}; "
                         f"{len(recorded.prompts)} greedy prompts, {recorded.max_tokens} tokens, |Δlogprob| "
                         f"tolerance {max_delta:g}]")
-        rows = oracles.divergence_rows(recorded.answers, report.completions, labels)
+        rows = divergence_rows(recorded.answers, report.completions, labels)
         table = (f"{spec.id} vs {recorded.describe()}:\n"
-                 + oracles.divergence_table(rows, name_ref="reference", name_cand=spec.id, max_delta=max_delta))
+                 + divergence_table(rows, name_ref="reference", name_cand=spec.id, max_delta=max_delta))
         head = None
         if not report.ok:
-            worst = oracles.worst_row(rows, max_delta)
+            worst = worst_row(rows, max_delta)
             failing = {f.probe for f in report.errors}
             if worst is None or worst.probe not in failing:  # e.g. only the reference's answers are broken
                 worst = next((r for r in rows if r.probe in failing), worst)
@@ -425,36 +430,36 @@ class DecodeCheck:
                 f": worst request {worst.summary()} (tolerance {max_delta:g})" if worst is not None else "")
         return self._conclude(report, note=table, head=head)
 
-    def _reference(self, client: Any) -> oracles.OracleReport:
+    def _reference(self, client: Any) -> OracleReport:
         """The engine's own batch-1 answers (sent once per server and kept), with their findings: NaN and
         transport always, coherence only on a trained model. Not judged here: a batch case compares with
         whatever the engine answered, and reports the reference's findings beside its comparisons."""
         cache = self.server.__dict__.setdefault("_llmserve_batch_reference", {})
         key = (self.batch_tokens, self.untrained is None)
         if key not in cache:
-            cache[key] = oracles.run_batch_reference(client, self.spec.id, max_tokens=self.batch_tokens,
-                                                     judge_coherence=key[1])
-        ref: oracles.OracleReport = cache[key]
+            cache[key] = oracle_runs.run_batch_reference(client, self.spec.id, max_tokens=self.batch_tokens,
+                                                         judge_coherence=key[1])
+        ref: OracleReport = cache[key]
         return ref
 
-    def _batch_cases(self, check: str, cases: Sequence[oracles.BatchCase]) -> DecodeCheck:
+    def _batch_cases(self, check: str, cases: Sequence[BatchCase]) -> DecodeCheck:
         """Run ``cases`` against the batch-1 reference: every comparison runs; the reference's own findings
         (its NaN and transport failures, which make a comparison impossible; on a trained model its
         coherence, a separate finding) are added to the report, each named as the reference's."""
         untrained = self.untrained
-        combined = oracles.OracleReport(check, server_id=self.spec.id)
+        combined = OracleReport(check, server_id=self.spec.id)
         with self._client("batch") as client:
             ref = self._reference(client)
             reference = oracles.usable_reference(ref.completions)
             for case in cases:
-                combined.merge(oracles.run_batch_case(client, case, reference, self.spec.id, self.batch_tokens,
-                                                      exact=self._exact(), judge_coherence=untrained is None))
+                combined.merge(oracle_runs.run_batch_case(client, case, reference, self.spec.id, self.batch_tokens,
+                                                          exact=self._exact(), judge_coherence=untrained is None))
         combined.add(replace(f, message=f"bs=1 reference: {f.message}") for f in ref.findings)
         note = (f"coherence of the outputs and of their bs=1 reference not judged (not applicable: "
                 f"{untrained}); each output compared with the engine's own bs=1 answer") if untrained else None
         return self._conclude(combined, note=note)
 
-    def batch_case(self, case: oracles.BatchCase) -> DecodeCheck:
+    def batch_case(self, case: BatchCase) -> DecodeCheck:
         """``case.size`` concurrent greedy requests, each checked and compared with its batch-1 reference."""
         if self.planning is not None:  # composition-controlled or no requests: not planned ahead
             return self
@@ -481,10 +486,10 @@ class DecodeCheck:
             if configured is None:
                 self.skip(f"{spec.id}: unverifiable: the server did not report which batch sizes it captured "
                           "and none were configured", check="cuda-graph coverage", unverifiable=True)
-            cases = oracles.coverage_plan(None, configured)
+            cases = coverage_plan(None, configured)
             source = "configured sizes (the server did not report captured sizes: unverifiable)"
         else:
-            cases = oracles.coverage_plan(captured, configured)
+            cases = coverage_plan(captured, configured)
             source = f"captured sizes {list(captured)}"
         return self._batch_cases(f"cuda-graph coverage from {source}: " + ", ".join(c.id for c in cases), cases)
 

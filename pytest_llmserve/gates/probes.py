@@ -35,12 +35,12 @@ from typing import Any
 
 from pytest_llmserve.errors import RequestError
 from pytest_llmserve.evidence.client import (
-    Completion,
     LLMClient,
     ProbeRequest,
     RequestKey,
     StreamedCompletion,
 )
+from pytest_llmserve.evidence.completion import Completion
 
 #: In flight at once when the server's batch capacity is neither configured nor reported.
 DEFAULT_PROBE_CONCURRENCY = 8

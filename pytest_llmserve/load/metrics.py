@@ -22,11 +22,11 @@ from typing import Any
 from pytest_llmserve import metrics as vocabulary
 from pytest_llmserve.config import Workload
 from pytest_llmserve.errors import LLMServeError
-from pytest_llmserve.evidence.client import Completion, TokenLogprob
+from pytest_llmserve.evidence.completion import Completion, TokenLogprob
 from pytest_llmserve.evidence.prometheus import counter_total
 from pytest_llmserve.load.contention import HostContention
 from pytest_llmserve.load.prompts import WorkloadPrompt
-from pytest_llmserve.verdicts.oracles import CoherenceThresholds, coherence_findings
+from pytest_llmserve.verdicts.coherence import CoherenceThresholds, coherence_findings
 from pytest_llmserve.verdicts.stats import Summary, summarize
 
 __all__ = ["InvalidRunError", "RequestRecord", "RunResult", "compute_metrics", "cross_check", "evaluate",
@@ -220,7 +220,7 @@ def output_fault(reason: str) -> bool:
 def sample_findings(records: Sequence[RequestRecord], *, judge_text: bool = True) -> list[str]:
     """What is wrong with the text of the sampled requests (those that kept it): non-finite logprobs where
     the server returned logprobs, and decode collapse by the coherence oracle
-    (:func:`pytest_llmserve.verdicts.oracles.coherence_findings`, with :data:`SAMPLE_THRESHOLDS`) unless
+    (:func:`pytest_llmserve.verdicts.coherence.coherence_findings`, with :data:`SAMPLE_THRESHOLDS`) unless
     ``judge_text`` is False (an untrained model: any text is what random weights say)."""
     out: list[str] = []
     for r in records:

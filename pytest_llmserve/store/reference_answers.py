@@ -37,7 +37,7 @@ from typing import Any
 
 from pytest_llmserve.config import ServerSpec, checkpoint_marker
 from pytest_llmserve.errors import ConfigError, ReferenceAnswersError
-from pytest_llmserve.evidence.client import Completion, TokenLogprob
+from pytest_llmserve.evidence.completion import Completion, TokenLogprob
 from pytest_llmserve.verdicts.oracles import ProbePrompt
 
 SCHEMA = 1

@@ -29,7 +29,7 @@ from pytest_llmserve.testing.properties import (
     check_seeded_repeatable,
     seeded_examples,
 )
-from pytest_llmserve.verdicts.oracles import OracleReport
+from pytest_llmserve.verdicts.findings import OracleReport
 
 pytestmark = [pytest.mark.llmserve_server("*"), pytest.mark.llmserve_correctness]
 

@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from pytest_llmserve.gates.bench import BenchGate
     from pytest_llmserve.gates.decode import DecodeCheck
     from pytest_llmserve.server.handle import RunningServer
-    from pytest_llmserve.verdicts.oracles import BatchCase
+    from pytest_llmserve.verdicts.batch_sizes import BatchCase
 
 pytestmark = pytest.mark.llmserve_server("*")
 

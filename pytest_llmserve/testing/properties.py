@@ -2,7 +2,7 @@
 
 Each check takes an :class:`~pytest_llmserve.evidence.client.LLMClient` and one :class:`ApiExample` (prompt,
 ``max_tokens``, stop sequences, temperature / top_p / seed), sends it, and returns an
-:class:`~pytest_llmserve.verdicts.oracles.OracleReport` whose findings say what broke. The invariants:
+:class:`~pytest_llmserve.verdicts.findings.OracleReport` whose findings say what broke. The invariants:
 
 * no error: HTTP 200, a finish reason of ``stop`` or ``length``, a complete stream ending in ``[DONE]``;
 * no NaN: no HTTP 400/500 about NaN/inf, no non-finite, null or sentinel logprob (logprobs are requested
@@ -32,8 +32,10 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from pytest_llmserve.errors import RequestError
-from pytest_llmserve.evidence.client import Completion, LLMClient, StreamedCompletion, TokenLogprob
-from pytest_llmserve.verdicts.oracles import Finding, OracleReport, TokenAt, response_findings
+from pytest_llmserve.evidence.client import LLMClient, StreamedCompletion
+from pytest_llmserve.evidence.completion import Completion, TokenLogprob
+from pytest_llmserve.verdicts.findings import Finding, OracleReport, TokenAt
+from pytest_llmserve.verdicts.oracles import response_findings
 
 ORACLE = "property"
 

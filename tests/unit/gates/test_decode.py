@@ -13,7 +13,7 @@ from pytest_llmserve.engines import adapter_named
 from pytest_llmserve.errors import ConfigError
 from pytest_llmserve.evidence.client import LLMClient
 from pytest_llmserve.gates.decode import DecodeCheck, resolve_reference_spec
-from tests.unit.verdicts.test_oracles import FakeServer
+from tests.unit.gates.test_oracle_runs import FakeServer
 
 
 class Adapter:

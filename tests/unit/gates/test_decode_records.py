@@ -11,7 +11,7 @@ from pytest_llmserve.config import ServerSpec
 from pytest_llmserve.gates.decode import DecodeCheck
 from pytest_llmserve.verdicts.oracles import DEFAULT_NAN_PROMPTS
 from tests.unit.gates.test_decode import Failed, FakeHandle, fail
-from tests.unit.verdicts.test_oracles import FakeServer
+from tests.unit.gates.test_oracle_runs import FakeServer
 
 NAN_EVERYWHERE = tuple(p.text for p in DEFAULT_NAN_PROMPTS)
 

@@ -13,7 +13,7 @@ from pytest_llmserve.config import ServerSpec
 from pytest_llmserve.gates.decode import REFERENCE_MAX_TOKENS, DecodeCheck, ReferencePlan
 from pytest_llmserve.store import reference_answers as store
 from tests.unit.gates.test_decode import Failed, FakeHandle, fail
-from tests.unit.verdicts.test_oracles import FakeServer
+from tests.unit.gates.test_oracle_runs import FakeServer
 
 REF = ServerSpec(name="dsa", model="/models/dsa-tiny", variant=(("nsa_decode_backend", "flashmla_sparse"),))
 KV = replace(REF, variant=(("nsa_decode_backend", "flashmla_kv"),))

@@ -11,10 +11,11 @@ import pytest
 
 from pytest_llmserve.config import ServerSpec
 from pytest_llmserve.gates.decode import DecodeCheck
-from pytest_llmserve.verdicts.oracles import DEFAULT_BATCH_PROMPTS, BatchCase
+from pytest_llmserve.verdicts.batch_sizes import BatchCase
+from pytest_llmserve.verdicts.oracles import DEFAULT_BATCH_PROMPTS
 from tests.unit.gates.test_decode import Failed, FakeHandle, fail
 from tests.unit.gates.test_decode_records import Skipped, skip
-from tests.unit.verdicts.test_oracles import FakeServer
+from tests.unit.gates.test_oracle_runs import FakeServer
 
 UNTRAINED = ServerSpec(name="tiny", source="llmserve.toml", random_weights=True)
 TRAINED = ServerSpec(name="smol", source="llmserve.toml")

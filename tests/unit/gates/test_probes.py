@@ -13,7 +13,8 @@ import pytest
 
 from pytest_llmserve.config import ServerSpec
 from pytest_llmserve.errors import RequestError
-from pytest_llmserve.evidence.client import Completion, LLMClient, ProbeRequest, StreamedCompletion
+from pytest_llmserve.evidence.client import LLMClient, ProbeRequest, StreamedCompletion
+from pytest_llmserve.evidence.completion import Completion
 from pytest_llmserve.gates.decode import DecodeCheck
 from pytest_llmserve.gates.probes import (
     DEFAULT_PROBE_CONCURRENCY,
@@ -25,9 +26,10 @@ from pytest_llmserve.gates.probes import (
 )
 from pytest_llmserve.suite import test_llmserve_properties as suite_properties
 from pytest_llmserve.testing.properties import ApiExample, check_api_example, check_seeded_repeatable
-from pytest_llmserve.verdicts import oracles
+from pytest_llmserve.verdicts.batch_sizes import BatchCase
+from pytest_llmserve.verdicts.findings import OracleReport
 from tests.unit.gates.test_decode import Failed, FakeHandle, fail
-from tests.unit.verdicts.test_oracles import FakeServer
+from tests.unit.gates.test_oracle_runs import FakeServer
 
 
 class LoggedHandle(FakeHandle):
@@ -132,7 +134,7 @@ def test_a_transport_failure_is_kept_and_raised_again_when_its_answer_is_read() 
 
 def test_plan_records_what_a_check_sends_and_the_placeholder_breaks_no_invariant() -> None:
     example = ApiExample("The weather today is", 5, stop=(".",), temperature=0.7, seed=3)
-    planned: list[oracles.OracleReport] = []
+    planned: list[OracleReport] = []
     requests = plan(lambda client: planned.append(check_api_example(client, example)), "m", "properties")
     assert [(r.mode, r.kind) for r in requests] == [("post", "properties"), ("stream", "properties")]
     assert requests[0].body["prompt"] == "The weather today is" and requests[0].body["stop"] == ["."]
@@ -228,7 +230,7 @@ def test_planning_concludes_nothing_and_skips_composition_controlled_checks() ->
     handle = LoggedHandle(ServerSpec(name="s"), fake)
     recorder = RecordingClient("m", "probes")
     check = DecodeCheck(handle, fail=fail, planning=recorder)
-    check.no_nan().known_answers().coherent().deterministic().batch_case(oracles.BatchCase(2, "no-graph"))
+    check.no_nan().known_answers().coherent().deterministic().batch_case(BatchCase(2, "no-graph"))
     assert fake.requests == [] and check.reports == []
     assert {r.body.get("max_tokens") for r in recorder.planned} >= {1, 256}  # NaN one-token probe, long decode
     with pytest.raises(Failed):  # outside planning a failure still fails

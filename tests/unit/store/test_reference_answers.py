@@ -11,7 +11,7 @@ import pytest
 
 from pytest_llmserve.config import CHECKPOINT_MARKER, ServerSpec
 from pytest_llmserve.errors import ReferenceAnswersError
-from pytest_llmserve.evidence.client import TokenLogprob
+from pytest_llmserve.evidence.completion import TokenLogprob
 from pytest_llmserve.store import reference_answers as store
 from pytest_llmserve.verdicts.oracles import DEFAULT_DIFFERENTIAL_PROMPTS, ProbePrompt
 from tests.unit.verdicts.test_oracles import _run, completion

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pytest_llmserve.evidence.client import Completion, TokenLogprob
+from pytest_llmserve.evidence.completion import Completion, TokenLogprob
 from pytest_llmserve.verdicts.oracles import KnownAnswer, answer_departure, known_answer_findings
 
 PARIS = KnownAnswer("What is the capital of France? Answer in one word.", ("paris",), name="capital-of-france")

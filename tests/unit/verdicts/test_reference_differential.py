@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
+from pytest_llmserve.verdicts.divergence import divergence_row, divergence_rows, divergence_table, worst_row
 from pytest_llmserve.verdicts.oracles import (
     DEFAULT_MAX_LOGPROB_DELTA,
     check_logprobs_close,
     compare_runs,
-    divergence_row,
-    divergence_rows,
-    divergence_table,
     max_logprob_delta,
-    worst_row,
 )
 from tests.unit.verdicts.test_oracles import _run, completion
 
