@@ -202,7 +202,6 @@ def coherence_findings(c: Completion, thresholds: CoherenceThresholds | None = N
     return out
 
 
-
 # Coherence limits for short batch outputs: the same metrics; the length-sensitive ones are skipped
 # automatically below CoherenceThresholds.min_chars / min_tokens.
 BATCH_THRESHOLDS = DEFAULT_THRESHOLDS

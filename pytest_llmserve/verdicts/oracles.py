@@ -274,10 +274,10 @@ def nan_in_metrics(after: str, before: str | None = None, counters: Sequence[str
                                     "counted requests with NaN in their logits", probe="/metrics"))
     return findings
 
+
 def is_nan_http_error(c: Completion) -> bool:
     """An HTTP error whose body reports NaN/inf (the logprobs could not be serialized)."""
     return not c.ok and c.status >= 400 and bool(_NAN_BODY_RE.search(c.error or ""))
-
 
 
 # --------------------------------------------------------------------------------------------------
@@ -519,6 +519,7 @@ def determinism_findings(a: Completion, b: Completion, *, exact: bool = False,
 # probe prompts
 # --------------------------------------------------------------------------------------------------
 
+
 @dataclass(frozen=True, slots=True)
 class ProbePrompt:
     """A probe prompt: sent to /v1/chat/completions when ``chat`` (the chat template applies), else as
@@ -561,11 +562,9 @@ DEFAULT_DETERMINISM_PROMPT = ProbePrompt("Write a letter to a friend describing 
                                          "mountains.", chat=True, name="letter")
 
 
-
 # The differential's prompts: the chat probe and the raw-text batch prompts (mixed lengths), 32 greedy
 # tokens each. SmolLM2 on vLLM CPU: the two sides agree, at most with near-tie warnings.
 DEFAULT_DIFFERENTIAL_PROMPTS: tuple[ProbePrompt, ...] = (DEFAULT_NAN_PROMPTS[0], *DEFAULT_BATCH_PROMPTS)
-
 
 
 def batch_prompts(size: int, prompts: Sequence[ProbePrompt] = DEFAULT_BATCH_PROMPTS) -> list[ProbePrompt]:
