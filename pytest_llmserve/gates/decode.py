@@ -2,12 +2,12 @@
 
     decode_check.no_nan().coherent().cuda_graph_sizes_covered()
 
-Each method runs one oracle (:mod:`pytest_llmserve.verdicts.oracles`) and calls ``fail`` with a message that says
-what was sent, what came back and which server configuration it was: the first findings, each shortened,
-and a count of the rest (every finding in full with ``verbose >= 2``, pytest's ``-vv``). ``skip`` is called
-when a check cannot apply or its evidence does not exist (an *unverifiable* fact is never reported as a
-pass). Before either, ``record`` gets the oracle's verdict and its full evidence, which the plugin puts in
-the check's row of results.json.
+Each method runs one oracle (its probes sent by :mod:`pytest_llmserve.gates.oracle_runs`, the answers judged by
+:mod:`pytest_llmserve.verdicts`) and calls ``fail`` with a message that says what was sent, what came back and
+which server configuration it was: the first findings, each shortened, and a count of the rest (every finding in
+full with ``verbose >= 2``, pytest's ``-vv``). ``skip`` is called when a check cannot apply or its evidence does
+not exist (an *unverifiable* fact is never reported as a pass). Before either, ``record`` gets the oracle's
+verdict and its full evidence, which the plugin puts in the check's row of results.json.
 
 On an untrained model (:func:`pytest_llmserve.config.untrained_reason`: random weights, declared or marked
 by the checkpoint), the oracles that need a trained model (known answers, long-decode coherence with its

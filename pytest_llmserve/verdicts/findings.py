@@ -127,8 +127,8 @@ class OracleReport:
 
     def message(self, server_id: str | None = None, limit: int | None = BRIEF_FINDINGS, *,
                 full: bool = False) -> str:
-        """A failure message: the server configuration (``server_id``, else the one recorded by the
-        orchestrator), then the first ``limit`` distinct errors and warnings, each with what was sent,
+        """A failure message: the server configuration (``server_id``, else the one the report
+        recorded), then the first ``limit`` distinct errors and warnings, each with what was sent,
         what came back and the offending tokens, and a count of the rest. Concise by default (each
         finding's context cut to a few lines); ``full`` shows every finding with all its evidence."""
         server_id = server_id or self.server_id or "<unnamed server>"

@@ -576,8 +576,9 @@ def batch_prompts(size: int, prompts: Sequence[ProbePrompt] = DEFAULT_BATCH_PROM
 
 def usable_reference(completions: Sequence[Completion]) -> list[Completion | None]:
     """The batch-1 answers a batch case can be compared with: None where the answer failed or carries NaN
-    evidence (a comparison with it is impossible, and :func:`run_batch_case` says so). Coherence is not
-    judged here: a reference is the engine's own output, however (un)trained the model."""
+    evidence (a comparison with it is impossible, and :func:`pytest_llmserve.gates.oracle_runs.run_batch_case`
+    says so). Coherence is not judged here: a reference is the engine's own output, however (un)trained the
+    model."""
     return [c if c.ok and not any(f.severity == "error" for f in response_findings(c)) else None
             for c in completions]
 
