@@ -16,13 +16,14 @@ import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, fields
 from datetime import datetime, timedelta
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 __all__ = [
     "DecodeBatch",
     "LineRule",
     "NanLogPattern",
     "ServerFacts",
+    "TimedReading",
     "as_bool",
     "as_float",
     "apply_line_rules",
@@ -33,6 +34,7 @@ __all__ = [
     "literal",
     "normalize_backend",
     "parse_kwargs_repr",
+    "read_timed_log",
     "record_ready",
     "scan_events",
     "split_lines",
@@ -359,6 +361,27 @@ def scan_events(facts: ServerFacts, line: str) -> None:
         facts.nan_events.append(line.rstrip())
     if (_LEVEL_ERROR.search(line) or _ERROR_PHRASES.search(line)) and len(facts.errors) < MAX_EVENT_LINES:
         facts.errors.append(line.rstrip())
+
+
+class TimedReading(Protocol):
+    """A log parser's reading that knows each line's time (vLLM's and SGLang's logs stamp their lines)."""
+
+    @property
+    def facts(self) -> ServerFacts: ...
+
+    def note_time(self, line: str) -> None: ...
+
+
+TimedReadingT = TypeVar("TimedReadingT", bound=TimedReading)
+
+
+def read_timed_log(reading: TimedReadingT, text: str, rules: Sequence[LineRule[TimedReadingT]]) -> None:
+    """Every line of ``text`` through ``reading``: its time first, then the events any engine's log shows
+    (:func:`scan_events`), then the engine's own table of ``rules``."""
+    for line in split_lines(text):
+        reading.note_time(line)
+        scan_events(reading.facts, line)
+        apply_line_rules(reading, line, rules)
 
 
 def record_ready(facts: ServerFacts, ready_line: str, first: datetime | None, ready: datetime | None) -> None:

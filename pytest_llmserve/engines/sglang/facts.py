@@ -15,7 +15,6 @@ from pytest_llmserve.evidence.facts import (
     LineRule,
     NanLogPattern,
     ServerFacts,
-    apply_line_rules,
     as_bool,
     as_float,
     as_int,
@@ -23,9 +22,8 @@ from pytest_llmserve.evidence.facts import (
     literal,
     normalize_backend,
     parse_kwargs_repr,
+    read_timed_log,
     record_ready,
-    scan_events,
-    split_lines,
     split_top_level,
 )
 from pytest_llmserve.evidence.prometheus import MetricSamples, metric_line
@@ -296,10 +294,7 @@ _SGL_RULES: tuple[LineRule[_SGLangLog], ...] = (
 def parse_sglang_log(text: str) -> ServerFacts:
     """Facts from an SGLang server log (0.5.9, 0.5.15 and 0.5.23 formats)."""
     r = _SGLangLog(ServerFacts(engine="sglang"))
-    for line in split_lines(text):
-        r.note_time(line)
-        scan_events(r.facts, line)
-        apply_line_rules(r, line, _SGL_RULES)
+    read_timed_log(r, text, _SGL_RULES)
     _sgl_backends(r)
     if r.sched_running:
         # The scheduler's max_running_requests is the effective one (capped by the KV pool).

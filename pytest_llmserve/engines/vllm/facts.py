@@ -13,7 +13,6 @@ from pytest_llmserve.evidence.facts import (
     LineRule,
     NanLogPattern,
     ServerFacts,
-    apply_line_rules,
     as_bool,
     as_float,
     as_int,
@@ -21,9 +20,8 @@ from pytest_llmserve.evidence.facts import (
     literal,
     normalize_backend,
     parse_kwargs_repr,
+    read_timed_log,
     record_ready,
-    scan_events,
-    split_lines,
 )
 from pytest_llmserve.evidence.prometheus import MetricSamples, metric_line
 
@@ -269,10 +267,7 @@ _VLLM_RULES: tuple[LineRule[_VLLMLog], ...] = (
 def parse_vllm_log(text: str) -> ServerFacts:
     """Facts from a vLLM (V1) server log: stdout and stderr together, as the server wrote them."""
     r = _VLLMLog(ServerFacts(engine="vllm"))
-    for line in split_lines(text):
-        r.note_time(line)
-        scan_events(r.facts, line)
-        apply_line_rules(r, line, _VLLM_RULES)
+    read_timed_log(r, text, _VLLM_RULES)
     facts = r.facts
     if r.backend_lines:
         # The first backend line is the model's; a spec-decode drafter may log another one later.
