@@ -21,7 +21,7 @@ from pathlib import Path
 
 from pytest_llmserve.config import WORKLOAD_PRESETS, LLMServeConfig, Workload
 from pytest_llmserve.engines import embedded
-from pytest_llmserve.gates.bench import ABRunner
+from pytest_llmserve.gates.ab import ABRunner
 from pytest_llmserve.server.pool import ServerPool
 
 
@@ -55,7 +55,7 @@ def main() -> int:
             for i in range(args.repeats):
                 load_before = Path("/proc/loadavg").read_text().split()[:3]
                 invalid: list[str] = []
-                outcomes: list[dict] = []
+                outcomes: list = []
 
                 def fail(msg: str, invalid: list[str] = invalid) -> None:
                     # an invalid round is not a number: kept out of the samples, its reasons recorded
@@ -67,14 +67,14 @@ def main() -> int:
                 started = time.monotonic()
                 out = runner.run(a.id, b.id, workload="ab", rounds=args.rounds, tolerance=args.tolerance,
                                  max_rounds=args.max_rounds)
-                detail = out["verdict_detail"]
-                results.append({"comparison": kind, "repeat": i + 1, "verdict": out["verdict"],
+                detail = out.verdict.to_dict() if out.verdict else {}
+                results.append({"comparison": kind, "repeat": i + 1, "verdict": out.status,
                                 "change": detail.get("change"), "p_worse": detail.get("p_worse"),
                                 "p_better": detail.get("p_better"), "ci": [detail.get("ci_low"), detail.get("ci_high")],
                                 "cliffs_delta": detail.get("cliffs_delta"),
-                                "a_samples": out["baseline"]["output_throughput"],
-                                "b_samples": out["current"]["output_throughput"],
-                                "rounds": out["rounds"], "look": detail.get("look"), "looks": detail.get("looks"),
+                                "a_samples": out.baseline_series["output_throughput"],
+                                "b_samples": out.samples["output_throughput"],
+                                "rounds": out.rounds, "look": detail.get("look"), "looks": detail.get("looks"),
                                 "set_aside": detail.get("set_aside"), "invalid_rounds": invalid,
                                 "load_before": load_before,
                                 "load_after": Path("/proc/loadavg").read_text().split()[:3],

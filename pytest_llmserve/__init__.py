@@ -33,7 +33,8 @@ _DEFINED_IN = {
     "pytest_llmserve.evidence.facts": ("ServerFacts",),
     "pytest_llmserve.load.runner": ("run_workload",),
     "pytest_llmserve.gates.decode": ("DecodeCheck",),
-    "pytest_llmserve.gates.bench": ("BenchGate", "ABRunner"),
+    "pytest_llmserve.gates.bench": ("BenchGate",),
+    "pytest_llmserve.gates.ab": ("ABRunner",),
     "pytest_llmserve.errors": ("LLMServeError", "ConfigError", "ServerError", "ServerStartError", "ServerDiedError",
                                "PreflightError", "RequestError", "BaselineError"),
     "pytest_llmserve.version": ("__version__",),
@@ -54,7 +55,8 @@ if TYPE_CHECKING:
     )
     from pytest_llmserve.evidence.client import LLMClient
     from pytest_llmserve.evidence.facts import ServerFacts
-    from pytest_llmserve.gates.bench import ABRunner, BenchGate
+    from pytest_llmserve.gates.ab import ABRunner
+    from pytest_llmserve.gates.bench import BenchGate
     from pytest_llmserve.gates.decode import DecodeCheck
     from pytest_llmserve.load.runner import run_workload
     from pytest_llmserve.server.handle import RunningServer, ServerHandle

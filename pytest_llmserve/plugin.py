@@ -46,11 +46,13 @@ if TYPE_CHECKING:
 
     from pytest_llmserve.config import LLMServeConfig, ServerSpec
     from pytest_llmserve.evidence.client import LLMClient
+    from pytest_llmserve.gates.ab import ABRunner
     from pytest_llmserve.gates.accounting import Accounting
-    from pytest_llmserve.gates.bench import ABRunner, BenchGate
+    from pytest_llmserve.gates.bench import BenchGate
     from pytest_llmserve.gates.decode import DecodeCheck
     from pytest_llmserve.gates.probes import AnswerBook, ServerProbes
     from pytest_llmserve.report.checks import CheckOutcome
+    from pytest_llmserve.report.outcome import BenchOutcome
     from pytest_llmserve.server.handle import RunningServer, ServerHandle
     from pytest_llmserve.server.pool import ServerPool
     from pytest_llmserve.settings import BenchSpec, Settings
@@ -93,7 +95,7 @@ class RunState:
     accounting: Accounting
     host_local: bool = False  # a worker on another host: its own run directory; it stops what it boots
     pool: ServerPool | None = None
-    outcomes: list[dict[str, Any]] = field(default_factory=list)
+    outcomes: list[BenchOutcome] = field(default_factory=list)
     session_start: float = field(default_factory=time.monotonic)
     probes: dict[str, ServerProbes] = field(default_factory=dict)  # by server id: independent probes sent ahead
 
@@ -868,9 +870,9 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         refusal = None
         message = f"{item.nodeid}: {exc}"
     else:
-        message = refusal["message"] if refusal else ""
+        message = (refusal.note or "") if refusal else ""
     if refusal is not None:
-        item.user_properties.append(("llmserve_benchmark", json.dumps(refusal, default=str)))
+        item.user_properties.append(("llmserve_benchmark", refusal.to_json()))
         item.config.stash[STATE_KEY].outcomes.append(refusal)
     if message:
         pytest.fail(message, pytrace=False)
@@ -883,7 +885,7 @@ def llm_ab(request: pytest.FixtureRequest) -> ABRunner:
     Both servers stay up; rounds are interleaved A B A B; fails when B regressed against A.
     """
     # lazy: the plugin imports only options.py until a run uses it (tests/plugin/test_inert.py)
-    from pytest_llmserve.gates.bench import ABRunner
+    from pytest_llmserve.gates.ab import ABRunner
 
     config = request.config
     settings = config.stash[SETTINGS_KEY]
@@ -892,12 +894,12 @@ def llm_ab(request: pytest.FixtureRequest) -> ABRunner:
                     say=lambda msg: _say(config, msg))
 
 
-def _outcome_recorder(request: pytest.FixtureRequest) -> Callable[[dict[str, Any]], None]:
-    """Keep a benchmark outcome for the summary: in this process and, via user_properties, across xdist."""
+def _outcome_recorder(request: pytest.FixtureRequest) -> Callable[[BenchOutcome], None]:
+    """Keep a benchmark outcome for the summary: in this process and, as JSON in user_properties, across xdist."""
     state = request.config.stash[STATE_KEY]
 
-    def record(outcome: dict[str, Any]) -> None:
-        request.node.user_properties.append(("llmserve_benchmark", json.dumps(outcome, default=str)))
+    def record(outcome: BenchOutcome) -> None:
+        request.node.user_properties.append(("llmserve_benchmark", outcome.to_json()))
         state.outcomes.append(outcome)
 
     return record
@@ -1055,7 +1057,7 @@ def _rows_by_host(terminalreporter: pytest.TerminalReporter, settings: Settings,
 
 
 def _session_verdicts(terminalreporter: pytest.TerminalReporter,
-                      state: RunState) -> tuple[list[dict[str, Any]], list[CheckOutcome]]:
+                      state: RunState) -> tuple[list[BenchOutcome], list[CheckOutcome]]:
     """Every benchmark record and check row of the session: from the reports (which, under xdist, come
     from the workers) and the benchmark records made in this process."""
     # lazy: the plugin imports only options.py until a run uses it (tests/plugin/test_inert.py)
@@ -1064,7 +1066,9 @@ def _session_verdicts(terminalreporter: pytest.TerminalReporter,
     reports = [report for category in terminalreporter.stats.values() for report in category]
     benches, checks = report_hooks.collected(reports)
     outcomes = list(state.outcomes)
-    outcomes += [record for record in benches if record not in outcomes]
+    # This process's outcomes came back in its reports too: one row each (the JSON is the record's identity).
+    kept = {outcome.to_json() for outcome in outcomes}
+    outcomes += [record for record in benches if record.to_json() not in kept]
     return outcomes, checks
 
 

@@ -8,13 +8,13 @@ attribute survives pytest-xdist's report serialization; the junit file is not bu
 its verdict as flat ``user_properties`` (``llmserve_check``, ``llmserve_server``, ``llmserve_verdict``,
 ``llmserve_first_finding``; for a measured benchmark also ``llmserve_median``, ``llmserve_baseline_median``,
 ``llmserve_change``, ``llmserve_p``), which pytest's junitxml writes as the testcase's properties. A
-benchmark whose gate recorded a measurement is reported by that record; the row is for a benchmark test
-that ended without one (it failed before measuring, or was skipped).
+benchmark whose gate recorded a measurement is reported by that record (a
+:class:`~pytest_llmserve.report.outcome.BenchOutcome`, carried as its JSON in the ``llmserve_benchmark`` user
+property); the row is for a benchmark test that ended without one (it failed before measuring, or was skipped).
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -22,10 +22,10 @@ from typing import Any
 import pytest
 
 from pytest_llmserve.report.checks import NOT_APPLICABLE, CheckOutcome, CheckVerdict, one_line
-from pytest_llmserve.report.outcome import outcome_from_gate
+from pytest_llmserve.report.outcome import BenchOutcome
 
 ROW_ATTR = "llmserve_check"  # the report attribute that carries a check's row
-BENCH_PROPERTY = "llmserve_benchmark"  # the user property the benchmark gate's record travels in
+BENCH_PROPERTY = "llmserve_benchmark"  # the user property a benchmark's BenchOutcome travels in (its JSON)
 ORACLE_RECORDS_KEY = pytest.StashKey[list[dict[str, Any]]]()
 BENCH_FIXTURES = frozenset({"llm_bench", "llm_ab"})
 
@@ -123,8 +123,7 @@ def _passed_detail(verdict: str, records: list[dict[str, Any]]) -> str | None:
     return next((r["detail"] for r in reversed(records) if r["verdict"] == "pass" and r.get("detail")), None)
 
 
-def _bench_properties(record: dict[str, Any]) -> list[tuple[str, object]]:
-    o = outcome_from_gate(record)
+def _bench_properties(o: BenchOutcome) -> list[tuple[str, object]]:
     props: list[tuple[str, object]] = [("llmserve_check", o.test_id.rsplit("::", 1)[-1].split("[", 1)[0]),
                                        ("llmserve_server", o.server_id), ("llmserve_verdict", o.status),
                                        ("llmserve_metric", o.metric)]
@@ -146,10 +145,10 @@ def record_verdict(item: pytest.Item, call: pytest.CallInfo[None], report: pytes
     decided = report.when == "call" or (report.when == "setup" and not report.passed)
     if not decided:
         return
-    bench_records = [json.loads(str(value)) for name, value in item.user_properties if name == BENCH_PROPERTY]
+    bench_records = [str(value) for name, value in item.user_properties if name == BENCH_PROPERTY]
     if bench_records:
         # The gate's own record is this benchmark's row; junit gets its figures.
-        item.user_properties.extend(_bench_properties(bench_records[-1]))
+        item.user_properties.extend(_bench_properties(BenchOutcome.from_json(bench_records[-1])))
         return
     if not (is_check(item, suite_dir) or is_benchmark(item)):
         return
@@ -162,10 +161,10 @@ def record_verdict(item: pytest.Item, call: pytest.CallInfo[None], report: pytes
         item.user_properties.append(("llmserve_first_finding", row.first_finding))
 
 
-def collected(reports: Iterable[Any]) -> tuple[list[dict[str, Any]], list[CheckOutcome]]:
+def collected(reports: Iterable[Any]) -> tuple[list[BenchOutcome], list[CheckOutcome]]:
     """The benchmark records and the check rows in ``reports`` (the terminal reporter's, which under
     xdist come from every worker); a test reported more than once (a rerun) keeps its last row."""
-    benches: list[dict[str, Any]] = []
+    benches: list[str] = []  # each record's JSON, once
     rows: dict[str, CheckOutcome] = {}
     for report in reports:
         row = getattr(report, ROW_ATTR, None)
@@ -173,8 +172,6 @@ def collected(reports: Iterable[Any]) -> tuple[list[dict[str, Any]], list[CheckO
             rows[str(row["test_id"])] = CheckOutcome.from_dict(row)
         if getattr(report, "when", None) == "call":
             for name, value in getattr(report, "user_properties", []):
-                if name == BENCH_PROPERTY:
-                    record = json.loads(str(value))
-                    if record not in benches:
-                        benches.append(record)
-    return benches, list(rows.values())
+                if name == BENCH_PROPERTY and str(value) not in benches:
+                    benches.append(str(value))
+    return [BenchOutcome.from_json(text) for text in benches], list(rows.values())

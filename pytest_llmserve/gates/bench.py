@@ -10,7 +10,9 @@ times per benchmark: a busy machine must not fail the server. The verdict
 (:func:`pytest_llmserve.verdicts.stats.decide_sequential`, a group-sequential test that looks after every
 round) needs significance AND a median change beyond the tolerance; with too little evidence it runs one more
 round, up to ``max_rounds``, then "inconclusive" is reported by the policy ``inconclusive = warn | fail`` (a
-warning, or a failure). The gate and the A/B runner share that loop (:func:`until_verdict`).
+warning, or a failure). The gate and the A/B runner (:mod:`pytest_llmserve.gates.ab`) share that loop
+(:func:`until_verdict`). The gate fills one :class:`~pytest_llmserve.report.outcome.BenchOutcome` as it measures
+and hands it to ``record`` once it is decided (or the run ended early).
 
 Warm-up: a GPU server's first rounds are slow (a CUDA graph replayed for a batch size for the first time, the
 first prefill shapes, JIT-compiled kernels): on an H200 two rounds of SGLang measured 1,118 and 2,217 tok/s
@@ -68,13 +70,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from pytest_llmserve.config import LLMServeConfig, ServerSpec, Workload, untrained_reason
-from pytest_llmserve.errors import BaselineError, ConfigError
+from pytest_llmserve.errors import BaselineError
 from pytest_llmserve.gates.context import build_context
 from pytest_llmserve.load.metrics import output_fault
 from pytest_llmserve.load.prompts import build_prompts
 from pytest_llmserve.load.runner import judge_contention, run_workload
 from pytest_llmserve.metrics import METRICS, higher_is_better
-from pytest_llmserve.options import OPTIONS, BenchDefaults
+from pytest_llmserve.options import OPTIONS
+from pytest_llmserve.report.outcome import BenchOutcome
 from pytest_llmserve.server.handle import RunningServer, engine_of
 from pytest_llmserve.settings import INCONCLUSIVE_POLICIES, BenchSpec
 from pytest_llmserve.store.baselines import BaselineStore, BenchKey
@@ -286,7 +289,7 @@ def correctness_failures(run_dir: Path, server_id: str) -> list[dict[str, str]]:
 
 def preflight_refusal(*, spec: ServerSpec, cfg: LLMServeConfig, options: BenchSpec, store_dir: Path,
                       key_test: str, test_id: str, save: bool, allow_confounded: bool,
-                      results_dir: Path, allow_host_change: bool = False) -> dict[str, Any] | None:
+                      results_dir: Path, allow_host_change: bool = False) -> BenchOutcome | None:
     """What can be refused from the configuration alone, before any server boots; None when nothing.
 
     * a baseline file that cannot be read (truncated, corrupt, another schema): never measured against,
@@ -297,45 +300,45 @@ def preflight_refusal(*, spec: ServerSpec, cfg: LLMServeConfig, options: BenchSp
     * a save whose context differs from the stored one (appending would mix incomparable samples).
 
     The engine version is known only after the boot: it is taken as the baseline's here, and compared then.
-    Returns the gate's outcome dict (``verdict`` "refused" or "error", ``message``).
+    Returns the benchmark's outcome (refused, or an ``error``; ``note`` says why).
     """
     wl = cfg.workload(options.workload, where=test_id)
     key = BenchKey(test=options.baseline_test or key_test, server=options.baseline_server or spec.id,
                    workload=wl.name)
     store = BaselineStore(store_dir)
     hib = options.higher_is_better if options.higher_is_better is not None else higher_is_better(options.metric)
-    outcome: dict[str, Any] = {"test": test_id, "server": spec.id, "workload": wl.name, "metric": options.metric,
-                               "higher_is_better": hib, "tolerance": options.tolerance,
-                               "baseline_file": str(store.path_for(key)), "key": key.as_dict(), "current": None,
-                               "baseline": None, "rounds": 0, "seconds": 0.0, "before_boot": True}
+    outcome = BenchOutcome(test_id=test_id, server_id=spec.id, workload=wl.name, metric=options.metric,
+                           higher_is_better=hib, tolerance=options.tolerance, baseline_path=str(store.path_for(key)),
+                           baseline_key=key, seconds=0.0, before_boot=True)
     try:
         doc = store.load(key)
     except BaselineError as exc:
-        outcome.update(verdict="error", error=f"baseline unreadable: {exc}", message=(
-            f"{test_id}: refused before any boot: {exc}\nNothing was measured and the file was not written."))
+        outcome.error = f"baseline unreadable: {exc}"
+        outcome.note = f"{test_id}: refused before any boot: {exc}\nNothing was measured and the file was not written."
         return outcome
     if doc is None:
         return None
     context = build_context(spec, wl, engine_version=doc.context.get("engine_version"))
-    outcome["context"] = context
+    outcome.context = context
     if save:
         diffs = diff_context(doc.context, context)
         if not diffs:
             return None
         listing = "\n".join(f"  - {d.describe()}" for d in diffs)
-        outcome.update(verdict="error", error="save refused: the stored baseline has another context", message=(
+        outcome.error = "save refused: the stored baseline has another context"
+        outcome.note = (
             f"{test_id}: --llmserve-save-baseline refused before any boot: {store.path_for(key)} holds "
             f"samples of another context, and appending would mix incomparable samples:\n{listing}\n"
             f"Nothing was measured and the file was not written. To record this context instead, run without "
-            f"--llmserve-save-baseline, then: {accept_command(results_dir, store_dir, test_id)}"))
+            f"--llmserve-save-baseline, then: {accept_command(results_dir, store_dir, test_id)}")
         return outcome
     comp = comparability(doc.context, context, options.variable, allow_confounded,
                          allow_host_change=allow_host_change)
     if comp.ok or environment_only(comp):
         return None
-    outcome.update(verdict="refused", comparability=comp.to_dict(), message=(
-        f"{test_id}: {comp.message}\nbaseline: {store.path_for(key)}\nDecided from the configuration before any "
-        "boot: no server was started for this benchmark."))
+    outcome.comparability = comp
+    outcome.note = (f"{test_id}: {comp.message}\nbaseline: {store.path_for(key)}\nDecided from the configuration "
+                    "before any boot: no server was started for this benchmark.")
     return outcome
 
 
@@ -348,7 +351,7 @@ class BenchGate:
     def __init__(self, *, server: RunningServer, cfg: LLMServeConfig, options: BenchSpec, store_dir: Path,
                  results_dir: Path, save: bool, allow_confounded: bool, test_id: str, key_test: str | None = None,
                  allow_host_change: bool = False,
-                 record: Callable[[dict[str, Any]], None], fail: Callable[[str], None],
+                 record: Callable[[BenchOutcome], None], fail: Callable[[str], None],
                  pool: ServerPool | None = None,
                  skip: Callable[[str], None] | None = None, say: Callable[[str], None] | None = None,
                  inconclusive: str = "warn", record_command: str | None = None,
@@ -403,7 +406,7 @@ class BenchGate:
         return None
 
     def measure(self, workload: Workload, rounds: int, prompts: Any = None,
-                outcome: dict[str, Any] | None = None,
+                outcome: BenchOutcome | None = None,
                 done: list[dict[str, float]] | None = None) -> tuple[list[dict[str, float]], Any]:
         """Run ``rounds`` measured rounds, after the warm-up on the first call (:meth:`warm_up`). An invalid
         round is never a number: the outcome is recorded with its reasons (and the valid rounds before it), then
@@ -430,7 +433,7 @@ class BenchGate:
             self._prompts = (workload.name, build_prompts(workload, tokenize=self.server.client().tokenize))
         return self._prompts[1]
 
-    def _round(self, workload: Workload, prompts: Any, what: str, outcome: dict[str, Any] | None,
+    def _round(self, workload: Workload, prompts: Any, what: str, outcome: BenchOutcome | None,
                measured: list[dict[str, float]]) -> Any:
         """One round; when it is invalid, the outcome is recorded with the ``measured`` rounds so far, unless
         the round is run again as a measurement artefact (:meth:`_discard_artefact`)."""
@@ -447,9 +450,9 @@ class BenchGate:
                             + " | ".join(f"{d['round']}: {'; '.join(d['reasons'])}" for d in self.discarded_rounds))
             if outcome is not None:
                 if failures:
-                    outcome["correctness_failed"] = failures
-                outcome.update(verdict="error", error=message.split("\n", 1)[0] + " " + " | ".join(_reasons(message)),
-                               current=_series(measured), rounds=len(measured), message=message)
+                    outcome.correctness_failed = failures
+                outcome.error = message.split("\n", 1)[0] + " " + " | ".join(_reasons(message))
+                outcome.samples, outcome.rounds, outcome.note = sample_series(measured), len(measured), message
                 self._finish(outcome)
             self.fail(message)
 
@@ -464,19 +467,20 @@ class BenchGate:
             # No verdict either way: the rounds could not be samples of the server. Skipped with the reason, like a
             # baseline from another host, so that a busy machine neither blocks a merge nor passes as a figure.
             if outcome is not None:
-                outcome.update(verdict="confounded", current=_series(measured), rounds=len(measured),
-                               message=message, contended_rounds=self.contended)
+                outcome.confounded = True
+                outcome.samples, outcome.rounds, outcome.note = sample_series(measured), len(measured), message
+                outcome.contended_rounds = self.contended
                 self._finish(outcome)
             if self.skip is not None:
                 self.skip(f"{self.test_id}: {message}")
             self.fail(f"{self.test_id}: {message}")
 
         if outcome is not None:
-            outcome["contended_rounds"] = self.contended
+            outcome.contended_rounds = self.contended
         return clean_round(one_round, what, bound=self.options.contention_bound, contended=self.contended,
                            say=self.say, confounded=confounded)
 
-    def _discard_artefact(self, what: str, message: str, outcome: dict[str, Any] | None) -> bool:
+    def _discard_artefact(self, what: str, message: str, outcome: BenchOutcome | None) -> bool:
         """Whether an invalid round is run again: every reason a measurement artefact (none says the server's
         output was wrong) and fewer than :data:`ARTEFACT_RETRIES` rounds discarded so far. Recorded and said."""
         reasons = _reasons(message)
@@ -484,13 +488,13 @@ class BenchGate:
             return False
         self.discarded_rounds.append({"round": what, "reasons": reasons})
         if outcome is not None:
-            outcome["discarded_rounds"] = self.discarded_rounds
+            outcome.discarded_rounds = self.discarded_rounds
         self.say(f"{what} is not a number ({'; '.join(reasons)}): a measurement artefact of the machine, not the "
                  f"server's output; discarded and run again ({len(self.discarded_rounds)} of {ARTEFACT_RETRIES} "
                  "allowed)")
         return True
 
-    def warm_up(self, workload: Workload, prompts: Any, outcome: dict[str, Any] | None = None) -> Any:
+    def warm_up(self, workload: Workload, prompts: Any, outcome: BenchOutcome | None = None) -> Any:
         """Rounds of the workload until one agrees with the round before it within ``warmup_agreement`` on the
         gated metric; returns that round's result, the first measured round (module docstring, "Warm-up").
 
@@ -505,7 +509,7 @@ class BenchGate:
                                   "seconds": 0.0, "agreement": bound, "max_rounds": cap, "budget_s": WARMUP_BUDGET_S}
         self.warmup = record
         if outcome is not None:
-            outcome["warmup"] = record
+            outcome.warmup = record
         name, unit = self.spec.id, unit_of(metric)
         started = self.clock()
         previous: float | None = None
@@ -554,7 +558,7 @@ class BenchGate:
             self.say(f"{name}: {record['note']}")
             return result
 
-    def run(self, workload: str | None = None) -> dict[str, Any]:
+    def run(self, workload: str | None = None) -> BenchOutcome:
         opts = self.options
         wl = self.cfg.workload(workload or opts.workload, where=self.test_id)
         metric = opts.metric
@@ -565,80 +569,94 @@ class BenchGate:
                        server=opts.baseline_server or spec.id, workload=wl.name)
         store = BaselineStore(self.store_dir)
         path = store.path_for(key)
-        outcome: dict[str, Any] = {"test": self.test_id, "server": spec.id, "workload": wl.name, "metric": metric,
-                                   "higher_is_better": hib, "tolerance": opts.tolerance,
-                                   "baseline_file": str(path), "context": context,
-                                   "key": key.as_dict(), "inconclusive_policy": self.inconclusive}
+        outcome = BenchOutcome(test_id=self.test_id, server_id=spec.id, workload=wl.name, metric=metric,
+                               higher_is_better=hib, tolerance=opts.tolerance, baseline_path=str(path),
+                               context=context, baseline_key=key, inconclusive_policy=self.inconclusive)
         started = time.monotonic()
         # The stored file is read before anything is measured: an unreadable one is refused at once, for a
         # comparison and for a save alike (which would refuse to write it only after all its rounds).
         try:
             doc = store.load(key)
         except BaselineError as exc:
-            outcome.update(verdict="error", error=f"baseline unreadable: {exc}", current=None, baseline=None,
-                           rounds=0, message=f"{exc}\nNothing was measured and the file was not written.",
-                           seconds=time.monotonic() - started)
-            self._finish(outcome)
-            self.fail(f"{self.test_id}: {outcome['message']}")
-            return outcome
+            return self._refuse(outcome, f"baseline unreadable: {exc}",
+                                f"{exc}\nNothing was measured and the file was not written.", started)
         if self.save:
             if doc is not None and (diffs := diff_context(doc.context, context)):
                 listing = "\n".join(f"  - {d.describe()}" for d in diffs)
-                message = (f"--llmserve-save-baseline refused: {path} holds samples of another context, and "
-                           f"appending would mix incomparable samples:\n{listing}\nNothing was measured. To "
-                           f"record this context instead, run without --llmserve-save-baseline, then: "
-                           f"{accept_command(self.results_dir, self.store_dir, self.test_id)}")
-                outcome.update(verdict="error", error="save refused: the stored baseline has another context",
-                               current=None, baseline=None, rounds=0, message=message,
-                               seconds=time.monotonic() - started)
-                self._finish(outcome)
-                self.fail(f"{self.test_id}: {message}")
-                return outcome
+                return self._refuse(
+                    outcome, "save refused: the stored baseline has another context",
+                    f"--llmserve-save-baseline refused: {path} holds samples of another context, and appending "
+                    f"would mix incomparable samples:\n{listing}\nNothing was measured. To record this context "
+                    f"instead, run without --llmserve-save-baseline, then: "
+                    f"{accept_command(self.results_dir, self.store_dir, self.test_id)}", started)
             return self._save(store, key, context, wl, metric, hib, outcome, started)
         comp = (comparability(doc.context, context, opts.variable, self.allow_confounded,
                               allow_host_change=self.allow_host_change) if doc else None)
-        if comp is not None:
-            outcome["comparability"] = comp.to_dict()
+        outcome.comparability = comp
         samples, last = self.measure(wl, opts.rounds, outcome=outcome)
-        outcome["cross_check"] = _cross(last)
+        outcome.cross_check = _cross(last)
         if doc is None or comp is None:
-            series = _series(samples)
-            figure = figure_line(metric, series.get(metric, []))
-            outcome.update(verdict="no-baseline", current=series, baseline=None, rounds=len(samples),
-                           message=f"{figure}; no baseline at {path}; record one with: {self.record_command}",
-                           seconds=time.monotonic() - started)
-            self.say(f"{spec.id}: {figure} (no baseline; record one with: {self.record_command})")
-            self._conclude(outcome)
-            return outcome
+            return self._without_baseline(outcome, samples, started)
         if not comp.ok:
-            series = _series(samples)
-            figure = figure_line(metric, series.get(metric, []))
-            here = environment_only(comp)
-            command = accept_command(self.results_dir, self.store_dir, self.test_id)
-            reason = (f"no baseline for this environment in {path} ({elsewhere(comp)})" if here
-                      else "comparison refused")
-            message = (f"{figure}\n{reason}:\n{comp.message}\nbaseline: {path}\n"
-                       f"record a baseline for this context: {command}")
-            if here and any(is_host_key(d.key) for d in comp.diffs):
-                message += "\n(or compare across hosts on purpose: --llmserve-allow-host-change)"
-            outcome.update(verdict="refused", current=series, baseline=None, rounds=len(samples),
-                           message=message, seconds=time.monotonic() - started)
-            self.say(f"{spec.id}: {figure} ({reason})")
-            self._conclude(outcome)
-            if here and self.skip is not None:
-                self.skip(message)
-            self.fail(f"{self.test_id}: {message}")
-            return outcome
+            return self._refused_after_measuring(outcome, comp, samples, started)
+        return self._judged(outcome, wl, doc, comp, samples, last, started)
+
+    def _refuse(self, outcome: BenchOutcome, error: str, message: str, started: float) -> BenchOutcome:
+        """Nothing measured: the stored file cannot be read, or a save would mix contexts."""
+        outcome.error, outcome.note, outcome.seconds = error, message, time.monotonic() - started
+        self._finish(outcome)
+        self.fail(f"{self.test_id}: {message}")
+        return outcome
+
+    def _without_baseline(self, outcome: BenchOutcome, samples: list[dict[str, float]],
+                          started: float) -> BenchOutcome:
+        """No baseline for this key: the figure, and the command that records one."""
+        metric, series = outcome.metric, sample_series(samples)
+        figure = figure_line(metric, series.get(metric, []))
+        outcome.samples, outcome.rounds, outcome.seconds = series, len(samples), time.monotonic() - started
+        outcome.note = f"{figure}; no baseline at {outcome.baseline_path}; record one with: {self.record_command}"
+        self.say(f"{self.spec.id}: {figure} (no baseline; record one with: {self.record_command})")
+        self._conclude(outcome)
+        return outcome
+
+    def _refused_after_measuring(self, outcome: BenchOutcome, comp: Comparability, samples: list[dict[str, float]],
+                                 started: float) -> BenchOutcome:
+        """The baseline's context differs: a refusal, or (only where it ran differs) no baseline for this
+        environment, skipped; the figure either way."""
+        metric, path, series = outcome.metric, outcome.baseline_path, sample_series(samples)
+        figure = figure_line(metric, series.get(metric, []))
+        here = environment_only(comp)
+        command = accept_command(self.results_dir, self.store_dir, self.test_id)
+        reason = (f"no baseline for this environment in {path} ({elsewhere(comp)})" if here
+                  else "comparison refused")
+        message = (f"{figure}\n{reason}:\n{comp.message}\nbaseline: {path}\n"
+                   f"record a baseline for this context: {command}")
+        if here and any(is_host_key(d.key) for d in comp.diffs):
+            message += "\n(or compare across hosts on purpose: --llmserve-allow-host-change)"
+        outcome.samples, outcome.rounds, outcome.note = series, len(samples), message
+        outcome.seconds = time.monotonic() - started
+        self.say(f"{self.spec.id}: {figure} ({reason})")
+        self._conclude(outcome)
+        if here and self.skip is not None:
+            self.skip(message)
+        self.fail(f"{self.test_id}: {message}")
+        return outcome
+
+    def _judged(self, outcome: BenchOutcome, wl: Workload, doc: Any, comp: Comparability,
+                samples: list[dict[str, float]], last: Any, started: float) -> BenchOutcome:
+        """The comparison: the sequential rule after every round up to ``max_rounds`` (and, with
+        ``extend_to_resolve``, beyond), then the verdict recorded, failed or warned as the policy says."""
+        opts, metric, spec = self.options, outcome.metric, self.spec
         base_samples = doc.samples(metric)
         first_look = max(opts.rounds, stats.SEQUENTIAL_FIRST_LOOK)
         plan = stats.sequential_plan(stats.gate_looks(len(base_samples), first_look, opts.max_rounds),
                                      alpha=opts.alpha)
-
         round_s: float | None = None  # how long the last extra round took (the extension's time budget reads it)
 
         def judge() -> stats.Verdict:  # reads ``plan`` when called: the extension re-plans its looks
             return stats.decide_sequential(base_samples, [s[metric] for s in samples], plan=plan,
-                                           higher_is_better=hib, tolerance=opts.tolerance, metric=metric)
+                                           higher_is_better=outcome.higher_is_better, tolerance=opts.tolerance,
+                                           metric=metric)
 
         def one_more() -> None:
             nonlocal last, round_s
@@ -647,97 +665,121 @@ class BenchGate:
             samples.extend(more)
             round_s = self.clock() - began
 
+        def replan(goal: int) -> int:
+            nonlocal plan
+            plan = stats.sequential_plan(stats.gate_looks(len(base_samples), first_look, goal), alpha=opts.alpha)
+            return len(plan.looks)
+
         verdict = until_verdict(judge, one_more, lambda: len(samples), opts.max_rounds)
         resolved = (self._resolution(base_samples, [s[metric] for s in samples], plan)
                     if verdict.outcome == "inconclusive" else None)
         if resolved is not None and opts.extend_to_resolve:
-            target = resolved.current_rounds
-            extension: dict[str, Any] = {"target": target, "limit": EXTEND_ROUND_LIMIT,
-                                         "budget_s": opts.extend_budget_s, "rounds_before": len(samples),
-                                         "rounds_added": 0, "seconds": 0.0}
-            outcome["extension"] = extension
-            if target is None:
-                extension["stopped"] = (f"not extended: the tolerance cannot be resolved against this "
-                                        f"{len(base_samples)}-round baseline in {stats.RESOLUTION_ROUND_LIMIT} "
-                                        "current rounds")
-            elif target <= len(samples):
-                extension["stopped"] = ("not extended: this noise resolves the tolerance within max_rounds "
-                                        f"{opts.max_rounds} (the inconclusive verdict is chance)")
-            else:
-                goal = min(target, EXTEND_ROUND_LIMIT)
-                extension["goal"] = goal
-                # The looks are planned anew up to the goal: the bound over more looks is higher, so the added
-                # looks are judged more strictly; the looks already taken were judged against the lower bound of
-                # the original plan, so the error rates over the whole exceed alpha and beta a little.
-                plan = stats.sequential_plan(stats.gate_looks(len(base_samples), first_look, goal),
-                                             alpha=opts.alpha)
-                self.say(f"{spec.id}: inconclusive at max_rounds {opts.max_rounds}; extend_to_resolve: adding rounds "
-                         f"up to {goal} (the noise resolves ±{opts.tolerance:.0%} in about {target}) within "
-                         f"{opts.extend_budget_s:g} s")
-                began = self.clock()
-                stopped = f"reached {goal} rounds"
-                verdict = judge()
-                while verdict.outcome == "inconclusive" and len(samples) < goal:
-                    spent = self.clock() - began
-                    if spent + (round_s or 0.0) > opts.extend_budget_s:
-                        stopped = (f"the time budget: {spent:.0f} s spent and a round takes about {round_s or 0:.0f} "
-                                   f"s, over extend_budget_s {opts.extend_budget_s:g}")
-                        break
-                    one_more()
-                    verdict = judge()
-                if verdict.outcome != "inconclusive":
-                    stopped = f"decided ({verdict.outcome}) after {len(samples)} rounds"
-                extension.update(goal=goal, rounds_added=len(samples) - extension["rounds_before"],
-                                 seconds=self.clock() - began, stopped=stopped, plan_looks=len(plan.looks))
-            extension["note"] = (f"extend_to_resolve: {extension['rounds_added']} round(s) added after max_rounds "
-                                 f"{opts.max_rounds}; {extension['stopped']}")
+            verdict = self._extend(outcome, verdict, resolved.current_rounds, len(base_samples), samples, judge,
+                                   one_more, replan, lambda: round_s)
             resolved = (self._resolution(base_samples, [s[metric] for s in samples], plan)
                         if verdict.outcome == "inconclusive" else None)
-        series = _series(samples)
+        series = sample_series(samples)
         across = host_change_text(comp.host_diffs)
-        outcome.update(verdict=verdict.outcome, verdict_detail=verdict.to_dict(), current=series,
-                       baseline={m: v for m, v in doc.latest.samples.items()}, rounds=len(samples),
-                       message=verdict.reason + (f"\nacross hosts (allowed): {across}" if across else ""),
-                       seconds=time.monotonic() - started, cross_check=_cross(last))
+        outcome.verdict, outcome.samples, outcome.rounds = verdict, series, len(samples)
+        outcome.baseline_series = {m: v for m, v in doc.latest.samples.items()}
+        outcome.baseline_samples = [float(x) for x in outcome.baseline_series.get(metric) or []]
+        outcome.note = verdict.reason + (f"\nacross hosts (allowed): {across}" if across else "")
+        outcome.seconds, outcome.cross_check = time.monotonic() - started, _cross(last)
         if across:
             self.say(f"{spec.id}: {verdict.outcome} against a baseline of another host (allowed): {across}")
         if resolved is not None:
-            outcome["resolution"] = resolution_record(resolved, extend=opts.extend_to_resolve)
+            outcome.resolution = resolution_record(resolved, extend=opts.extend_to_resolve)
         self._conclude(outcome)
         if verdict.outcome == "regressed":
-            base_s = stats.summarize(base_samples)
-            cur_s = stats.summarize(series[metric])
-            self.fail(
-                f"{self.test_id}: {metric} REGRESSED on {spec.id} (workload {wl.name})\n"
-                f"  baseline: median {base_s.median:.3f} over {base_s.n} rounds {_fmt(base_samples)}\n"
-                f"  now:      median {cur_s.median:.3f} over {cur_s.n} rounds {_fmt(series[metric])}\n"
-                f"  change:   {verdict.change:+.1%} (tolerance {opts.tolerance:.0%}, good direction "
-                f"{'up' if hib else 'down'})\n  {verdict.reason}\n  comparison: {comp.label}\n"
-                + (f"  across hosts: {across}\n" if across else "") +
-                f"  baseline file: {path}" + self._unsettled())
+            self._fail_regressed(outcome, verdict, base_samples, comp, across, wl)
         if verdict.outcome == "inconclusive":
-            message = (f"{self.test_id}: INCONCLUSIVE after {len(samples)} rounds (max_rounds {opts.max_rounds}): "
-                       f"{verdict.reason}\n  {figure_line(metric, series[metric])}; baseline "
-                       f"{figure_line(metric, base_samples)}"
-                       + (f"\n  {outcome['extension']['note']}" if "extension" in outcome else "")
-                       + (f"\n  resolution: {outcome['resolution']['line']}" if "resolution" in outcome else "")
-                       + f"\n  policy inconclusive = {self.inconclusive}"
-                       + (" (--llmserve-inconclusive=fail makes this a failure)" if self.inconclusive == "warn"
-                          else ""))
-            self.say(message.splitlines()[0])
-            if "resolution" in outcome:
-                self.say(f"{spec.id}: resolution: {outcome['resolution']['line']}")
-            if self.inconclusive == "fail":
-                self.fail(message)
-            warnings.warn(InconclusiveWarning(message), stacklevel=2)
+            self._inconclusive(outcome, verdict, base_samples)
         return outcome
+
+    def _extend(self, outcome: BenchOutcome, verdict: stats.Verdict, target: int | None, base_rounds: int,
+                samples: list[dict[str, float]], judge: Callable[[], stats.Verdict], one_more: Callable[[], None],
+                replan: Callable[[int], int], round_s: Callable[[], float | None]) -> stats.Verdict:
+        """``extend_to_resolve``: rounds added after an inconclusive ``max_rounds`` until the noise's ``target``
+        (at most :data:`EXTEND_ROUND_LIMIT`, within ``extend_budget_s``); recorded as the outcome's ``extension``."""
+        opts, spec = self.options, self.spec
+        extension: dict[str, Any] = {"target": target, "limit": EXTEND_ROUND_LIMIT,
+                                     "budget_s": opts.extend_budget_s, "rounds_before": len(samples),
+                                     "rounds_added": 0, "seconds": 0.0}
+        outcome.extension = extension
+        if target is None:
+            extension["stopped"] = (f"not extended: the tolerance cannot be resolved against this "
+                                    f"{base_rounds}-round baseline in {stats.RESOLUTION_ROUND_LIMIT} "
+                                    "current rounds")
+        elif target <= len(samples):
+            extension["stopped"] = ("not extended: this noise resolves the tolerance within max_rounds "
+                                    f"{opts.max_rounds} (the inconclusive verdict is chance)")
+        else:
+            goal = min(target, EXTEND_ROUND_LIMIT)
+            extension["goal"] = goal
+            # The looks are planned anew up to the goal: the bound over more looks is higher, so the added
+            # looks are judged more strictly; the looks already taken were judged against the lower bound of
+            # the original plan, so the error rates over the whole exceed alpha and beta a little.
+            looks = replan(goal)
+            self.say(f"{spec.id}: inconclusive at max_rounds {opts.max_rounds}; extend_to_resolve: adding rounds "
+                     f"up to {goal} (the noise resolves ±{opts.tolerance:.0%} in about {target}) within "
+                     f"{opts.extend_budget_s:g} s")
+            began = self.clock()
+            stopped = f"reached {goal} rounds"
+            verdict = judge()
+            while verdict.outcome == "inconclusive" and len(samples) < goal:
+                spent = self.clock() - began
+                if spent + (round_s() or 0.0) > opts.extend_budget_s:
+                    stopped = (f"the time budget: {spent:.0f} s spent and a round takes about {round_s() or 0:.0f} "
+                               f"s, over extend_budget_s {opts.extend_budget_s:g}")
+                    break
+                one_more()
+                verdict = judge()
+            if verdict.outcome != "inconclusive":
+                stopped = f"decided ({verdict.outcome}) after {len(samples)} rounds"
+            extension.update(goal=goal, rounds_added=len(samples) - extension["rounds_before"],
+                             seconds=self.clock() - began, stopped=stopped, plan_looks=looks)
+        extension["note"] = (f"extend_to_resolve: {extension['rounds_added']} round(s) added after max_rounds "
+                             f"{opts.max_rounds}; {extension['stopped']}")
+        return verdict
+
+    def _fail_regressed(self, outcome: BenchOutcome, verdict: stats.Verdict, base_samples: list[float],
+                        comp: Comparability, across: str, wl: Workload) -> None:
+        opts, metric = self.options, outcome.metric
+        base_s = stats.summarize(base_samples)
+        cur_s = stats.summarize(outcome.samples[metric])
+        self.fail(
+            f"{self.test_id}: {metric} REGRESSED on {self.spec.id} (workload {wl.name})\n"
+            f"  baseline: median {base_s.median:.3f} over {base_s.n} rounds {format_values(base_samples)}\n"
+            f"  now:      median {cur_s.median:.3f} over {cur_s.n} rounds {format_values(outcome.samples[metric])}\n"
+            f"  change:   {verdict.change:+.1%} (tolerance {opts.tolerance:.0%}, good direction "
+            f"{'up' if outcome.higher_is_better else 'down'})\n  {verdict.reason}\n  comparison: {comp.label}\n"
+            + (f"  across hosts: {across}\n" if across else "") +
+            f"  baseline file: {outcome.baseline_path}" + self._unsettled())
+
+    def _inconclusive(self, outcome: BenchOutcome, verdict: stats.Verdict, base_samples: list[float]) -> None:
+        """Said, and warned or failed as the policy ``inconclusive`` says."""
+        opts, metric = self.options, outcome.metric
+        message = (f"{self.test_id}: INCONCLUSIVE after {outcome.rounds} rounds (max_rounds {opts.max_rounds}): "
+                   f"{verdict.reason}\n  {figure_line(metric, outcome.samples[metric])}; baseline "
+                   f"{figure_line(metric, base_samples)}"
+                   + (f"\n  {outcome.extension['note']}" if outcome.extension is not None else "")
+                   + (f"\n  resolution: {outcome.resolution['line']}" if outcome.resolution is not None else "")
+                   + f"\n  policy inconclusive = {self.inconclusive}"
+                   + (" (--llmserve-inconclusive=fail makes this a failure)" if self.inconclusive == "warn"
+                      else ""))
+        self.say(message.splitlines()[0])
+        if outcome.resolution is not None:
+            self.say(f"{self.spec.id}: resolution: {outcome.resolution['line']}")
+        if self.inconclusive == "fail":
+            self.fail(message)
+        warnings.warn(InconclusiveWarning(message), stacklevel=4)  # at the caller of run()
 
     def _resolution(self, base: list[float], current: list[float], plan: Any) -> Any:
         """What the rule resolves at this noise (stats.resolution); None where no side has a spread to measure."""
         return measured_resolution(base, current, plan, self.options.tolerance)
 
     def _save(self, store: Any, key: Any, context: dict[str, Any], wl: Workload, metric: str, hib: bool,
-              outcome: dict[str, Any], started: float) -> dict[str, Any]:
+              outcome: BenchOutcome, started: float) -> BenchOutcome:
         """Measure a new baseline record: at least SAVE_MIN_ROUNDS rounds, more (up to max_rounds) while the
         CI of the gated metric's median is wider than the tolerance; saved with a warning if it stays so."""
         opts = self.options
@@ -751,14 +793,14 @@ class BenchGate:
             more, last = self.measure(wl, 1, outcome=outcome, done=samples)
             samples.extend(more)
             width = median_half_width([s[metric] for s in samples])
-        series = _series(samples)
+        series = sample_series(samples)
         figure = figure_line(metric, series[metric])
-        outcome.update(current=series, baseline=None, rounds=len(samples), cross_check=_cross(last),
-                       baseline_ci_half_width=width)
+        outcome.samples, outcome.rounds, outcome.cross_check = series, len(samples), _cross(last)
+        outcome.baseline_ci_half_width = width
         failures = self.correctness_failed(self.spec.id)
         if failures:
-            outcome.update(verdict="error", error=_correctness_text(failures), seconds=time.monotonic() - started,
-                           message=f"{figure}; not saved: {_correctness_text(failures)}")
+            outcome.error, outcome.seconds = _correctness_text(failures), time.monotonic() - started
+            outcome.note = f"{figure}; not saved: {_correctness_text(failures)}"
             self._finish(outcome)
             self.fail(f"{self.test_id}: {figure}\nnot saved as a baseline: {_correctness_text(failures)}")
             return outcome
@@ -775,8 +817,8 @@ class BenchGate:
         message = f"{figure}; saved {len(samples)} rounds as a new baseline record in {store.path_for(key)}"
         if spread_warning:
             message += f"\nWARNING: {spread_warning}"
-        outcome.update(verdict="saved", message=message, seconds=time.monotonic() - started,
-                       **({"warning": spread_warning} if spread_warning else {}))
+        outcome.saved, outcome.note, outcome.seconds = True, message, time.monotonic() - started
+        outcome.warning = spread_warning
         self.say(message.replace("\n", " "))
         self._finish(outcome)
         if spread_warning:
@@ -787,18 +829,19 @@ class BenchGate:
         """A line for a failure message when the warm-up did not settle (the likelier cause of a slow round)."""
         return f"\n  {self.warmup['note']}" if self.warmup is not None and self.warmup["settled"] is False else ""
 
-    def _conclude(self, outcome: dict[str, Any]) -> None:
+    def _conclude(self, outcome: BenchOutcome) -> None:
         """Record the outcome; a server whose correctness checks failed in this run gets no pass."""
         failures = self.correctness_failed(self.spec.id)
         if failures:
-            outcome["correctness_failed"] = failures
-            outcome["error"] = _correctness_text(failures)
+            outcome.correctness_failed = failures
+            outcome.error = _correctness_text(failures)
         self._finish(outcome)
         if failures:
-            figure = figure_line(outcome["metric"], (outcome.get("current") or {}).get(outcome["metric"], []))
+            figure = figure_line(outcome.metric, outcome.samples.get(outcome.metric, []))
             self.fail(f"{self.test_id}: {figure}\nnot a pass: {_correctness_text(failures)}")
 
-    def _finish(self, outcome: dict[str, Any]) -> None:
+    def _finish(self, outcome: BenchOutcome) -> None:
+        outcome.summarize_samples()  # the rounds are in: the reports' summaries
         self.results_dir.mkdir(parents=True, exist_ok=True)
         self.record(outcome)
 
@@ -931,7 +974,7 @@ def _requests(server: RunningServer) -> Any:
     return acc.requests("benchmark") if acc is not None else contextlib.nullcontext()
 
 
-def _series(samples: list[dict[str, float]]) -> dict[str, list[float]]:
+def sample_series(samples: list[dict[str, float]]) -> dict[str, list[float]]:
     names = sorted(set().union(*[set(s) for s in samples])) if samples else []
     return {n: [s[n] for s in samples if n in s] for n in names}
 
@@ -961,120 +1004,5 @@ def _percent(fraction: float | None) -> str:
     return "an unknown amount" if fraction is None else f"{fraction:.1%}"
 
 
-def _fmt(values: list[float]) -> str:
+def format_values(values: list[float]) -> str:
     return "[" + ", ".join(f"{v:.2f}" for v in values) + "]"
-
-
-class ABRunner:
-    """Two configurations benchmarked in one run, interleaved A B A B, judged like a baseline comparison.
-
-    A is the reference ("baseline"), B the candidate: "regressed" means B is worse than A beyond the
-    tolerance with significance. Both servers stay up for the whole comparison, so drift on a shared
-    machine hits both sides alike.
-    """
-
-    def __init__(self, *, pool: ServerPool, cfg: LLMServeConfig, test_id: str, results_dir: Path,
-                 record: Callable[[dict[str, Any]], None], fail: Callable[[str], None],
-                 say: Callable[[str], None] | None = None) -> None:
-        self.pool = pool
-        self.cfg = cfg
-        self.test_id = test_id
-        self.results_dir = results_dir
-        self.record = record
-        self.fail = fail
-        self.say = say or (lambda msg: None)
-
-    def spec(self, ident: str) -> ServerSpec:
-        for spec in self.cfg.all_specs():
-            if spec.id == ident:
-                return spec
-        known = ", ".join(s.id for s in self.cfg.all_specs())
-        raise ConfigError(f"{self.test_id}: A/B configuration {ident!r} is not configured (known: {known})")
-
-    def run(self, a: str, b: str, *, workload: str = "smoke", rounds: int = 5, metric: str = "output_throughput",
-            tolerance: float = 0.05, alpha: float | None = None, warmup_rounds: int = 1,
-            max_rounds: int | None = None, judged_by_caller: bool = False,
-            contention_bound: float | None = None) -> dict[str, Any]:
-        """Interleaved rounds, judged by the sequential rule after ``rounds`` a side and after every further
-        pair up to ``max_rounds`` (default ``rounds``: one look, a fixed number of rounds).
-
-        ``judged_by_caller``: these rounds are a part of a comparison the caller decides (a bisect step's
-        attempt, pooled with the attempts before it): their own verdict is recorded but neither announced
-        as the answer nor failed on. ``contention_bound`` (default the setting's default): a round during which
-        other processes took more of the host is measured again (:func:`clean_round`)."""
-        spec_a, spec_b = self.spec(a), self.spec(b)
-        wl = self.cfg.workload(workload, where=self.test_id)
-        server_a = self.pool.get(spec_a)
-        server_b = self.pool.get(spec_b, keep=(spec_a,))
-        diffs = diff_context(build_context(spec_a, wl, engine_version=None),
-                             build_context(spec_b, wl, engine_version=None))
-        prompts = build_prompts(wl, tokenize=server_a.client().tokenize)
-        hib = higher_is_better(metric)
-        side: dict[str, list[dict[str, float]]] = {"A": [], "B": []}
-        servers = {"A": server_a, "B": server_b}
-        cap = max(rounds, max_rounds if max_rounds is not None else rounds)
-        alpha = stats.DEFAULT_SEQUENTIAL_ALPHA if alpha is None else alpha
-        plan = stats.sequential_plan(stats.ab_looks(max(rounds, stats.SEQUENTIAL_FIRST_LOOK), cap), alpha=alpha)
-        started = time.monotonic()
-        done = 0
-        bound = BenchDefaults().contention_bound if contention_bound is None else contention_bound
-        contended: list[dict[str, Any]] = []
-
-        def pair() -> None:
-            nonlocal done
-            for name in ("A", "B"):
-                server = servers[name]
-
-                def measure(what: str, server: RunningServer = server) -> Any:
-                    return run_round(server, wl, prompts, what, self.fail)
-
-                result = clean_round(measure, f"A/B round {done + 1} on {name} ({server.spec.id})", bound=bound,
-                                     contended=contended, say=self.say,
-                                     confounded=lambda message: self.fail(f"{self.test_id}: {message}"))
-                if done >= warmup_rounds:  # the first round of each side warms caches and is not counted
-                    side[name].append(round_samples(result))
-                    self.say(f"A/B round {done + 1 - warmup_rounds}/{rounds}..{cap}: {name} {metric} "
-                             f"{side[name][-1].get(metric, float('nan')):.2f}")
-            done += 1
-
-        def judge() -> stats.Verdict:
-            # A round a script let through as invalid (its ``fail`` did not end the run) is not a number.
-            return stats.decide_sequential([s[metric] for s in side["A"] if metric in s],
-                                           [s[metric] for s in side["B"] if metric in s], plan=plan,
-                                           higher_is_better=hib, tolerance=tolerance, metric=metric)
-
-        for _ in range(warmup_rounds + rounds):
-            pair()
-        verdict = until_verdict(judge, pair, lambda: len(side["B"]), cap)
-        series_a, series_b = _series(side["A"]), _series(side["B"])
-        outcome: dict[str, Any] = {
-            "test": self.test_id, "server": f"B={spec_b.id} vs A={spec_a.id}", "workload": wl.name,
-            "metric": metric, "higher_is_better": hib, "tolerance": tolerance, "verdict": verdict.outcome,
-            "verdict_detail": verdict.to_dict(), "baseline": series_a, "current": series_b,
-            "rounds": len(side["B"]),
-            "message": verdict.reason, "seconds": time.monotonic() - started, "ab": True,
-            "differences": [d.describe() for d in diffs], "contended_rounds": contended,
-            "key": {"test": self.test_id, "server": f"{spec_a.id}|{spec_b.id}", "workload": wl.name},
-        }
-        if verdict.outcome == "inconclusive":
-            resolved = measured_resolution(series_a.get(metric, []), series_b.get(metric, []), plan, tolerance,
-                                           both_sides_grow=True)
-            if resolved is not None:
-                outcome["resolution"] = resolution_record(resolved)
-                outcome["message"] += f"\nresolution: {outcome['resolution']['line']}"
-        self.record(outcome)
-        a_s, b_s = stats.summarize(series_a[metric]), stats.summarize(series_b[metric])
-        if judged_by_caller:
-            self.say(f"these {len(side['B'])} rounds a side: A median {a_s.median:.2f}, B median {b_s.median:.2f}")
-            return outcome
-        self.say(f"A/B {metric}: A={spec_a.id} median {a_s.median:.2f}, B={spec_b.id} median {b_s.median:.2f}, "
-                 f"change {verdict.change:+.1%}: {verdict.outcome}")
-        if "resolution" in outcome:
-            self.say(f"A/B resolution: {outcome['resolution']['line']}")
-        if verdict.outcome == "regressed":
-            self.fail(f"A/B: B={spec_b.id} REGRESSED against A={spec_a.id} on {metric} (workload {wl.name})\n"
-                      f"  A: median {a_s.median:.3f} {_fmt(series_a[metric])}\n"
-                      f"  B: median {b_s.median:.3f} {_fmt(series_b[metric])}\n"
-                      f"  change {verdict.change:+.1%} (tolerance {tolerance:.0%}); {verdict.reason}\n"
-                      f"  configurations differ in: {'; '.join(d.describe() for d in diffs) or 'nothing'}")
-        return outcome

@@ -4,36 +4,36 @@ A build (:class:`pytest_llmserve.config.BuildSpec`, installed by :mod:`pytest_ll
 :class:`ServerSpec` that differs from the base only in ``python`` (the build's interpreter) and the server arguments
 the build declares; the comparison context may differ in nothing else (:func:`check_only_build_differs`). Each
 build's server gets the correctness probes (NaN evidence and known answers) once; throughput comes from the
-existing :class:`ABRunner` (interleaved rounds, both servers up). Where memory does not allow two servers,
-:func:`_alternating` runs blocks of rounds on one server at a time instead.
+existing :class:`~pytest_llmserve.gates.ab.ABRunner` (interleaved rounds, both servers up). Where memory does not
+allow two servers, :func:`_alternating` runs blocks of rounds on one server at a time instead.
 
-The bisect search itself is :mod:`pytest_llmserve.verdicts.bisect`; this module measures its steps and
-writes results.json, summary.md and a plot of the metric per build.
+The bisect search itself is :mod:`pytest_llmserve.verdicts.bisect`; this module measures its steps, and
+:mod:`pytest_llmserve.report.builds` writes their results.json, summary.md and the plot of the metric per build.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import signal
-import statistics
 import sys
 import tempfile
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from pytest_llmserve.builds import BuildEnv, Installer
 from pytest_llmserve.config import WORKLOAD_PRESETS, BuildSpec, LLMServeConfig, ServerSpec, Workload
 from pytest_llmserve.errors import ConfigError, LLMServeError
-from pytest_llmserve.gates.bench import ABRunner, round_samples, run_round
+from pytest_llmserve.gates.ab import ABRunner
+from pytest_llmserve.gates.bench import round_samples, run_round
 from pytest_llmserve.gates.context import build_context
 from pytest_llmserve.gates.decode import DecodeCheck
 from pytest_llmserve.load.metrics import output_fault
 from pytest_llmserve.load.prompts import build_prompts
 from pytest_llmserve.metrics import higher_is_better
-from pytest_llmserve.report import plots
+from pytest_llmserve.report.builds import Measured, results_document, write_build_reports
+from pytest_llmserve.report.outcome import BenchOutcome
 from pytest_llmserve.server.pool import ServerPool
 from pytest_llmserve.verdicts.bisect import BisectResult, StepResult, bisect, judge_step
 from pytest_llmserve.verdicts.comparability import IGNORED_CONTEXT_KEYS, comparability
@@ -55,17 +55,6 @@ class RunSettings:
     max_attempts: int = 2  # a step still inconclusive after this many measurements is reported so
     find_change: bool = False
     both_up: bool | None = None  # None: decided from the available memory
-
-
-@dataclass(slots=True)
-class Measured:
-    """What a run learned about each build (index into the builds given)."""
-
-    envs: list[BuildEnv]
-    specs: list[ServerSpec]
-    correctness: dict[int, tuple[bool, str]] = field(default_factory=dict)
-    samples: dict[int, list[float]] = field(default_factory=dict)  # the build's rounds, all steps
-    outcomes: list[dict[str, Any]] = field(default_factory=list)
 
 
 class _RoundFailed(LLMServeError):
@@ -175,7 +164,7 @@ class BuildRunner:
         if both:
             self._server(ref)
             self._server(index, keep=(spec_ref,))
-            outcomes: list[dict[str, Any]] = []
+            outcomes: list[BenchOutcome] = []
 
             def fail(message: str) -> None:
                 raise _RoundFailed(message)  # an invalid round: the step is not a number
@@ -190,7 +179,7 @@ class BuildRunner:
                 if not outcomes:  # an invalid round (failed requests, text-less tokens): not a number
                     return self._invalid(ref, index, attempt, str(exc))
             out = outcomes[-1]
-            ref_new, cand_new = list(out["baseline"].get(s.metric, [])), list(out["current"].get(s.metric, []))
+            ref_new, cand_new = list(out.baseline_series.get(s.metric, [])), list(out.samples.get(s.metric, []))
             self.measured.outcomes.append(out)
         else:
             try:
@@ -303,80 +292,10 @@ class BuildRunner:
     def write(self, steps: list[StepResult], result: BisectResult | None, *, error: str | None = None,
               command: str | None = None) -> None:
         assert self.measured is not None
-        m, s = self.measured, self.settings
+        s = self.settings
         self.load["end"] = load_average()
-        builds = [{"index": i, "build": b.text, "label": b.label, "python": m.envs[i].python,
-                   "resolved": m.envs[i].resolved, "engine_version": m.envs[i].version,
-                   "server_args": list(b.server_args),
-                   "correctness": ({"ok": m.correctness[i][0], "detail": m.correctness[i][1]}
-                                   if i in m.correctness else None),
-                   "samples": m.samples.get(i, [])} for i, b in enumerate(self.builds)]
-        data = {"command": command or ("bisect" if result is not None else "compare"), "error": error,
-                "metric": s.metric,
-                "tolerance": s.tolerance, "alpha": s.alpha, "workload": asdict(s.workload),
-                "base_server": self.base.id, "load_average": self.load, "builds": builds,
-                "steps": [_step_dict(st, self.label(st.index)) for st in steps],
-                "result": None if result is None else {"status": result.status, "first_bad": result.first_bad,
-                                                       "last_good": result.last_good,
-                                                       "first_unknown": result.first_unknown,
-                                                       "message": result.message},
-                "ab_outcomes": m.outcomes}
-        (self.out_dir / "results.json").write_text(json.dumps(data, indent=2, default=str) + "\n")
-        (self.out_dir / "summary.md").write_text(summary_markdown(data))
-
-        missing = plots.matplotlib_missing()
-        if missing:
-            self.say(missing)
-        else:
-            verdicts = {st.index: st.verdict for st in steps}
-            plots.plot_builds([f"B{i}" for i in range(len(self.builds))], [m.samples.get(i, []) for i in
-                              range(len(self.builds))], self.out_dir / "throughput_per_build.png", metric=s.metric,
-                              verdicts=[verdicts.get(i, "good end" if i == 0 else "") for i in range(len(self.builds))])
-        self.say(f"wrote {self.out_dir}/results.json and summary.md")
-
-
-def _step_dict(st: StepResult, label: str) -> dict[str, Any]:
-    d = asdict(st)
-    d["label"] = label
-    return d
-
-
-def _num(x: Any, fmt: str) -> str:
-    return "—" if x is None else format(x, fmt)
-
-
-def summary_markdown(data: dict[str, Any]) -> str:
-    """The step table (build, verdict, medians, change and its CI, p, correctness) and the answer."""
-    lines = [f"# llmserve {data['command']}: {data['metric']} per build", ""]
-    wl = data["workload"]
-    lines.append(f"Workload `{wl['name']}`: {wl['num_prompts']} prompts, {wl['input_len']} in / {wl['output_len']} "
-                 f"out, concurrency {wl['max_concurrency']}; tolerance {data['tolerance']:.0%}, alpha {data['alpha']}; "
-                 f"load average (1, 5, 15 min) at start {data['load_average'].get('start')}, "
-                 f"at end {data['load_average'].get('end')}.")
-    lines += ["", "| build | engine | declared args | correctness | median (all rounds) |",
-              "|---|---|---|---|---|"]
-    for b in data["builds"]:
-        corr = "—" if b["correctness"] is None else ("pass" if b["correctness"]["ok"] else
-                                                     "FAIL: " + b["correctness"]["detail"][:80])
-        med = f"{statistics.median(b['samples']):.2f} ({len(b['samples'])} rounds)" if b["samples"] else "—"
-        args = " ".join(b["server_args"]) or "—"
-        lines.append(f"| B{b['index']} `{b['build']}` | {b['engine_version']} | {args} | {corr} | {med} |")
-    lines += ["", "| step | build vs B0 | attempt | rounds | verdict | B0 median | median | change | 95% CI | p "
-                  "| correctness |", "|---|---|---|---|---|---|---|---|---|---|---|"]
-    for i, st in enumerate(data["steps"]):
-        ci = st["ci"]
-        ci_text = "—" if not ci else f"{ci[0]:+.1%}..{ci[1]:+.1%}"
-        lines.append(f"| {i + 1} | {st['label']} | {st['attempt']} | {st['rounds']} | {st['verdict']} | "
-                     f"{_num(st['reference_median'], '.2f')} | {_num(st['median'], '.2f')} | "
-                     f"{_num(st['change'], '+.1%')} | {ci_text} | {_num(st['p_value'], '.3g')} | "
-                     f"{'pass' if st['correctness_ok'] else 'FAIL'} |")
-    notes = [f"- step {i + 1}: {st['extra'].get('invalid_round') or st['correctness_detail']}"
-             for i, st in enumerate(data["steps"])
-             if st.get("extra", {}).get("invalid_round") or (not st["correctness_ok"] and st["correctness_detail"])]
-    if notes:
-        lines += ["", "Invalid rounds and correctness failures:", *notes]
-    if data["result"]:
-        lines += ["", f"**{data['result']['status']}**: {data['result']['message']}"]
-    if data.get("error"):
-        lines += ["", f"**stopped early**: {data['error'].splitlines()[0]}"]
-    return "\n".join(lines) + "\n"
+        data = results_document(command=command or ("bisect" if result is not None else "compare"), error=error,
+                                metric=s.metric, tolerance=s.tolerance, alpha=s.alpha, workload=s.workload,
+                                base_server=self.base.id, load=self.load, builds=self.builds, measured=self.measured,
+                                steps=steps, labels=[self.label(i) for i in range(len(self.builds))], result=result)
+        write_build_reports(self.out_dir, data, measured=self.measured, steps=steps, say=self.say)

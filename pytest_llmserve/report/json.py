@@ -37,7 +37,10 @@ resolves at the measured noise and the rounds the tolerance needs, ``line`` as t
 ``checks`` holds every check that is not a measured benchmark (see :mod:`pytest_llmserve.report.checks`);
 a file without it (written before checks were reported) reads as having none.
 
-A bare JSON list of the gate's outcome dicts is read as well (``"format": "gate-outcomes"``).
+A bare JSON list of outcomes is read as well (``"format": "gate-outcomes"``): entries as above, or in the shape the
+benchmark gate recorded before it filled a :class:`BenchOutcome` (``test``, ``server``, ``verdict``,
+``verdict_detail``, ``current`` and ``baseline`` as metric → samples, ...; :func:`_from_gate_record`), which
+``llmserve builds`` still writes as its ``ab_outcomes``.
 """
 
 from __future__ import annotations
@@ -46,14 +49,17 @@ import json
 import math
 import os
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from pytest_llmserve.errors import BaselineError
+from pytest_llmserve.metrics import higher_is_better
 from pytest_llmserve.report.checks import CheckOutcome, headline, headline_counts
-from pytest_llmserve.report.outcome import BenchOutcome, outcome_from_gate
-from pytest_llmserve.store.baselines import atomic_write_text, utc_timestamp
+from pytest_llmserve.report.outcome import BenchOutcome
+from pytest_llmserve.store.baselines import BenchKey, atomic_write_text, utc_timestamp
+from pytest_llmserve.verdicts.comparability import Comparability
+from pytest_llmserve.verdicts.stats import Verdict
 from pytest_llmserve.version import __version__
 
 RESULTS_FORMAT = "pytest-llmserve-results"
@@ -95,9 +101,10 @@ def read_results_json(path: str | os.PathLike[str]) -> tuple[dict[str, Any], lis
         raise BaselineError(f"{p}: no such results file") from None
     except (OSError, UnicodeDecodeError, ValueError) as exc:
         raise BaselineError(f"{p}: not a readable JSON results file ({exc})") from None
-    if isinstance(data, list):  # the gate's own list of outcome dicts
+    if isinstance(data, list):  # a bare list of outcomes
         try:
-            return {"format": "gate-outcomes"}, [outcome_from_gate(item) for item in data]
+            return {"format": "gate-outcomes"}, [
+                BenchOutcome.from_dict(item) if "test_id" in item else _from_gate_record(item) for item in data]
         except (KeyError, TypeError, ValueError, AttributeError, BaselineError) as exc:
             raise BaselineError(f"{p}: a list, but not of benchmark outcomes ({exc!r})") from None
     if not isinstance(data, dict) or data.get("format") != RESULTS_FORMAT:
@@ -145,3 +152,29 @@ def finite_json(value: Any) -> Any:
     if isinstance(value, float) and not math.isfinite(value):
         return None
     return value
+
+
+def _from_gate_record(data: Mapping[str, Any]) -> BenchOutcome:
+    """An outcome in the gate's earlier record shape (module docstring): ``test``, ``server``, ``workload``,
+    ``metric``, ``higher_is_better``, ``tolerance``, ``verdict`` (an outcome, ``saved``, ``no-baseline``,
+    ``refused`` or ``confounded``), ``verdict_detail`` (a :class:`Verdict` dict), ``current`` and ``baseline``
+    (metric → samples), ``comparability``, ``context``, ``message``, ``baseline_file``, ``key`` (without it: the
+    test id without its parameters, the server and the workload), ``concurrency``, ``request_latencies_s``,
+    ``error``, ``run_id``, ``warmup``, ``discarded_rounds``, ``resolution``, ``extension``, ``contended_rounds``."""
+    metric, test, server, workload = (str(data[k]) for k in ("metric", "test", "server", "workload"))
+    baseline = data.get("baseline") or {}
+    detail, comp, key = data.get("verdict_detail"), data.get("comparability"), data.get("key")
+    higher = data.get("higher_is_better")
+    return BenchOutcome.from_dict({
+        **{k: data.get(k) for k in ("workload", "tolerance", "error", "context", "concurrency", "request_latencies_s",
+                                    "run_id", "warmup", "discarded_rounds", "resolution", "extension",
+                                    "contended_rounds") if data.get(k) is not None},
+        "test_id": test, "server_id": server, "metric": metric,
+        "higher_is_better": bool(higher) if higher is not None else higher_is_better(metric),
+        "verdict": Verdict.from_dict(detail).to_dict() if isinstance(detail, Mapping) else None,
+        "comparability": Comparability.from_dict(comp).to_dict() if isinstance(comp, Mapping) else None,
+        "samples": data.get("current") or {}, "baseline_samples": baseline.get(metric) or [],
+        "note": data.get("message"), "baseline_path": data.get("baseline_file"),
+        "saved": data.get("verdict") == "saved", "confounded": data.get("verdict") == "confounded",
+        "key": key if isinstance(key, Mapping) else BenchKey(test.split("[", 1)[0], server, workload).as_dict(),
+    })

@@ -1,20 +1,22 @@
-"""The one record of a benchmark's result, :class:`BenchOutcome`, and its construction from the gate.
+"""The one record of a benchmark's result, :class:`BenchOutcome`, from the gate that fills it to the reports.
 
-Every report (:mod:`~pytest_llmserve.report.text`, :mod:`~pytest_llmserve.report.json`,
-:mod:`~pytest_llmserve.report.benchmark_json`, :mod:`~pytest_llmserve.report.plots`) takes BenchOutcomes:
-plain data that the plugin (or a script) fills in after a benchmark ran and was judged. The benchmark gate
-(:mod:`pytest_llmserve.gates.bench`) records a JSON-plain dict instead, since the plugin carries it across
-xdist workers in ``user_properties``; :func:`outcome_from_gate` turns that dict into a BenchOutcome.
+The benchmark gate, the A/B runner (:mod:`pytest_llmserve.gates.bench`) and the build runner
+(:mod:`pytest_llmserve.gates.builds`) fill a BenchOutcome as they measure; every report
+(:mod:`~pytest_llmserve.report.text`, :mod:`~pytest_llmserve.report.json`,
+:mod:`~pytest_llmserve.report.benchmark_json`, :mod:`~pytest_llmserve.report.plots`,
+:mod:`~pytest_llmserve.report.builds`) takes BenchOutcomes. It becomes JSON only at the edges: in the files
+written (:meth:`BenchOutcome.to_dict`, a results.json entry) and across xdist workers, where the plugin carries it
+in ``user_properties`` (:meth:`BenchOutcome.to_json` / :meth:`BenchOutcome.from_json`).
 """
 
 from __future__ import annotations
 
+import json
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from pytest_llmserve.metrics import higher_is_better
 from pytest_llmserve.store.baselines import BenchKey
 from pytest_llmserve.verdicts.comparability import Comparability
 from pytest_llmserve.verdicts.stats import NOISY_CV, Summary, Verdict, log_sd, summarize
@@ -36,6 +38,13 @@ class BenchOutcome:
     ``extension`` the record of the rounds ``extend_to_resolve`` added (``rounds_added``, ``stopped``, ``note``...).
     ``contended_rounds``: the rounds discarded because the host was busy (``round``, ``reason`` naming the
     processes, ``host_contention``); each measured round's own contention is ``samples["host_contention"]``.
+
+    The rest is what the gate knows of the run beyond the reports (carried across xdist, not in results.json):
+    ``rounds`` measured, ``seconds`` taken, ``cross_check`` (the last round's server-side count), the
+    ``correctness_failed`` records that denied a pass, the ``inconclusive_policy``, a saved baseline's spread
+    ``warning`` and ``baseline_ci_half_width``, ``baseline_series`` (every metric of the baseline's samples: the
+    stored record's, or side A's in an A/B), an A/B's ``differences`` between its configurations (``ab``), and
+    ``before_boot`` for a refusal decided from the configuration alone.
     """
 
     test_id: str
@@ -66,13 +75,29 @@ class BenchOutcome:
     extension: dict[str, Any] | None = None
     contended_rounds: list[dict[str, Any]] = field(default_factory=list)
     confounded: bool = False  # no verdict: the host stayed busy (contended_rounds); skipped, never failed
+    rounds: int = 0
+    seconds: float | None = None
+    cross_check: dict[str, Any] | str | None = None
+    correctness_failed: list[dict[str, str]] = field(default_factory=list)
+    inconclusive_policy: str | None = None
+    warning: str | None = None
+    baseline_ci_half_width: float | None = None
+    baseline_series: dict[str, list[float]] = field(default_factory=dict)
+    differences: list[str] = field(default_factory=list)
+    ab: bool = False
+    before_boot: bool = False
 
     def __post_init__(self) -> None:
+        self.summarize_samples()
+
+    def summarize_samples(self) -> None:
+        """Fill the summaries the reports read (``metrics``, ``current``, ``baseline``) from the samples; the gate
+        calls it again once its rounds are in (it fills the record as it measures)."""
         for name, values in self.samples.items():
             if name not in self.metrics and values and all(math.isfinite(v) for v in values):
                 self.metrics[name] = summarize(values)
         if self.current is None:
-            self.current = self.metrics.get(self.metric)
+            self.current = self.metrics.get(self.metric)  # None until the gated metric has a finite round
         if self.baseline is None and self.baseline_samples:
             self.baseline = summarize(self.baseline_samples)
 
@@ -188,8 +213,19 @@ class BenchOutcome:
             "confounded": self.confounded,
         }
 
+    def to_json(self) -> str:
+        """The whole record as JSON, for ``user_properties`` (xdist workers): the results.json entry
+        (:meth:`to_dict`) and what the gate knows beyond it; :meth:`from_json` reads it back."""
+        extra = {name: getattr(self, name) for name in RECORD_ONLY}
+        return json.dumps({**self.to_dict(), **extra}, default=str)
+
+    @classmethod
+    def from_json(cls, text: str) -> BenchOutcome:
+        return cls.from_dict(json.loads(text))
+
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> BenchOutcome:
+        """A results.json entry (:meth:`to_dict`), or the whole record (:meth:`to_json`'s)."""
         def summary(value: Any) -> Summary | None:
             return Summary.from_dict(value) if isinstance(value, Mapping) else None
 
@@ -226,71 +262,25 @@ class BenchOutcome:
             extension=dict(data["extension"]) if isinstance(data.get("extension"), Mapping) else None,
             contended_rounds=_contended(data),
             confounded=bool(data.get("confounded", False)),
+            rounds=int(data.get("rounds") or 0),
+            seconds=data.get("seconds"),
+            cross_check=data.get("cross_check"),
+            correctness_failed=[dict(c) for c in data.get("correctness_failed") or [] if isinstance(c, Mapping)],
+            inconclusive_policy=data.get("inconclusive_policy"),
+            warning=data.get("warning"),
+            baseline_ci_half_width=data.get("baseline_ci_half_width"),
+            baseline_series={k: [float(x) for x in v] for k, v in (data.get("baseline_series") or {}).items()},
+            differences=[str(d) for d in data.get("differences") or []],
+            ab=bool(data.get("ab", False)),
+            before_boot=bool(data.get("before_boot", False)),
         )
+
+
+# The fields that travel with the record (to_json) but are not a results.json entry's (to_dict: schema 1).
+RECORD_ONLY = ("rounds", "seconds", "cross_check", "correctness_failed", "inconclusive_policy", "warning",
+               "baseline_ci_half_width", "baseline_series", "differences", "ab", "before_boot")
 
 
 def _contended(data: Mapping[str, Any]) -> list[dict[str, Any]]:
     items = data.get("contended_rounds")
     return [dict(c) for c in items if isinstance(c, Mapping)] if isinstance(items, list) else []
-
-
-def outcome_from_gate(data: Mapping[str, Any]) -> BenchOutcome:
-    """A :class:`BenchOutcome` from the dict the benchmark gate (``pytest_llmserve.gates.bench``) records.
-
-    Keys read: ``test``, ``server``, ``workload``, ``metric``, ``higher_is_better``, ``tolerance``,
-    ``verdict`` (an outcome, ``saved``, ``no-baseline`` or ``refused``), ``verdict_detail`` (a
-    :class:`Verdict` dict), ``current`` and ``baseline`` (metric → samples), ``comparability``,
-    ``context``, ``message``, ``baseline_file``, ``key`` (the store key; without it the key is the test
-    id without its parameters, the server and the workload, as the gate computes it), ``concurrency``,
-    ``request_latencies_s``, ``error``, ``run_id``, ``warmup``, ``discarded_rounds``, ``resolution``,
-    ``extension``, ``contended_rounds``.
-    """
-    metric = str(data["metric"])
-    test = str(data["test"])
-    server = str(data["server"])
-    workload = str(data["workload"])
-    current = {k: [float(x) for x in v] for k, v in (data.get("current") or {}).items()}
-    baseline = data.get("baseline") or {}
-    detail = data.get("verdict_detail")
-    comp = data.get("comparability")
-    key_data = data.get("key")
-    key = (
-        BenchKey.from_dict(key_data)
-        if isinstance(key_data, Mapping)
-        else BenchKey(test=test.split("[", 1)[0], server=server, workload=workload)
-    )
-    higher = data.get("higher_is_better")
-    return BenchOutcome(
-        test_id=test,
-        server_id=server,
-        workload=workload,
-        metric=metric,
-        higher_is_better=bool(higher) if higher is not None else higher_is_better(metric),
-        tolerance=float(data.get("tolerance", 0.05)),
-        verdict=Verdict.from_dict(detail) if isinstance(detail, Mapping) else None,
-        comparability=Comparability.from_dict(comp) if isinstance(comp, Mapping) else None,
-        samples=current,
-        baseline_samples=[float(x) for x in baseline.get(metric) or []],
-        error=data.get("error"),
-        context=dict(data.get("context") or {}),
-        concurrency=data.get("concurrency"),
-        request_latencies_s={
-            k: [float(x) for x in v] for k, v in (data.get("request_latencies_s") or {}).items()
-        },
-        note=data.get("message"),
-        baseline_path=data.get("baseline_file"),
-        run_id=data.get("run_id"),
-        saved=data.get("verdict") == "saved",
-        baseline_key=key,
-        warmup=dict(data["warmup"]) if isinstance(data.get("warmup"), Mapping) else None,
-        discarded_rounds=[dict(d) for d in data.get("discarded_rounds") or [] if isinstance(d, Mapping)],
-        resolution=dict(data["resolution"]) if isinstance(data.get("resolution"), Mapping) else None,
-        extension=dict(data["extension"]) if isinstance(data.get("extension"), Mapping) else None,
-        contended_rounds=_contended(data),
-        confounded=data.get("verdict") == "confounded",
-    )
-
-
-def as_outcomes(items: Iterable[BenchOutcome | Mapping[str, Any]]) -> list[BenchOutcome]:
-    """BenchOutcomes as they are; gate dicts converted by :func:`outcome_from_gate`."""
-    return [item if isinstance(item, BenchOutcome) else outcome_from_gate(item) for item in items]

@@ -20,7 +20,7 @@ from typing import Any
 from pytest_llmserve.report.benchmark_json import write_pytest_benchmark_json
 from pytest_llmserve.report.checks import CheckOutcome, as_checks, headline
 from pytest_llmserve.report.json import write_results_json
-from pytest_llmserve.report.outcome import BenchOutcome, as_outcomes
+from pytest_llmserve.report.outcome import BenchOutcome
 from pytest_llmserve.report.plots import matplotlib_missing, write_plots
 from pytest_llmserve.report.text import format_check_lines, format_markdown, format_table
 
@@ -39,7 +39,7 @@ def format_text_summary(outcomes: Iterable[BenchOutcome], checks: Iterable[Check
 
 
 def write_all(
-    outcomes: Iterable[BenchOutcome | Mapping[str, Any]],
+    outcomes: Iterable[BenchOutcome],
     results_dir: str | os.PathLike[str],
     *,
     checks: Iterable[CheckOutcome | Mapping[str, Any]] = (),
@@ -55,7 +55,7 @@ def write_all(
     ``bench_json`` when given, and the Markdown appended (never overwritten: earlier steps wrote there
     too) to ``$GITHUB_STEP_SUMMARY`` when ``github_summary`` is set and that variable is.
     """
-    items = as_outcomes(outcomes)
+    items = list(outcomes)
     rows = as_checks(checks)
     out = Path(results_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -128,7 +128,7 @@ def latest_run_dir(results_dir: str | os.PathLike[str]) -> Path | None:
     return None
 
 
-def render_session(outcomes: Iterable[BenchOutcome | Mapping[str, Any]],
+def render_session(outcomes: Iterable[BenchOutcome],
                    checks: Iterable[CheckOutcome | Mapping[str, Any]], results_dir: Path, *,
                    bench_json: Path | None, wall_s: float, boot_s: float, run_id: str | None = None,
                    files: Sequence[tuple[str, Path]] = ()) -> str:
@@ -136,7 +136,7 @@ def render_session(outcomes: Iterable[BenchOutcome | Mapping[str, Any]],
     the headline, the checks that did not pass, the benchmark table, the paths written. ``files``: other
     records of the run, copied into its report directory under their relative names (e.g. a matrix
     reference's answers, ``reference-answers/<server>.json``)."""
-    items, rows = as_outcomes(outcomes), as_checks(checks)
+    items, rows = list(outcomes), as_checks(checks)
     no_plots = matplotlib_missing() if items else None
     run_dir = new_run_dir(results_dir)  # never over an earlier run's reports
     paths = write_all(items, run_dir, checks=rows, bench_json=bench_json, plots=no_plots is None,

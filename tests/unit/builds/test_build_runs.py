@@ -10,7 +10,8 @@ import pytest
 from pytest_llmserve.builds import BuildEnv
 from pytest_llmserve.config import ServerSpec, Workload, parse_build
 from pytest_llmserve.errors import ConfigError, LLMServeError
-from pytest_llmserve.gates.builds import check_only_build_differs, spec_for, summary_markdown
+from pytest_llmserve.gates.builds import check_only_build_differs, spec_for
+from pytest_llmserve.report.builds import summary_markdown
 from pytest_llmserve.verdicts.bisect import judge_step
 
 BASE = ServerSpec(name="default", engine="vllm", model="/models/m", python="/usr/bin/python3",

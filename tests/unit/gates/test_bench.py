@@ -71,8 +71,8 @@ def test_nothing_to_refuse_without_a_baseline_or_with_the_same_context(tmp_path:
 def test_a_changed_server_environment_is_refused_before_any_boot(tmp_path: Path) -> None:
     stored(tmp_path)
     refusal = preflight(tmp_path, env="1")
-    assert refusal is not None and refusal["verdict"] == "refused"
-    message = str(refusal["message"])
+    assert refusal is not None and refusal.status == "refused"
+    message = str(refusal.note)
     assert "comparison refused" in message and "server_args.env.VLLM_CPU_KVCACHE_SPACE" in message
     assert "no server was started" in message
 
@@ -89,8 +89,8 @@ def test_an_unreadable_baseline_is_refused_before_measuring_and_left_byte_identi
     truncated = path.read_bytes()[:200]
     path.write_bytes(truncated)
     refusal = preflight(tmp_path, save=save)
-    assert refusal is not None and refusal["verdict"] == "error"
-    assert "refused before any boot" in str(refusal["message"]) and "not valid JSON" in str(refusal["message"])
+    assert refusal is not None and refusal.status == "error"
+    assert "refused before any boot" in str(refusal.note) and "not valid JSON" in str(refusal.note)
     assert path.read_bytes() == truncated
 
 
@@ -99,7 +99,7 @@ def test_a_save_onto_another_context_is_refused_naming_the_command_that_records_
     before = path.read_bytes()
     refusal = preflight(tmp_path, save=True)
     assert refusal is not None
-    message = str(refusal["message"])
+    message = str(refusal.note)
     assert "hardware.cpu_model" in message and "Nothing was measured" in message
     assert "llmserve baselines accept --replace" in message and "latest/results.json" in message
     assert path.read_bytes() == before

@@ -14,7 +14,7 @@ from pytest_llmserve.errors import ConfigError
 from pytest_llmserve.gates.bench import InconclusiveWarning
 from pytest_llmserve.gates.context import build_context
 from pytest_llmserve.report.json import read_results_json, write_results_json
-from pytest_llmserve.report.outcome import outcome_from_gate
+from pytest_llmserve.report.outcome import BenchOutcome
 from pytest_llmserve.report.text import format_markdown
 from pytest_llmserve.settings import bench_spec
 from pytest_llmserve.store.baselines import BaselineStore, BenchKey
@@ -38,13 +38,13 @@ def _store(tmp_path: Path, samples: list[float]) -> None:
 
 
 def _run(tmp_path: Path, options: Any, figures: list[float] | None = None, seconds: float = 10.0
-         ) -> tuple[dict[str, Any], list[str], Rounds]:
+         ) -> tuple[BenchOutcome, list[str], Rounds]:
     rounds = Rounds(figures or CURRENT, seconds=seconds)
     bench, _, said = gate(tmp_path, rounds, options=options)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         outcome = bench.run()
-    if outcome["verdict"] == "inconclusive":
+    if outcome.status == "inconclusive":
         assert any(isinstance(w.message, InconclusiveWarning) for w in caught)
     return outcome, said, rounds
 
@@ -54,8 +54,8 @@ def test_an_inconclusive_verdict_says_what_the_noise_resolves_and_the_rounds_the
     _store(tmp_path, BASELINE)
     with pytest.warns(InconclusiveWarning) as caught:
         outcome = gate(tmp_path, Rounds(CURRENT), options=NO_WARMUP)[0].run()
-    assert (outcome["verdict"], outcome["rounds"]) == ("inconclusive", 8)
-    res = outcome["resolution"]
+    assert (outcome.status, outcome.rounds) == ("inconclusive", 8)
+    res = outcome.resolution
     # The figures are stats.resolution's at the measured spread of each side.
     expected = stats.resolution(stats.log_sd(BASELINE), stats.log_sd(CURRENT[:8]), n_baseline=5, n_current=8,
                                 plan=stats.sequential_plan(stats.gate_looks(5, 2, 8), alpha=0.02), tolerance=0.05)
@@ -67,7 +67,7 @@ def test_an_inconclusive_verdict_says_what_the_noise_resolves_and_the_rounds_the
     assert "extend_to_resolve (--llmserve-extend-to-resolve)" in res["line"]
     assert f"resolution: {res['line']}" in str(caught[0].message)
     # The reports: the verdict cell of summary.md names the rounds, the details carry the line; results.json keeps it.
-    row = outcome_from_gate(outcome)
+    row = BenchOutcome.from_json(outcome.to_json())
     markdown = format_markdown([row])
     assert f"inconclusive (±5% needs ~{n} rounds)" in markdown and res["line"] in markdown
     back = read_results_json(write_results_json(tmp_path / "results.json", [row]))[1][0]
@@ -77,45 +77,45 @@ def test_an_inconclusive_verdict_says_what_the_noise_resolves_and_the_rounds_the
 def test_a_decided_verdict_carries_no_resolution(tmp_path: Path) -> None:
     _store(tmp_path, [100.0, 101.0, 99.5, 100.4, 100.2])
     outcome = gate(tmp_path, Rounds([100.3, 99.8, 100.1, 99.9]), options=NO_WARMUP)[0].run()
-    assert outcome["verdict"] == "pass" and "resolution" not in outcome and "extension" not in outcome
+    assert outcome.status == "pass" and outcome.resolution is None and outcome.extension is None
 
 
 def test_extend_to_resolve_adds_rounds_up_to_the_stated_count_and_says_so(tmp_path: Path) -> None:
     _store(tmp_path, BASELINE)
     outcome, said, rounds = _run(tmp_path, replace(NO_WARMUP, extend_to_resolve=True))
-    ext = outcome["extension"]
+    ext = outcome.extension
     assert ext["rounds_before"] == 8 and ext["target"] > 8 and ext["goal"] == ext["target"]
-    assert outcome["verdict"] == "pass" and outcome["rounds"] == 8 + ext["rounds_added"] <= ext["goal"]
-    assert len(rounds.calls) == outcome["rounds"]
-    assert ext["stopped"] == f"decided (pass) after {outcome['rounds']} rounds"
+    assert outcome.status == "pass" and outcome.rounds == 8 + ext["rounds_added"] <= ext["goal"]
+    assert len(rounds.calls) == outcome.rounds
+    assert ext["stopped"] == f"decided (pass) after {outcome.rounds} rounds"
     assert ext["seconds"] == pytest.approx(10.0 * ext["rounds_added"])  # the stand-in clock: 10 s a round
     assert any("extend_to_resolve: adding rounds up to" in line for line in said)
-    assert ext["note"] in outcome_from_gate(outcome).notes
+    assert ext["note"] in BenchOutcome.from_json(outcome.to_json()).notes
 
 
 def test_the_time_budget_stops_the_extension_before_a_round_that_would_overrun_it(tmp_path: Path) -> None:
     _store(tmp_path, BASELINE)
     outcome, _, _ = _run(tmp_path, replace(NO_WARMUP, extend_to_resolve=True, extend_budget_s=25.0))
-    ext = outcome["extension"]
+    ext = outcome.extension
     # Rounds of 10 s: after two added rounds (20 s) a third would end at 30 s, beyond 25 s.
-    assert ext["rounds_added"] == 2 and outcome["rounds"] == 10
+    assert ext["rounds_added"] == 2 and outcome.rounds == 10
     assert ext["stopped"].startswith("the time budget: 20 s spent and a round takes about 10 s")
-    assert outcome["verdict"] == "inconclusive" and "resolution" in outcome
-    assert outcome["resolution"]["max_rounds"] == ext["goal"]  # stated against the extended plan
-    assert "extend_to_resolve (--llmserve" not in outcome["resolution"]["line"]  # it was on: not suggested
+    assert outcome.status == "inconclusive" and outcome.resolution is not None
+    assert outcome.resolution["max_rounds"] == ext["goal"]  # stated against the extended plan
+    assert "extend_to_resolve (--llmserve" not in outcome.resolution["line"]  # it was on: not suggested
 
 
 def test_no_extension_where_the_baseline_itself_is_the_limit(tmp_path: Path) -> None:
     _store(tmp_path, [88.0, 112.0, 95.0, 120.0, 100.0])  # log-sd 0.13: no count of current rounds resolves ±5 %
     outcome, _, rounds = _run(tmp_path, replace(NO_WARMUP, extend_to_resolve=True))
-    assert outcome["verdict"] == "inconclusive" and len(rounds.calls) == 8
-    assert outcome["extension"]["rounds_added"] == 0
-    assert outcome["extension"]["stopped"].startswith("not extended: the tolerance cannot be resolved against this "
+    assert outcome.status == "inconclusive" and len(rounds.calls) == 8
+    assert outcome.extension["rounds_added"] == 0
+    assert outcome.extension["stopped"].startswith("not extended: the tolerance cannot be resolved against this "
                                                       "5-round baseline")
-    a_side = outcome["resolution"]["rounds_a_side"]
-    assert outcome["resolution"]["current_rounds"] is None
+    a_side = outcome.resolution["rounds_a_side"]
+    assert outcome.resolution["current_rounds"] is None
     assert (f"record the baseline with {a_side} rounds (pytest --llmserve-save-baseline --llmserve-rounds {a_side} "
-            f"--llmserve-max-rounds {a_side})") in outcome["resolution"]["line"]
+            f"--llmserve-max-rounds {a_side})") in outcome.resolution["line"]
 
 
 def test_extension_settings_from_every_source_and_the_marker(tmp_path: Path) -> None:

@@ -14,7 +14,7 @@ from pytest_llmserve.config import ServerSpec
 from pytest_llmserve.errors import ConfigError
 from pytest_llmserve.gates.bench import HOST_CONTENTION, MAX_CONTENDED_ROUNDS, BenchGate
 from pytest_llmserve.load.contention import BusyProcess, HostContention
-from pytest_llmserve.report.outcome import BenchOutcome, outcome_from_gate
+from pytest_llmserve.report.outcome import BenchOutcome
 from pytest_llmserve.report.text import format_markdown
 from pytest_llmserve.settings import BenchSpec, Sources, bench_spec, resolve_settings
 from tests.unit.gates.standins import CFG, TEST_ID, StandinServer
@@ -74,8 +74,8 @@ def _skip(message: str) -> None:
 
 
 def gate(tmp_path: Path, rounds: Rounds, *, save: bool = False,
-         skip: Any = None) -> tuple[BenchGate, list[dict[str, Any]], list[str]]:
-    recorded: list[dict[str, Any]] = []
+         skip: Any = None) -> tuple[BenchGate, list[BenchOutcome], list[str]]:
+    recorded: list[BenchOutcome] = []
     said: list[str] = []
     made = BenchGate(server=StandinServer(), cfg=CFG, options=GATE,  # type: ignore[arg-type]
                      store_dir=tmp_path / "baselines", results_dir=tmp_path / "results", save=save,
@@ -88,11 +88,11 @@ def test_a_contended_round_is_not_a_sample_and_is_measured_again(tmp_path: Path)
     rounds = Rounds([100.0, 55.0, 101.0], [0.01, 0.47, 0.02])
     bench, recorded, said = gate(tmp_path, rounds)
     outcome = bench.run()
-    assert outcome["verdict"] == "no-baseline"
-    assert outcome["current"]["output_throughput"] == [100.0, 101.0]  # the 55 never reaches the figures
-    assert outcome["current"][HOST_CONTENTION] == [0.01, 0.02]  # stored with each sample
-    assert len(outcome["contended_rounds"]) == 1
-    assert outcome["contended_rounds"][0]["reason"].startswith(
+    assert outcome.status == "no-baseline"
+    assert outcome.samples["output_throughput"] == [100.0, 101.0]  # the 55 never reaches the figures
+    assert outcome.samples[HOST_CONTENTION] == [0.01, 0.02]  # stored with each sample
+    assert len(outcome.contended_rounds) == 1
+    assert outcome.contended_rounds[0]["reason"].startswith(
         "confounded: host busy: other processes took 47.0% of the machine's 2 cores during the round (bound 10%): "
         f"pid {BURNER} python (47.0%); by command: python 47.0% (1 process)")
     assert any("is not a sample: confounded: host busy" in line for line in said)
@@ -100,7 +100,7 @@ def test_a_contended_round_is_not_a_sample_and_is_measured_again(tmp_path: Path)
     # The round's terminal line shows its contention; the reports carry the column and the discarded round.
     assert any(line.endswith("host contention 1.0% of the machine (2 cores, 10.0 s): no other process used CPU")
                for line in said)
-    markdown = format_markdown([outcome_from_gate(recorded[-1])])
+    markdown = format_markdown([BenchOutcome.from_json(recorded[-1].to_json())])
     assert "host contention" in markdown and "2.0%" in markdown and f"pid {BURNER} python" in markdown
 
 
@@ -117,9 +117,9 @@ def test_a_busy_host_is_confounded_never_regressed(tmp_path: Path) -> None:
     assert f"confounded: host busy: {MAX_CONTENDED_ROUNDS} rounds discarded" in message
     assert f"pid {BURNER} python (47.0%)" in message and "REGRESSED" not in message
     assert len(busy.calls) == MAX_CONTENDED_ROUNDS
-    assert recorded[-1]["verdict"] == "confounded" and "error" not in recorded[-1]
-    assert recorded[-1]["current"] == {}
-    report = outcome_from_gate(recorded[-1])
+    assert recorded[-1].status == "confounded" and recorded[-1].error is None
+    assert recorded[-1].samples == {}
+    report = BenchOutcome.from_json(recorded[-1].to_json())
     assert (report.status, report.failed) == ("confounded", False)
     assert BenchOutcome.from_dict(report.to_dict()).status == "confounded"
     without_skip, _, _ = gate(tmp_path, Rounds([55.0] * 10, [0.47] * 10))
@@ -131,8 +131,8 @@ def test_clean_rounds_between_busy_ones_are_judged_alone(tmp_path: Path) -> None
     gate(tmp_path, Rounds([100.0, 101.0, 99.0, 100.5, 100.2], [0.01] * 5), save=True)[0].run()
     mixed = Rounds([55.0, 100.4, 56.0, 99.8], [0.47, 0.01, 0.5, 0.02])
     outcome = gate(tmp_path, mixed)[0].run()
-    assert outcome["current"]["output_throughput"] == [100.4, 99.8]
-    assert outcome["verdict"] != "regressed" and len(outcome["contended_rounds"]) == 2
+    assert outcome.samples["output_throughput"] == [100.4, 99.8]
+    assert outcome.status != "regressed" and len(outcome.contended_rounds) == 2
 
 
 def _settings(tmp_path: Path, cli: dict[str, Any] | None = None, env: dict[str, str] | None = None) -> Any:

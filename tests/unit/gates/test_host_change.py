@@ -11,6 +11,7 @@ import pytest
 
 from pytest_llmserve.gates.bench import BenchGate, preflight_refusal
 from pytest_llmserve.gates.context import build_context
+from pytest_llmserve.report.outcome import BenchOutcome
 from pytest_llmserve.server.hardware import hardware_context
 from pytest_llmserve.store.baselines import BaselineStore, BenchKey
 from tests.unit.gates.standins import CFG, SPEC, TEST_ID, StandinServer
@@ -39,9 +40,9 @@ def store_baseline(tmp_path: Path, hardware: dict[str, Any]) -> Path:
     return store.path_for(key)
 
 
-def run_gate(tmp_path: Path, *, allow_host_change: bool = False) -> tuple[dict[str, Any], list[str]]:
+def run_gate(tmp_path: Path, *, allow_host_change: bool = False) -> tuple[BenchOutcome, list[str]]:
     said: list[str] = []
-    recorded: list[dict[str, Any]] = []
+    recorded: list[BenchOutcome] = []
     rounds = Rounds([100.0, 100.5, 99.8, 100.2, 100.1, 99.9, 100.3, 100.0, 100.4])
     gate = BenchGate(server=StandinServer(), cfg=CFG, options=GATE,  # type: ignore[arg-type]
                      store_dir=tmp_path / "baselines", results_dir=tmp_path / "results", save=False,
@@ -78,11 +79,11 @@ def test_allow_host_change_compares_and_prints_the_host_fields_beside_the_verdic
     here = hardware_context()
     store_baseline(tmp_path, {**here, "memory_gib": (here["memory_gib"] or 0) + 64})
     outcome, said = run_gate(tmp_path, allow_host_change=True)
-    assert outcome["verdict"] in ("pass", "inconclusive"), outcome["message"]  # compared, not refused
+    assert outcome.status in ("pass", "inconclusive"), outcome.note  # compared, not refused
     across = f"hardware.memory_gib: {(here['memory_gib'] or 0) + 64} -> {here['memory_gib']}"
-    assert f"across hosts (allowed): {across}" in outcome["message"]
+    assert f"across hosts (allowed): {across}" in outcome.note
     assert any(line.endswith(f"against a baseline of another host (allowed): {across}") for line in said), said
-    assert outcome["comparability"]["host_diffs"][0]["key"] == "hardware.memory_gib"
+    assert outcome.comparability.host_diffs[0].key == "hardware.memory_gib"
 
 
 def test_allow_host_change_does_not_allow_another_server_environment(tmp_path: Path) -> None:
@@ -96,8 +97,8 @@ def test_allow_host_change_does_not_allow_another_server_environment(tmp_path: P
     refusal = preflight_refusal(spec=SPEC, cfg=CFG, options=GATE, store_dir=tmp_path / "baselines",
                                 key_test=KEY_TEST, test_id=TEST_ID, save=False, allow_confounded=False,
                                 results_dir=tmp_path / "results", allow_host_change=True)
-    assert refusal is not None and refusal["verdict"] == "refused"  # before any boot
-    message = str(refusal["message"])
+    assert refusal is not None and refusal.status == "refused"  # before any boot
+    message = str(refusal.note)
     assert "server_args.args" in message and "  ~ hardware.cpu_flags" in message
     with pytest.raises(Failed):  # and the gate, had it booted, fails it: not environment-only
         run_gate(tmp_path, allow_host_change=True)

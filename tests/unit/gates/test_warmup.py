@@ -22,7 +22,7 @@ from pytest_llmserve.errors import ConfigError
 from pytest_llmserve.gates.bench import WARMUP_BUDGET_S, BenchGate, relative_difference
 from pytest_llmserve.gates.context import build_context
 from pytest_llmserve.report.json import read_results_json, write_results_json
-from pytest_llmserve.report.outcome import outcome_from_gate
+from pytest_llmserve.report.outcome import BenchOutcome
 from pytest_llmserve.report.session import format_text_summary
 from pytest_llmserve.report.text import format_markdown
 from pytest_llmserve.settings import BenchSpec, Sources, bench_spec, resolve_settings
@@ -75,8 +75,8 @@ def _fail(message: str) -> None:
 
 
 def gate(tmp_path: Path, rounds: Rounds, *, options: BenchSpec = GATE, save: bool = False
-         ) -> tuple[BenchGate, list[dict[str, Any]], list[str]]:
-    recorded: list[dict[str, Any]] = []
+         ) -> tuple[BenchGate, list[BenchOutcome], list[str]]:
+    recorded: list[BenchOutcome] = []
     said: list[str] = []
     made = BenchGate(server=StandinServer(), cfg=CFG, options=options,  # type: ignore[arg-type]
                      store_dir=tmp_path / "baselines", results_dir=tmp_path / "results", save=save,
@@ -93,24 +93,24 @@ def test_the_warm_up_stops_at_the_first_round_that_agrees_with_the_one_before_it
     rounds = Rounds([1118.0, 2217.0, 2230.0, 2221.0, 2226.0])
     bench, recorded, _ = gate(tmp_path, rounds)
     outcome = bench.run()
-    warm = outcome["warmup"]
+    warm = outcome.warmup
     assert (warm["rounds"], warm["settled"], warm["values"]) == (2, True, [1118.0, 2217.0])
     assert warm["difference"] == pytest.approx(relative_difference(2217.0, 2230.0))
     # The agreeing round is the first measured one: 2 warm-up rounds, then the 2 measured rounds of the gate.
-    assert outcome["current"]["output_throughput"] == [2230.0, 2221.0]
+    assert outcome.samples["output_throughput"] == [2230.0, 2221.0]
     assert len(rounds.calls) == 4
     # Every round, warm-up included, sends the same workload and the very same prompts.
     assert len({id(prompts) for _, _, prompts in rounds.calls}) == 1
     assert {workload.name for _, workload, _ in rounds.calls} == {"tiny"}
-    assert recorded[-1]["warmup"] is warm and "note" not in warm
+    assert recorded[-1].warmup is warm and "note" not in warm
 
 
 def test_where_the_first_two_rounds_agree_the_warm_up_costs_one_round(tmp_path: Path) -> None:
     rounds = Rounds([100.0, 102.0, 101.0])
     outcome = gate(tmp_path, rounds)[0].run()
     assert len(rounds.calls) == GATE.rounds + 1
-    assert (outcome["warmup"]["rounds"], outcome["warmup"]["settled"]) == (1, True)
-    assert outcome["current"]["output_throughput"] == [102.0, 101.0]
+    assert (outcome.warmup["rounds"], outcome.warmup["settled"]) == (1, True)
+    assert outcome.samples["output_throughput"] == [102.0, 101.0]
 
 
 def test_the_warm_up_continues_while_consecutive_rounds_disagree(tmp_path: Path) -> None:
@@ -118,37 +118,37 @@ def test_the_warm_up_continues_while_consecutive_rounds_disagree(tmp_path: Path)
     options = replace(GATE, warmup_rounds=6)
     outcome = gate(tmp_path, rounds, options=options)[0].run()
     # 80 is 60 % above 50, 95 19 % above 80, 100 5.3 % above 95: all beyond 5 %; 101 is within 1 % of 100.
-    assert outcome["warmup"]["values"] == [50.0, 80.0, 95.0, 100.0]
-    assert outcome["warmup"]["settled"] is True
-    assert outcome["current"]["output_throughput"] == [101.0, 100.5]
+    assert outcome.warmup["values"] == [50.0, 80.0, 95.0, 100.0]
+    assert outcome.warmup["settled"] is True
+    assert outcome.samples["output_throughput"] == [101.0, 100.5]
 
 
 def test_at_the_round_cap_the_warm_up_stops_and_the_result_says_it_did_not_settle(tmp_path: Path) -> None:
     rounds = Rounds([100.0, 150.0] * 4)  # never two alike
     outcome = gate(tmp_path, rounds)[0].run()  # no baseline: a figure, not a failure
-    warm = outcome["warmup"]
+    warm = outcome.warmup
     assert (warm["rounds"], warm["settled"]) == (GATE.warmup_rounds, False)
     assert len(rounds.calls) == GATE.warmup_rounds + GATE.rounds
     assert warm["note"].startswith("warm-up did not settle: output_throughput of the first measured round")
     assert "warmup_rounds = 3" in warm["note"] and "50.0%" in warm["note"]
-    assert outcome["verdict"] == "no-baseline"
+    assert outcome.status == "no-baseline"
 
 
 def test_the_time_budget_stops_the_warm_up_before_the_round_cap(tmp_path: Path) -> None:
     # Rounds so long that two of them spend the budget: the second is measured though it disagrees.
     rounds = Rounds([100.0, 150.0, 151.0, 150.0], seconds=WARMUP_BUDGET_S * 0.6)
     outcome = gate(tmp_path, rounds, options=replace(GATE, warmup_rounds=10))[0].run()
-    warm = outcome["warmup"]
+    warm = outcome.warmup
     assert (warm["rounds"], warm["settled"]) == (1, False)
     assert "time budget" in warm["note"]
-    assert outcome["current"]["output_throughput"] == [150.0, 151.0]
+    assert outcome.samples["output_throughput"] == [150.0, 151.0]
 
 
 def test_warmup_rounds_0_measures_from_the_first_round(tmp_path: Path) -> None:
     rounds = Rounds([100.0, 150.0])
     outcome = gate(tmp_path, rounds, options=replace(GATE, warmup_rounds=0))[0].run()
-    assert outcome["current"]["output_throughput"] == [100.0, 150.0]
-    assert outcome["warmup"]["settled"] is None and outcome["warmup"]["rounds"] == 0
+    assert outcome.samples["output_throughput"] == [100.0, 150.0]
+    assert outcome.warmup["settled"] is None and outcome.warmup["rounds"] == 0
 
 
 def test_the_warm_up_runs_once_per_gate_not_again_for_the_extra_rounds(tmp_path: Path) -> None:
@@ -163,7 +163,7 @@ def test_an_invalid_warm_up_round_fails_the_benchmark_and_is_named_as_warm_up(tm
     bench, recorded, _ = gate(tmp_path, rounds)
     with pytest.raises(Failed, match="warm-up round 1 on cpu is INVALID"):
         bench.run()
-    assert recorded[-1]["verdict"] == "error" and recorded[-1]["rounds"] == 0
+    assert recorded[-1].status == "error" and recorded[-1].rounds == 0
 
 
 # Reasons as load/metrics.invalid_reasons writes them: two artefacts of a starved machine, one output fault.
@@ -177,14 +177,14 @@ def test_a_round_invalid_only_for_artefacts_of_the_machine_is_run_again_and_said
     rounds = Rounds([100.0, 101.0, 100.0, 102.0], invalid_for={2: ARTEFACT})
     bench, recorded, said = gate(tmp_path, rounds)
     outcome = bench.run()
-    assert outcome["verdict"] == "no-baseline"
+    assert outcome.status == "no-baseline"
     assert len(rounds.calls) == 4  # warm-up 1, the artefact, its re-run (agrees: measured 1), measured 2
-    assert outcome["current"]["output_throughput"] == [100.0, 102.0]
-    assert outcome["discarded_rounds"] == [{"round": rounds.calls[1][0], "reasons": [ARTEFACT]}]
+    assert outcome.samples["output_throughput"] == [100.0, 102.0]
+    assert outcome.discarded_rounds == [{"round": rounds.calls[1][0], "reasons": [ARTEFACT]}]
     assert any("a measurement artefact of the machine, not the server's output; discarded and run again (1 of 2"
                in line for line in said), said
-    report = outcome_from_gate(recorded[-1])
-    assert report.discarded_rounds == outcome["discarded_rounds"]
+    report = BenchOutcome.from_json(recorded[-1].to_json())
+    assert report.discarded_rounds == outcome.discarded_rounds
     assert any("1 round(s) discarded as measurement artefacts" in note for note in report.notes)
 
 
@@ -193,8 +193,8 @@ def test_an_output_fault_is_never_run_again_even_beside_an_artefact(tmp_path: Pa
     bench, recorded, _ = gate(tmp_path, rounds)
     with pytest.raises(Failed, match="generated tokens but no text"):
         bench.run()
-    assert len(rounds.calls) == 2 and recorded[-1]["verdict"] == "error"
-    assert "discarded_rounds" not in recorded[-1]
+    assert len(rounds.calls) == 2 and recorded[-1].status == "error"
+    assert recorded[-1].discarded_rounds == []
 
 
 def test_artefacts_beyond_the_retries_fail_naming_every_discarded_round(tmp_path: Path) -> None:
@@ -206,7 +206,7 @@ def test_artefacts_beyond_the_retries_fail_naming_every_discarded_round(tmp_path
     assert len(rounds.calls) == 3  # two run again, the third fails
     assert "2 earlier round(s) of this benchmark were discarded as measurement artefacts (is the machine busy?)" \
         in message and CONTAMINATED in message
-    assert [d["reasons"] for d in recorded[-1]["discarded_rounds"]] == [[ARTEFACT], [CONTAMINATED]]
+    assert [d["reasons"] for d in recorded[-1].discarded_rounds] == [[ARTEFACT], [CONTAMINATED]]
 
 
 def test_relative_difference_of_rounds() -> None:
@@ -235,9 +235,9 @@ def test_every_benchmark_reports_its_rounds_cv_log_sd_and_warm_up(tmp_path: Path
     figures = [60.0, 100.0, 100.3, 99.8, 100.1, 99.9, 100.2, 100.0, 99.7, 100.1, 100.0]
     outcome = gate(tmp_path, Rounds(figures), save=case == "saved")[0].run()
     expected_verdict = {"no-baseline": "no-baseline", "saved": "saved"}.get(case, "pass")
-    assert outcome["verdict"] == expected_verdict
-    values = outcome["current"]["output_throughput"]
-    row = outcome_from_gate(outcome)
+    assert outcome.status == expected_verdict
+    values = outcome.samples["output_throughput"]
+    row = BenchOutcome.from_json(outcome.to_json())
     spread = row.spread
     assert spread["rounds"] == len(values) >= 2
     assert spread["cv"] == pytest.approx(statistics.stdev(values) / statistics.mean(values))
@@ -261,7 +261,7 @@ def test_every_benchmark_reports_its_rounds_cv_log_sd_and_warm_up(tmp_path: Path
 def test_noisy_rounds_and_an_unsettled_warm_up_get_notes_in_every_report(tmp_path: Path) -> None:
     rounds = Rounds([1118.0, 2217.0, 1118.0, 2217.0, 1118.0, 2217.0])  # the H200's two rounds, over and over
     outcome = gate(tmp_path, rounds)[0].run()
-    row = outcome_from_gate(outcome)
+    row = BenchOutcome.from_json(outcome.to_json())
     assert row.spread["noisy"] and row.spread["cv"] > NOISY_CV
     assert row.spread["cv"] == pytest.approx(0.466, abs=0.001)
     assert row.spread["log_sd"] == pytest.approx(0.484, abs=0.001)
@@ -278,8 +278,8 @@ def test_noisy_rounds_and_an_unsettled_warm_up_get_notes_in_every_report(tmp_pat
 
 
 def test_a_benchmark_without_a_warm_up_record_reports_its_rounds_alone() -> None:
-    row = outcome_from_gate({"test": TEST_ID, "server": "cpu", "workload": "tiny", "metric": "output_throughput",
-                             "verdict": "no-baseline", "current": {"output_throughput": [100.0]}})
+    row = BenchOutcome(test_id=TEST_ID, server_id="cpu", workload="tiny", metric="output_throughput",
+                       samples={"output_throughput": [100.0]})
     assert row.warmup is None and row.spread["cv"] is None and row.notes == []
     table_rows = [line for line in format_text_summary([row]).splitlines() if line.startswith("test_throughput")]
     assert len(table_rows) == 1

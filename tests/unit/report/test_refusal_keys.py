@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pytest_llmserve.report.outcome import as_outcomes
+from pytest_llmserve.report.outcome import BenchOutcome
 from pytest_llmserve.report.text import format_markdown, format_table
 from pytest_llmserve.verdicts.comparability import comparability
 
@@ -12,10 +12,10 @@ def test_every_differing_key_of_a_refusal_is_shown() -> None:
     old = {"engine": "vllm", "engine_env": {k: "1" for k in keys}, "server_args": {"args": ["--x"] * 30}}
     new = {"engine": "vllm", "engine_env": {k: "2" for k in keys}, "server_args": {"args": ["--y"] * 30}}
     comp = comparability(old, new)
-    outcome = {"test": "t.py::test_throughput[a]", "server": "a", "workload": "tiny", "metric": "output_throughput",
-               "higher_is_better": True, "tolerance": 0.05, "verdict": "refused", "message": comp.message,
-               "comparability": comp.to_dict(), "current": None, "baseline": None}
-    [item] = as_outcomes([outcome])
+    item = BenchOutcome(test_id="t.py::test_throughput[a]", server_id="a", workload="tiny",
+                        metric="output_throughput", higher_is_better=True, tolerance=0.05, note=comp.message,
+                        comparability=comp)
+    assert item.status == "refused"
     for text in (format_table([item]), format_markdown([item])):
         for key in keys:
             assert f'engine_env.{key}: "1" -> "2"' in text

@@ -20,7 +20,7 @@ from pytest_llmserve.report.benchmark_json import (
     write_pytest_benchmark_json,
 )
 from pytest_llmserve.report.json import read_results_json, write_results_json
-from pytest_llmserve.report.outcome import BenchOutcome, outcome_from_gate
+from pytest_llmserve.report.outcome import BenchOutcome
 from pytest_llmserve.report.plots import write_plots
 from pytest_llmserve.report.session import write_all
 from pytest_llmserve.report.text import format_markdown, format_table
@@ -263,7 +263,8 @@ def test_no_plots_without_data(tmp_path: Path) -> None:
 
 
 def gate_dict(verdict: str, **kw: object) -> dict[str, object]:
-    """An outcome dict as pytest_llmserve.gates.bench records it."""
+    """An outcome dict as pytest_llmserve.gates.bench recorded it before it filled a BenchOutcome (a bare list of
+    these is still read: "gate-outcomes")."""
     d: dict[str, object] = {
         "test": "tests/test_perf.py::test_throughput[srv]",
         "server": "srv",
@@ -283,6 +284,18 @@ def gate_dict(verdict: str, **kw: object) -> dict[str, object]:
     }
     d.update(kw)
     return d
+
+
+def outcome_from_gate(data: dict[str, object]) -> BenchOutcome:
+    """The outcome read back from a bare list holding ``data`` (the gate's earlier record shape)."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        bare = Path(tmp) / "bare.json"
+        bare.write_text(json.dumps([data]))
+        header, [read] = read_results_json(bare)
+    assert header["format"] == "gate-outcomes"
+    return read
 
 
 def test_outcome_from_gate_dicts() -> None:
@@ -317,8 +330,8 @@ def test_write_all_from_gate_dicts(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     summary = tmp_path / "step-summary.md"
     monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
     v = decide(BASE, DROP, higher_is_better=True, tolerance=0.05)
-    items: list[BenchOutcome | dict[str, object]] = [
-        gate_dict("regressed", verdict_detail=v.to_dict(), baseline={"output_throughput": BASE}),
+    items = [
+        outcome_from_gate(gate_dict("regressed", verdict_detail=v.to_dict(), baseline={"output_throughput": BASE})),
         outcome(),
     ]
     paths = write_all(items, tmp_path / "results", bench_json=tmp_path / "bench.json", github_summary=True)
@@ -336,6 +349,11 @@ def test_write_all_from_gate_dicts(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     assert header["format"] == "gate-outcomes"
     assert saved[0].status == "saved"
     assert saved[0].samples["output_throughput"] == DROP
+    # and a bare list of outcomes as they are now (results.json entries, or the records the plugin carries)
+    bare.write_text(json.dumps([back[0].to_dict(), json.loads(back[1].to_json())]))
+    header, again = read_results_json(bare)
+    assert header["format"] == "gate-outcomes"
+    assert [o.to_dict() for o in again] == [o.to_dict() for o in back]
 
 
 def test_without_matplotlib_the_other_reports_are_written_and_the_extra_is_named(
@@ -346,7 +364,7 @@ def test_without_matplotlib_the_other_reports_are_written_and_the_extra_is_named
     for name in ["matplotlib", *(m for m in sys.modules if m.startswith("matplotlib."))]:
         monkeypatch.setitem(sys.modules, name, None)  # imports fail, as when the extra is not installed
     v = decide(BASE, DROP, higher_is_better=True, tolerance=0.05)
-    items = [gate_dict("regressed", verdict_detail=v.to_dict(), baseline={"output_throughput": BASE})]
+    items = [outcome_from_gate(gate_dict("regressed", verdict_detail=v.to_dict(), baseline={"output_throughput": BASE}))]
     text = render_session(items, [], tmp_path / "results", bench_json=None, wall_s=3.0, boot_s=1.0)
     assert "install the plots extra: pip install 'pytest-llmserve[plots]'" in text
     latest = tmp_path / "results" / "latest"  # this run's own directory, by the latest pointer
