@@ -820,7 +820,8 @@ def llm_async_openai(llm_server: RunningServer) -> openai.AsyncOpenAI:
 def llm_bench(llm_server: RunningServer, request: pytest.FixtureRequest) -> BenchGate:
     """Benchmark gate bound to this test's server and its ``llmserve_benchmark`` marker: ``llm_bench.run()``."""
     # lazy: the plugin imports only options.py until a run uses it (tests/plugin/test_inert.py)
-    from pytest_llmserve.gates.bench import BenchGate, correctness_failures, save_command
+    from pytest_llmserve.gates.bench import BenchGate, correctness_failures
+    from pytest_llmserve.gates.preflight import save_command
 
     config = request.config
     settings = config.stash[SETTINGS_KEY]
@@ -849,7 +850,7 @@ def _key_test(node: pytest.Item) -> str:
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item: pytest.Item) -> None:
     """A benchmark whose refusal follows from the configuration alone fails here, in set-up, before its
-    ``llm_server`` fixture boots anything (see :func:`pytest_llmserve.gates.bench.preflight_refusal`)."""
+    ``llm_server`` fixture boots anything (see :func:`pytest_llmserve.gates.preflight.preflight_refusal`)."""
     if "llm_bench" not in getattr(item, "fixturenames", ()) or STATE_KEY not in item.config.stash:
         return
     spec = _item_spec(item)
@@ -858,7 +859,7 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         return
     # lazy: the plugin imports only options.py until a run uses it (tests/plugin/test_inert.py)
     from pytest_llmserve.errors import LLMServeError
-    from pytest_llmserve.gates.bench import preflight_refusal
+    from pytest_llmserve.gates.preflight import preflight_refusal
 
     try:
         refusal = preflight_refusal(spec=spec, cfg=settings.cfg, options=_benchmark_spec(item, settings),

@@ -1,8 +1,8 @@
 """The A/B runner: two configured servers benchmarked in one run, rounds interleaved A B A B, judged by the
 benchmark gate's sequential rule (:func:`pytest_llmserve.gates.bench.until_verdict`), B against A.
 
-It shares the gate's round (:func:`~pytest_llmserve.gates.bench.run_round`, each round alone on its server, a
-contended one measured again: :func:`~pytest_llmserve.gates.bench.clean_round`) and records a
+It shares the gate's round (:func:`~pytest_llmserve.gates.rounds.run_round`, each round alone on its server, a
+contended one measured again: :func:`~pytest_llmserve.gates.rounds.clean_round`) and records a
 :class:`~pytest_llmserve.report.outcome.BenchOutcome` like the gate; ``llmserve builds`` measures its steps with it.
 """
 
@@ -15,17 +15,9 @@ from typing import TYPE_CHECKING, Any
 
 from pytest_llmserve.config import LLMServeConfig, ServerSpec
 from pytest_llmserve.errors import ConfigError
-from pytest_llmserve.gates.bench import (
-    clean_round,
-    format_values,
-    measured_resolution,
-    resolution_record,
-    round_samples,
-    run_round,
-    sample_series,
-    until_verdict,
-)
+from pytest_llmserve.gates.bench import format_values, measured_resolution, resolution_record, until_verdict
 from pytest_llmserve.gates.context import build_context
+from pytest_llmserve.gates.rounds import clean_round, round_samples, run_round, sample_series
 from pytest_llmserve.load.prompts import build_prompts
 from pytest_llmserve.metrics import higher_is_better
 from pytest_llmserve.options import BenchDefaults

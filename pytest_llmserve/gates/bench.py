@@ -33,14 +33,16 @@ Host contention: every round samples what processes other than the server's and 
 the host (CPU, and GPU SM where NVML accounts per process: :mod:`pytest_llmserve.load.contention`), stored with
 the round's samples as ``host_contention`` (a share of the machine) and printed after it. A round above
 ``contention_bound`` (default 10 %) is not a sample: it is discarded, named with the top processes, and
-measured again; after :data:`MAX_CONTENDED_ROUNDS` discarded rounds in one benchmark the outcome is
-"confounded: host busy" naming them (the test is skipped), never a verdict: only clean rounds ever reach
-the statistics, so a busy host cannot make a benchmark REGRESSED (or IMPROVED).
+measured again; after :data:`~pytest_llmserve.gates.rounds.MAX_CONTENDED_ROUNDS` discarded rounds in one
+benchmark the outcome is "confounded: host busy" naming them (the test is skipped), never a verdict: only clean
+rounds ever reach the statistics, so a busy host cannot make a benchmark REGRESSED (or IMPROVED). One round, and
+its contention judged, is :mod:`pytest_llmserve.gates.rounds`.
 
 A figure always: with no baseline, or a refused comparison, the rounds still run and the outcome carries
 their figures, the reason, and the one command that records a baseline for this context. What can be
 refused from the configuration alone (an unreadable baseline file; a context that differs in server
-arguments, environment, model or workload) is decided by :func:`preflight_refusal` before any boot.
+arguments, environment, model or workload) is decided before any boot by
+:func:`~pytest_llmserve.gates.preflight.preflight_refusal`.
 A benchmark of a server whose correctness checks failed in this run (:func:`record_correctness_failure`)
 never passes.
 
@@ -65,20 +67,19 @@ import time
 import uuid
 import warnings
 from collections.abc import Callable, Sequence
-from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
-from pytest_llmserve.config import LLMServeConfig, ServerSpec, Workload, untrained_reason
+from pytest_llmserve.config import LLMServeConfig, ServerSpec, Workload
 from pytest_llmserve.errors import BaselineError
 from pytest_llmserve.gates.context import build_context
+from pytest_llmserve.gates.preflight import accept_command, elsewhere, environment_only
+from pytest_llmserve.gates.rounds import clean_round, round_samples, run_round, sample_series
 from pytest_llmserve.load.metrics import output_fault
 from pytest_llmserve.load.prompts import build_prompts
-from pytest_llmserve.load.runner import judge_contention, run_workload
 from pytest_llmserve.metrics import METRICS, higher_is_better
-from pytest_llmserve.options import OPTIONS
 from pytest_llmserve.report.outcome import BenchOutcome
-from pytest_llmserve.server.handle import RunningServer, engine_of
+from pytest_llmserve.server.handle import RunningServer
 from pytest_llmserve.settings import INCONCLUSIVE_POLICIES, BenchSpec
 from pytest_llmserve.store.baselines import BaselineStore, BenchKey
 from pytest_llmserve.verdicts import stats
@@ -88,13 +89,11 @@ from pytest_llmserve.verdicts.comparability import (
     diff_context,
     host_change_text,
     is_host_key,
-    unknown_host,
 )
 
 if TYPE_CHECKING:
     from pytest_llmserve.server.pool import ServerPool
 
-ENVIRONMENT_KEYS = ("hardware", "python", "plugin_version")
 SAVE_MIN_ROUNDS = 5  # at 5 vs 3+ samples an exact one-sided Mann-Whitney test can reach p < 0.05
 # No round is discarded as warm-up once the warm-up has taken this long: a bound for long workloads (a
 # CPU smoke round takes ~20 s, ~80 s on a slow host; a saturated H200 round ~10 s), where the round cap alone
@@ -110,12 +109,6 @@ CORRECTNESS_FAILURES_FILE = "correctness-failures.jsonl"
 # smoke round on the CPU default that is 6 minutes of rounds (and the time budget, extend_budget_s, may stop it
 # sooner).
 EXTEND_ROUND_LIMIT = 30
-# Contended rounds discarded before a benchmark gives up with "confounded: host busy": one or two let a
-# passing burst (a cron job, a package index refresh) go by at the cost of a round each; a host that stays
-# busy is told within three rounds' time instead of spending max_rounds on figures that cannot be samples.
-MAX_CONTENDED_ROUNDS = 3
-#: The key of a round's host contention (a share of the machine) among its samples.
-HOST_CONTENTION = "host_contention"
 
 
 # One measured round: (server, workload, prompts, what the round is called, fail) -> its RunResult (run_round).
@@ -128,47 +121,6 @@ class InconclusiveWarning(UserWarning):
 
 class BaselineSpreadWarning(UserWarning):
     """A baseline was saved although its own spread is wider than the gate's tolerance."""
-
-
-def round_samples(result: Any) -> dict[str, float]:
-    """The per-round sample of every metric (throughputs; latency mean/median/p90/p99 in ms), and the host
-    contention measured during the round (:data:`HOST_CONTENTION`, a share of the machine) when sampled."""
-    import math
-
-    out = {name: float(value) for name, value in result.metrics.items()
-           if isinstance(value, int | float) and math.isfinite(value)}
-    busy = getattr(result, "host_contention", None)
-    if busy is not None and math.isfinite(busy.share):
-        out[HOST_CONTENTION] = float(busy.share)
-    return out
-
-
-def clean_round(run: Callable[[str], Any], what: str, *, bound: float, contended: list[dict[str, Any]],
-                say: Callable[[str], None], confounded: Callable[[str], None]) -> Any:
-    """One round that is a sample: ``run(what)`` again while the host was busier than ``bound`` during it
-    (:func:`pytest_llmserve.load.runner.judge_contention`). Each discarded round goes to ``contended`` (shared by
-    the benchmark's rounds); at :data:`MAX_CONTENDED_ROUNDS` of them ``confounded`` gets the message
-    ("confounded: host busy", naming the processes) and the last result is returned (invalid) if it returns."""
-    first = what
-    while True:
-        result = run(what)
-        busy = getattr(result, "host_contention", None)
-        if busy is None:  # not sampled (a stand-in round, a script's runner)
-            return result
-        reason = judge_contention(result, bound)
-        if reason is None:
-            say(f"{what}: {busy.describe()}")
-            return result
-        contended.append({"round": what, "reason": reason, "host_contention": busy.to_dict()})
-        say(f"{what} is not a sample: {reason}")
-        if len(contended) >= MAX_CONTENDED_ROUNDS:
-            lines = "\n".join(f"  - {c['round']}: {c['reason']}" for c in contended)
-            confounded(f"confounded: host busy: {len(contended)} rounds discarded because other processes took "
-                       f"more than {bound:.0%} of the host (contention_bound) during them; no verdict, the server "
-                       f"is not blamed for the machine:\n{lines}\nRun again on a quiet host (or raise "
-                       "contention_bound, knowing the figures then include the others' share).")
-            return result
-        what = f"{first} (again: {len(contended)} contended so far)"
 
 
 def unit_of(metric: str) -> str:
@@ -188,66 +140,11 @@ def figure_line(metric: str, values: list[float]) -> str:
             f"({s.min:.2f}..{s.max:.2f}, CV {s.cv:.1%})")
 
 
-def environment_only(comp: Comparability) -> bool:
-    """The comparison differs only in where it ran (hardware, Python, plugin version): no baseline exists for
-    this environment, which is an invitation to record one rather than a refusal of a change."""
-    return bool(comp.confounders) and all(
-        any(d.key == k or d.key.startswith(k + ".") for k in ENVIRONMENT_KEYS) for d in comp.confounders)
-
-
-def elsewhere(comp: Comparability) -> str:
-    """Where an environment-only refusal's baseline was recorded, as the refusal says it: on another host
-    (its differing fields named), before the host's identity was stored (an unknown host), or elsewhere."""
-    if unknown_host(comp.diffs):
-        return ("recorded before baselines stored their host's identity: from an unknown host, "
-                "re-record it on this one")
-    host = host_change_text(comp.diffs)
-    return f"recorded on another host: {host}" if host else "recorded elsewhere"
-
-
 def median_half_width(values: list[float]) -> float:
     """Half the width of the 95 % bootstrap CI of the median, relative to the median (0.03 = ±3 %)."""
     low, high = stats.median_ci(values)
     median = stats.summarize(values).median
     return (high - low) / 2 / abs(median) if median else float("inf")
-
-
-def accept_command(results_dir: Path, store_dir: Path, test_id: str) -> str:
-    """The command that turns this run's figures into the baseline of its context (replacing the record of
-    the other context: explicit, and the old file stays in version control)."""
-    import shlex
-
-    latest = results_dir / "latest" / "results.json"
-    return (f"llmserve baselines accept --replace {shlex.quote(str(latest))} --dir {shlex.quote(str(store_dir))} "
-            f"-k {shlex.quote(test_id)}")
-
-
-def save_command(invocation: Sequence[str], *, nodeid: str, test_name: str, server_name: str,
-                 suite: bool) -> str:
-    """``pytest <this run's --llmserve-* options> --llmserve-save-baseline <this benchmark>``: the one
-    command that records a baseline for this benchmark in this context."""
-    import shlex
-
-    kept: list[str] = []
-    args = list(invocation)
-    i = 0
-    while i < len(args):
-        arg = args[i]
-        name = arg.split("=", 1)[0]
-        if arg.startswith("--llmserve-") and name not in ("--llmserve-save-baseline", "--llmserve-server"):
-            kept.append(arg)
-            option = next((o for o in OPTIONS if o.flag == name), None)
-            if "=" not in arg and option is not None and option.kind != "flag" and i + 1 < len(args):
-                kept.append(args[i + 1])
-                i += 1
-        elif name == "--llmserve-server" and "=" not in arg:
-            i += 1  # its value: the command names this benchmark's server itself
-        i += 1
-    if suite:
-        selection = ["--llmserve-server=" + server_name, "-k", test_name]
-    else:
-        selection = [nodeid]
-    return shlex.join(["pytest", *kept, "--llmserve-save-baseline", *selection])
 
 
 # --------------------------------------------------------------------------- correctness registry
@@ -282,64 +179,6 @@ def correctness_failures(run_dir: Path, server_id: str) -> list[dict[str, str]]:
         if isinstance(item, dict) and item.get("server") == server_id:
             found.append({k: str(item.get(k, "")) for k in ("server", "test", "summary")})
     return found
-
-
-# --------------------------------------------------------------------------- before the boot
-
-
-def preflight_refusal(*, spec: ServerSpec, cfg: LLMServeConfig, options: BenchSpec, store_dir: Path,
-                      key_test: str, test_id: str, save: bool, allow_confounded: bool,
-                      results_dir: Path, allow_host_change: bool = False) -> BenchOutcome | None:
-    """What can be refused from the configuration alone, before any server boots; None when nothing.
-
-    * a baseline file that cannot be read (truncated, corrupt, another schema): never measured against,
-      never written (``--llmserve-save-baseline`` refuses too, leaving the file byte-identical);
-    * a comparison whose context differs in more than the variable under test in a key known before the
-      boot (server arguments and environment, model, workload); only where it ran (hardware, Python,
-      plugin) is not refused: that run measures and reports "no baseline for this environment";
-    * a save whose context differs from the stored one (appending would mix incomparable samples).
-
-    The engine version is known only after the boot: it is taken as the baseline's here, and compared then.
-    Returns the benchmark's outcome (refused, or an ``error``; ``note`` says why).
-    """
-    wl = cfg.workload(options.workload, where=test_id)
-    key = BenchKey(test=options.baseline_test or key_test, server=options.baseline_server or spec.id,
-                   workload=wl.name)
-    store = BaselineStore(store_dir)
-    hib = options.higher_is_better if options.higher_is_better is not None else higher_is_better(options.metric)
-    outcome = BenchOutcome(test_id=test_id, server_id=spec.id, workload=wl.name, metric=options.metric,
-                           higher_is_better=hib, tolerance=options.tolerance, baseline_path=str(store.path_for(key)),
-                           baseline_key=key, seconds=0.0, before_boot=True)
-    try:
-        doc = store.load(key)
-    except BaselineError as exc:
-        outcome.error = f"baseline unreadable: {exc}"
-        outcome.note = f"{test_id}: refused before any boot: {exc}\nNothing was measured and the file was not written."
-        return outcome
-    if doc is None:
-        return None
-    context = build_context(spec, wl, engine_version=doc.context.get("engine_version"))
-    outcome.context = context
-    if save:
-        diffs = diff_context(doc.context, context)
-        if not diffs:
-            return None
-        listing = "\n".join(f"  - {d.describe()}" for d in diffs)
-        outcome.error = "save refused: the stored baseline has another context"
-        outcome.note = (
-            f"{test_id}: --llmserve-save-baseline refused before any boot: {store.path_for(key)} holds "
-            f"samples of another context, and appending would mix incomparable samples:\n{listing}\n"
-            f"Nothing was measured and the file was not written. To record this context instead, run without "
-            f"--llmserve-save-baseline, then: {accept_command(results_dir, store_dir, test_id)}")
-        return outcome
-    comp = comparability(doc.context, context, options.variable, allow_confounded,
-                         allow_host_change=allow_host_change)
-    if comp.ok or environment_only(comp):
-        return None
-    outcome.comparability = comp
-    outcome.note = (f"{test_id}: {comp.message}\nbaseline: {store.path_for(key)}\nDecided from the configuration "
-                    "before any boot: no server was started for this benchmark.")
-    return outcome
 
 
 # --------------------------------------------------------------------------- the gate
@@ -923,60 +762,6 @@ def until_verdict(judge: Callable[[], _V], one_more: Callable[[], None], rounds_
         one_more()
         verdict = judge()
     return verdict
-
-
-def run_round(server: RunningServer, workload: Workload, prompts: Any, what: str, fail: Callable[[str], Any]) -> Any:
-    """One measured round on a live ``server`` (its requests counted as request time, bounded by the server's
-    ``request_timeout_s``); an invalid round is never a number: ``fail`` gets what made it invalid.
-
-    The round has the server to itself: it holds the server's request lock exclusively (no other request
-    of this run, from any xdist worker, reaches the server meanwhile), and the engine's own
-    running-requests gauge, sampled during the round, must never exceed the round's concurrency. What other
-    processes took of the host during it is sampled into ``result.host_contention`` (judged by the caller:
-    :func:`clean_round`). On an
-    untrained model (:func:`pytest_llmserve.config.untrained_reason`) the sampled answers' collapse is not
-    judged; failed requests, wrong lengths and NaN still make the round invalid."""
-    server.ensure_alive()
-    engine = _engine_of(server)
-    with _alone(server), _requests(server):
-        result = run_workload(server.base_url, server.model_name, workload, prompts=prompts,
-                              api_key=server.spec.api_key, progress=False,
-                              timeout_s=server.spec.request_timeout_s,
-                              server_counter=engine.generation_counter,
-                              running_gauge=engine.running_requests_gauge,
-                              untrained=untrained_reason(getattr(server, "spec_for_checks", None) or server.spec),
-                              host_contention=True, server_pid=getattr(server, "server_pid", None))
-    if not result.valid:
-        busy = f"\nhost: {result.host_contention.describe()}" if result.host_contention is not None else ""
-        fail(f"{what} is INVALID (not a number):\n  - " + "\n  - ".join(result.invalid_reasons)
-             + f"\nworkload: {asdict(workload)}\nserver: {server.describe()}{busy}")
-    return result
-
-
-def _engine_of(server: RunningServer) -> Any:
-    """The engine's adapter, for its metric names: a worker attached to another worker's server reaches it
-    as ``external``, but the engine is the one configured (``spec_for_checks``)."""
-    return engine_of(server)
-
-
-def _alone(server: RunningServer) -> Any:
-    """The server's request lock held exclusively (none when the server was not given one: a script's)."""
-    import contextlib
-
-    lock = getattr(server, "request_lock", None)
-    return lock.exclusive() if lock is not None else contextlib.nullcontext()
-
-
-def _requests(server: RunningServer) -> Any:
-    import contextlib
-
-    acc = server.accounting
-    return acc.requests("benchmark") if acc is not None else contextlib.nullcontext()
-
-
-def sample_series(samples: list[dict[str, float]]) -> dict[str, list[float]]:
-    names = sorted(set().union(*[set(s) for s in samples])) if samples else []
-    return {n: [s[n] for s in samples if n in s] for n in names}
 
 
 def _cross(result: Any) -> Any:

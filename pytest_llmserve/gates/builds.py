@@ -26,9 +26,9 @@ from pytest_llmserve.builds import BuildEnv, Installer
 from pytest_llmserve.config import WORKLOAD_PRESETS, BuildSpec, LLMServeConfig, ServerSpec, Workload
 from pytest_llmserve.errors import ConfigError, LLMServeError
 from pytest_llmserve.gates.ab import ABRunner
-from pytest_llmserve.gates.bench import round_samples, run_round
 from pytest_llmserve.gates.context import build_context
 from pytest_llmserve.gates.decode import DecodeCheck
+from pytest_llmserve.gates.rounds import round_samples, run_round
 from pytest_llmserve.load.metrics import output_fault
 from pytest_llmserve.load.prompts import build_prompts
 from pytest_llmserve.metrics import higher_is_better

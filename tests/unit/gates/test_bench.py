@@ -14,15 +14,13 @@ import pytest
 from pytest_llmserve.config import LLMServeConfig, ServerSpec, Workload, config_from_table
 from pytest_llmserve.errors import ConfigError
 from pytest_llmserve.gates.bench import (
-    accept_command,
     correctness_failures,
     figure_line,
     median_half_width,
-    preflight_refusal,
     record_correctness_failure,
-    save_command,
 )
 from pytest_llmserve.gates.context import build_context
+from pytest_llmserve.gates.preflight import accept_command, preflight_refusal, save_command
 from pytest_llmserve.report.outcome import BenchOutcome
 from pytest_llmserve.report.plots import axis_label, comparison_plot_name
 from pytest_llmserve.report.session import latest_run_dir, new_run_dir, point_latest

@@ -12,7 +12,8 @@ import pytest
 
 from pytest_llmserve.config import ServerSpec
 from pytest_llmserve.errors import ConfigError
-from pytest_llmserve.gates.bench import HOST_CONTENTION, MAX_CONTENDED_ROUNDS, BenchGate
+from pytest_llmserve.gates.bench import BenchGate
+from pytest_llmserve.gates.rounds import HOST_CONTENTION, MAX_CONTENDED_ROUNDS
 from pytest_llmserve.load.contention import BusyProcess, HostContention
 from pytest_llmserve.report.outcome import BenchOutcome
 from pytest_llmserve.report.text import format_markdown

@@ -9,8 +9,9 @@ from typing import Any
 
 import pytest
 
-from pytest_llmserve.gates.bench import BenchGate, preflight_refusal
+from pytest_llmserve.gates.bench import BenchGate
 from pytest_llmserve.gates.context import build_context
+from pytest_llmserve.gates.preflight import preflight_refusal
 from pytest_llmserve.report.outcome import BenchOutcome
 from pytest_llmserve.server.hardware import hardware_context
 from pytest_llmserve.store.baselines import BaselineStore, BenchKey
