@@ -1,4 +1,8 @@
-"""The pytest face of the package: options, ini keys, markers, fixtures, hooks and the terminal summary.
+"""The pytest face of the package: options, ini keys, markers, fixtures and hooks, wired to the modules
+that do the work: :mod:`pytest_llmserve.session` (the run's settings and state, the SIGTERM guard, the
+teardown), :mod:`pytest_llmserve.collection` (parametrization, markers checked, items grouped and ordered),
+:mod:`pytest_llmserve.report_hooks` (each test's verdict row, a dead server's failure, the terminal summary)
+and :mod:`pytest_llmserve.xdist_hooks`.
 
 Settings are resolved by :mod:`pytest_llmserve.settings` (ini < ``PYTEST_LLMSERVE_*`` < ``--llmserve-*`` <
 marker); state lives in ``config.stash``; the core gets plain dataclasses.
@@ -25,15 +29,10 @@ run only when used). Because the header, and pytest-xdist's choice of scheduler,
 
 from __future__ import annotations
 
-import functools
-import json
 import os
 import sys
-import time
 from collections.abc import Callable, Generator, Iterator
-from dataclasses import dataclass, field, replace
 from pathlib import Path
-from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -47,14 +46,14 @@ if TYPE_CHECKING:
     from pytest_llmserve.config import LLMServeConfig, ServerSpec
     from pytest_llmserve.evidence.client import LLMClient
     from pytest_llmserve.gates.ab import ABRunner
-    from pytest_llmserve.gates.accounting import Accounting
     from pytest_llmserve.gates.bench import BenchGate
     from pytest_llmserve.gates.decode import DecodeCheck
-    from pytest_llmserve.gates.probes import AnswerBook, ServerProbes
+    from pytest_llmserve.gates.probes import ServerProbes
     from pytest_llmserve.report.checks import CheckOutcome
     from pytest_llmserve.report.outcome import BenchOutcome
     from pytest_llmserve.server.handle import RunningServer, ServerHandle
     from pytest_llmserve.server.pool import ServerPool
+    from pytest_llmserve.session import RunState
     from pytest_llmserve.settings import BenchSpec, Settings
 
 # The built-in suite: every test_llmserve_*.py file here (named one by one, so the user's python_files
@@ -85,23 +84,8 @@ LLMSERVE_FIXTURES = frozenset({"llmserve_config", "llm_server", "llmserve_batch_
 
 _INI_TYPES = {"flag": "bool", "string": "string", "int": "int", "float": "float"}
 
-
-@dataclass
-class RunState:
-    """Per-process state: the server pool, benchmark outcomes, timing accounting."""
-
-    run_dir: Path  # created by the first boot (ServerPool), removed by its owner at unconfigure
-    owns_run_dir: bool
-    accounting: Accounting
-    host_local: bool = False  # a worker on another host: its own run directory; it stops what it boots
-    pool: ServerPool | None = None
-    outcomes: list[BenchOutcome] = field(default_factory=list)
-    session_start: float = field(default_factory=time.monotonic)
-    probes: dict[str, ServerProbes] = field(default_factory=dict)  # by server id: independent probes sent ahead
-
-
 SETTINGS_KEY = pytest.StashKey["Settings"]()
-STATE_KEY = pytest.StashKey[RunState]()  # set once the run uses llmserve (see _use)
+STATE_KEY = pytest.StashKey["RunState"]()  # set once the run uses llmserve (see _use)
 SPEC_KEY = pytest.StashKey["ServerSpec"]()
 SIGTERM_KEY = pytest.StashKey[Any]()  # the SIGTERM handler ours replaced
 RUN_DIR_NAME_KEY = pytest.StashKey[Path]()  # the run directory's name, handed to xdist workers before use
@@ -147,7 +131,7 @@ def pytest_configure(config: pytest.Config) -> None:
         from pytest_llmserve import xdist_hooks
 
         # The run directory's name goes to the workers even unconfigured: their tests may still use a server.
-        xdist_hooks.register(config, str(_run_dir_name(config)), lambda: _config_groups(_settings(config)),
+        xdist_hooks.register(config, str(_run_dir_name(config)), lambda: _config_groups(config),
                              configured=configured)
     if not configured:
         return
@@ -159,7 +143,10 @@ def pytest_configure(config: pytest.Config) -> None:
     xdist_hooks.keep_benchmarks_on_one_worker(config)
     _start_using(config)
     if config.stash[SETTINGS_KEY].suite:
-        _add_suite(config)
+        # lazy: the plugin imports only options.py until a run uses it (tests/plugin/test_inert.py)
+        from pytest_llmserve.collection import add_suite
+
+        add_suite(config, SUITE_DIR)
 
 
 def _is_worker(config: pytest.Config) -> bool:
@@ -174,18 +161,9 @@ def _is_xdist_controller(config: pytest.Config) -> bool:
 
 def _resolve_settings(config: pytest.Config, sources: Sources) -> Settings:
     # lazy: the plugin imports only options.py until a run uses it (tests/plugin/test_inert.py)
-    from pytest_llmserve.builds import install_builds
-    from pytest_llmserve.engines import embedded
-    from pytest_llmserve.errors import LLMServeError
-    from pytest_llmserve.settings import resolve_settings
+    from pytest_llmserve.session import resolve
 
-    try:
-        settings = resolve_settings(Path(config.rootpath), sources, embedded.default_spec)
-        # The builds the matrices want, installed now (cached): a step of its own, never the configuration's.
-        settings = replace(settings, cfg=install_builds(settings.cfg))
-    except LLMServeError as exc:
-        raise pytest.UsageError(f"pytest-llmserve: {exc}") from None
-    config.stash[SETTINGS_KEY] = settings
+    settings = config.stash[SETTINGS_KEY] = resolve(Path(config.rootpath), sources)
     return settings
 
 
@@ -212,28 +190,11 @@ def _use(config: pytest.Config) -> RunState:
         return state
     settings = config.stash.get(SETTINGS_KEY, None) or _resolve_settings(config, _sources(config))
     # lazy: the plugin imports only options.py until a run uses it (tests/plugin/test_inert.py)
-    from pytest_llmserve import xdist_hooks
-    from pytest_llmserve.gates.accounting import Accounting
+    from pytest_llmserve import collection, session
 
-    host_local = False
+    state = config.stash[STATE_KEY] = session.start(config, settings, _run_dir_name(config))
     if _is_worker(config):
-        # lazy: the plugin imports only options.py until a run uses it (tests/plugin/test_inert.py)
-        from pytest_llmserve.server.hosts import host_run_dir
-
-        gateway = xdist_hooks.worker_gateway(config)
-        run_dir, host_local = host_run_dir(xdist_hooks.worker_run_dir(config), settings.results_dir,
-                                           remote=bool(gateway.get("remote")), label=str(gateway.get("label", "host")))
-        owns = False
-    else:
-        run_dir, owns = _run_dir_name(config), True
-    state = config.stash[STATE_KEY] = RunState(run_dir=run_dir, owns_run_dir=owns, accounting=Accounting(),
-                                               host_local=host_local)
-    if _is_worker(config):
-        xdist_hooks.register_worker(config, state.accounting, lambda: state.run_dir)
-        if xdist_hooks.distributes_by_config(config):
-            config.pluginmanager.register(ConfigGroups(), "llmserve-config-groups")
-        else:
-            config.pluginmanager.register(ReferenceGroups(settings), "llmserve-reference-groups")
+        collection.register_worker_groups(config, settings, SUITE_DIR)
     return state
 
 
@@ -250,62 +211,25 @@ def _used_state(config: pytest.Config) -> RunState | None:
     return state
 
 
-def _config_groups(settings: Settings) -> dict[str, str]:
+def _config_groups(config: pytest.Config) -> dict[str, str]:
     """Each configuration's server id -> its xdist group (how the controller places and names tests)."""
     # lazy: the plugin imports only options.py until a run uses it (tests/plugin/test_inert.py)
-    from pytest_llmserve.server.hosts import config_group
+    from pytest_llmserve.server.hosts import config_groups
 
-    return {spec.id: config_group(spec) for spec in settings.cfg.all_specs()}
+    return config_groups(_settings(config).cfg.all_specs())
 
 
 def _start_using(config: pytest.Config) -> None:
     """What the plugin does once it is in use: guard the run's servers against SIGTERM (not on xdist
     workers: their controller stops the shared servers)."""
     if not _is_worker(config) and SIGTERM_KEY not in config.stash:
-        _install_sigterm_handler(config)
+        # lazy: the plugin imports only options.py until a run uses it (tests/plugin/test_inert.py)
+        from pytest_llmserve.session import install_sigterm_handler
 
+        previous = install_sigterm_handler()
+        if previous is not None:
+            config.stash[SIGTERM_KEY] = previous
 
-def _install_sigterm_handler(config: pytest.Config) -> None:
-    """SIGTERM (a CI cancel, ``timeout``, ``kill``) ends Python without any teardown, which would leave
-    the servers running: turn it into KeyboardInterrupt, as pytest does with Ctrl-C, so sessionfinish and
-    unconfigure stop them. Only where no one else handles SIGTERM; a repeated SIGTERM during that
-    (bounded) shutdown is ignored so the teardown is not cut short."""
-    import signal
-    import threading
-
-    if threading.current_thread() is not threading.main_thread():
-        return
-    if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
-        return
-    fired: list[int] = []
-
-    def on_sigterm(signum: int, frame: FrameType | None) -> None:
-        if fired:
-            return
-        fired.append(signum)
-        raise KeyboardInterrupt("SIGTERM: stopping servers and ending the run")
-
-    config.stash[SIGTERM_KEY] = signal.signal(signal.SIGTERM, on_sigterm)
-
-
-def _restore_sigterm_handler(config: pytest.Config) -> None:
-    import signal
-
-    previous = config.stash.get(SIGTERM_KEY, None)
-    if previous is not None:
-        signal.signal(signal.SIGTERM, previous)
-        del config.stash[SIGTERM_KEY]
-
-
-def _add_suite(config: pytest.Config) -> None:
-    # The main suite file first: its boot test is the clearest first failure.
-    files = sorted(SUITE_DIR.glob("test_llmserve_*.py"),
-                   key=lambda p: (p.name != "test_llmserve_suite.py", p.name))
-    suite = [str(path) for path in files]
-    if config.args_source == pytest.Config.ArgsSource.ARGS:
-        config.args.extend(path for path in suite if path not in config.args)
-    else:
-        config.args[:] = suite  # only the suite, not the rootdir's testpaths
 
 
 # Node ids of the built-in suite start with this instead of a path: the suite files lie in the installed
@@ -324,22 +248,8 @@ def pytest_pycollect_makemodule(module_path: Path, parent: pytest.Collector) -> 
 
 
 def _pool(config: pytest.Config) -> ServerPool:
-    state = config.stash[STATE_KEY]
-    if state.pool is None:
-        # lazy: the plugin imports only options.py until a run uses it (tests/plugin/test_inert.py)
-        from pytest_llmserve.server.pool import ServerPool
-
-        settings = config.stash[SETTINGS_KEY]
-        if settings.kill_stale:
-            # lazy: the plugin imports only options.py until a run uses it (tests/plugin/test_inert.py)
-            from pytest_llmserve.server.handle import kill_stale
-
-            kill_stale(say=lambda msg: _say(config, msg))
-        state.run_dir.mkdir(mode=0o700, parents=state.host_local, exist_ok=True)
-        state.pool = ServerPool(state.run_dir, settings.results_dir / "logs", shared=_is_worker(config),
-                                say=lambda msg: _say(config, msg), host_local=state.host_local)
-        state.pool.accounting = state.accounting
-    return state.pool
+    return config.stash[STATE_KEY].server_pool(config.stash[SETTINGS_KEY], shared=_is_worker(config),
+                                               say=lambda msg: _say(config, msg))
 
 
 def _say(config: pytest.Config, msg: str) -> None:
@@ -354,7 +264,10 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
     settings = config.stash.get(SETTINGS_KEY, None)
     if settings is None or not settings.configured:
         return []
-    specs = _selected_specs(settings, None)
+    # lazy: the plugin imports only options.py until a run uses it (tests/plugin/test_inert.py)
+    from pytest_llmserve.collection import selected_specs
+
+    specs = selected_specs(settings, None)
     lines = [f"llmserve: config {settings.cfg.source}; servers: {', '.join(s.id for s in specs)}",
              f"llmserve: baselines {settings.baseline_dir}; results {settings.results_dir}; "
              f"workload {settings.bench.workload}, metric {settings.bench.metric}, "
@@ -369,88 +282,15 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
     return lines
 
 
-# ---------------------------------------------------------------------------- parametrization
-
-def _selected_specs(settings: Settings, names: tuple[str, ...] | None) -> list[ServerSpec]:
-    cfg = settings.cfg
-    if names is None or "*" in names:
-        wanted = settings.servers if settings.servers and "*" not in settings.servers else None
-        if names is None and wanted is None and not settings.suite:
-            wanted = (cfg.default_server,)
-        names = wanted or tuple(s.name for s in cfg.servers)
-    elif settings.servers and "*" not in settings.servers:
-        names = tuple(n for n in names if n in settings.servers)
-    out: list[ServerSpec] = []
-    for name in names:
-        out.extend(cfg.expanded(name))
-    return out
-
-
-def marker_server_names(marker: pytest.Mark | None, cfg: LLMServeConfig) -> tuple[str, ...] | None:
-    """The server names of an ``llmserve_server`` marker (None: no marker), each a configured server or
-    ``'*'``; a :class:`ConfigError` listing what is allowed otherwise."""
-    if marker is None:
-        return None
-    # lazy: the plugin imports only options.py until a run uses it (tests/plugin/test_inert.py)
-    from pytest_llmserve.errors import ConfigError
-
-    known = f"configured servers: {', '.join(s.name for s in cfg.servers)} or '*'; from {cfg.source}"
-    if marker.kwargs:
-        given = ", ".join(f"{key}={value!r}" for key, value in marker.kwargs.items())
-        raise ConfigError(f"unknown keyword argument(s) {given}: it takes no keywords, only server names "
-                          f"as positional arguments, e.g. llmserve_server('a', 'b') ({known})")
-    if not marker.args:
-        raise ConfigError(f"needs at least one server name ({known})")
-    names: list[str] = []
-    for arg in marker.args:
-        if not isinstance(arg, str):
-            raise ConfigError(f"{arg!r} is not a server name: pass names as separate strings ({known})")
-        if arg != "*" and arg not in {s.name for s in cfg.servers}:
-            raise ConfigError(f"unknown server {arg!r} ({known})")
-        names.append(arg)
-    return tuple(names)
-
-
-# Usage errors found while parametrizing: raised from pytest_collection_modifyitems as one UsageError
-# (a UsageError raised inside pytest_generate_tests becomes a collection error with a traceback).
-MARKER_PROBLEMS_KEY = pytest.StashKey[list[str]]()
-
+# ---------------------------------------------------------------------------- collection
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "llm_server" not in metafunc.fixturenames:
         return
     # lazy: the plugin imports only options.py until a run uses it (tests/plugin/test_inert.py)
-    from pytest_llmserve.errors import ConfigError
+    from pytest_llmserve.collection import parametrize
 
-    settings = _settings(metafunc.config)
-    try:
-        names = marker_server_names(metafunc.definition.get_closest_marker("llmserve_server"), settings.cfg)
-    except ConfigError as exc:
-        metafunc.config.stash.setdefault(MARKER_PROBLEMS_KEY, []).append(
-            f"{metafunc.definition.nodeid}: marker llmserve_server: {exc}")
-        return
-    specs = _selected_specs(settings, names)
-    # Parametrization comes from configuration only (never a live server), so every xdist worker
-    # collects the same items in the same order.
-    if "llmserve_batch_case" in metafunc.fixturenames:
-        # lazy: the plugin imports only options.py until a run uses it (tests/plugin/test_inert.py)
-        from pytest_llmserve.verdicts.batch_sizes import coverage_plan
-
-        pairs = []
-        for spec in specs:
-            sizes = spec.cuda_graph.batch_sizes if spec.cuda_graph and spec.cuda_graph.enabled else None
-            for case in coverage_plan(None, sizes):
-                pairs.append(pytest.param(spec, case, id=f"{spec.id}-{case.id}", marks=_gpu_marks(spec)))
-        metafunc.parametrize(["llm_server", "llmserve_batch_case"], pairs, indirect=["llm_server"])
-        return
-    params = [pytest.param(spec, id=spec.id, marks=_gpu_marks(spec)) for spec in specs]
-    metafunc.parametrize("llm_server", params, indirect=True, scope="function")
-
-
-def _gpu_marks(spec: ServerSpec) -> list[pytest.MarkDecorator]:
-    """``gpu = true``: the items need a GPU here (skipped where none is visible); not for a server attached
-    by url, whose GPUs are on the host that runs it."""
-    return [pytest.mark.gpu] if spec.gpu and not spec.attached else []
+    parametrize(metafunc, _settings(metafunc.config))
 
 
 def _is_llmserve_item(item: pytest.Item) -> bool:
@@ -458,152 +298,35 @@ def _is_llmserve_item(item: pytest.Item) -> bool:
             or any(item.get_closest_marker(name) is not None for name in LLMSERVE_MARKERS))
 
 
-def _benchmark_spec(item: pytest.Item, settings: Settings) -> BenchSpec:
-    """The item's benchmark gate; a bad marker argument is a usage error naming the test and the value."""
-    # lazy: the plugin imports only options.py until a run uses it (tests/plugin/test_inert.py)
-    from pytest_llmserve.errors import ConfigError
-    from pytest_llmserve.settings import bench_spec
-
-    marker = item.get_closest_marker("llmserve_benchmark")
-    args, kwargs = (tuple(marker.args), dict(marker.kwargs)) if marker is not None else ((), {})
-    try:
-        return bench_spec(settings, args, kwargs, where=f"{item.nodeid}: marker llmserve_benchmark")
-    except ConfigError as exc:
-        raise pytest.UsageError(f"pytest-llmserve: {exc}") from None
-
-
-def _marker_problems(config: pytest.Config, items: list[pytest.Item]) -> list[str]:
-    """Every bad llmserve marker of the run (server names found while parametrizing, benchmark arguments
-    checked here), so that a typo costs no server boot and all of them are shown at once."""
-    # lazy: the plugin imports only options.py until a run uses it (tests/plugin/test_inert.py)
-    from pytest_llmserve.errors import ConfigError
-    from pytest_llmserve.settings import bench_spec
-
-    settings = config.stash[SETTINGS_KEY]
-    problems: list[str] = list(config.stash.get(MARKER_PROBLEMS_KEY, None) or ())
-    for item in items:
-        marker = item.get_closest_marker("llmserve_benchmark")
-        if marker is not None:
-            try:
-                bench_spec(settings, tuple(marker.args), dict(marker.kwargs),
-                           where=f"{item.nodeid}: marker llmserve_benchmark")
-            except ConfigError as exc:
-                if str(exc) not in problems:  # once per test function, not per parametrization
-                    problems.append(str(exc))
-    return problems
-
-
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
     llmserve_items = [item for item in items if _is_llmserve_item(item)]
     if not llmserve_items:
         return  # nothing of ours to check, mark, probe for or order (configured or not)
     # lazy: the plugin imports only options.py until a run uses it (tests/plugin/test_inert.py)
-    from pytest_llmserve import xdist_hooks
+    from pytest_llmserve import collection
 
     settings = _settings(config)
-    problems = _marker_problems(config, items)
+    problems = collection.marker_problems(config, items, settings)
     if problems:
         raise pytest.UsageError("\n".join(f"pytest-llmserve: {problem}" for problem in problems))
     _start_using(config)
-    # The GPU probe is for llmserve's own items (a gpu = true server marks its items): a project's own
-    # gpu-marked tests keep whatever the project does with its marker.
-    gpu_items = [item for item in llmserve_items if item.get_closest_marker("gpu")]
-    if not config.option.collectonly and gpu_items:
-        # lazy: the plugin imports only options.py until a run uses it (tests/plugin/test_inert.py)
-        from pytest_llmserve.server.gpu import no_gpu_reason
-
-        gpu_reason = no_gpu_reason()
-        if gpu_reason:
-            for item in gpu_items:
-                item.add_marker(pytest.mark.skip(reason=gpu_reason))
-    order: dict[str, int] = {s.id: i for i, s in enumerate(_run_order(settings.cfg))}
-    by_config = xdist_hooks.distributes_by_config(config)
-    for item in items:
-        if by_config and _item_spec(item) is not None:
-            continue  # grouped by configuration (ConfigGroups)
-        bench_marker = item.get_closest_marker("llmserve_benchmark")
-        if bench_marker or "llm_ab" in getattr(item, "fixturenames", ()):
-            item.add_marker(pytest.mark.xdist_group("llmserve-bench"))
-        elif settings.probe_concurrency != 1 and _independent(item):
-            # One worker runs a server's independent probes, so they go out together once.
-            spec = _item_spec(item)
-            item.add_marker(pytest.mark.xdist_group(f"llmserve-probes-{order.get(spec.id, -1) if spec else -1}"))
-
-    def key(indexed: tuple[int, pytest.Item]) -> tuple[int, int, int]:
-        idx, item = indexed
-        spec = _item_spec(item)
-        phase = 2 if item.get_closest_marker("llmserve_benchmark") else \
-            1 if item.get_closest_marker("llmserve_after_traffic") else 0
-        return (order.get(spec.id, -1) if spec else -1, phase, idx)
-
-    # Stable sort by configuration so each one boots exactly once; within it the checks that read the traffic's
-    # trace in the log (config is execution: graph use per batch size) come after that traffic, benchmarks last.
-    items[:] = [item for _, item in sorted(enumerate(items), key=key)]
-
-
-def _run_order(cfg: LLMServeConfig) -> list[ServerSpec]:
-    """The configurations in the order they run: as configured, except that a matrix's declared reference
-    combination comes first among its server's (its test_matches_reference records what the others replay)."""
-    out: list[ServerSpec] = []
-    for server in cfg.servers:
-        combos = list(cfg.expanded(server.name))
-        reference = cfg.reference_of(server.name)
-        if reference is not None:
-            combos.sort(key=lambda spec: spec.id != reference.id)
-        out.extend(combos)
-    return out
-
-
-def _is_reference_differential(item: pytest.Item) -> bool:
-    return (getattr(item, "originalname", None) == "test_matches_reference"
-            and Path(str(item.path)).parent == SUITE_DIR)
-
-
-class ReferenceGroups:
-    """On each xdist worker (one host): a server's reference differentials (test_matches_reference) join one
-    ``xdist_group``, so that under ``--dist loadgroup`` one worker runs them in the run's order, the reference
-    combination first (it records what the others replay; without the group, a combination that comes first
-    boots the reference and records it). First among the collection hooks, as for :class:`ConfigGroups`."""
-
-    def __init__(self, settings: Settings) -> None:
-        self.settings = settings
-
-    @pytest.hookimpl(tryfirst=True)
-    def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
-        for item in items:
-            spec = _item_spec(item)
-            if spec is not None and _is_reference_differential(item) and self.settings.cfg.reference_of(spec.name):
-                item.add_marker(pytest.mark.xdist_group(f"llmserve-reference-{spec.name}"))
-
-
-class ConfigGroups:
-    """Across hosts, on each worker: every test of a configuration joins that configuration's
-    ``xdist_group``, so one host runs (and boots) it, its benchmarks included (they run alone on the host
-    that booted it; other hosts' benchmarks run on other machines). First among the collection hooks:
-    pytest-xdist's worker reads the groups into the node ids in its own."""
-
-    @pytest.hookimpl(tryfirst=True)
-    def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
-        # lazy: the plugin imports only options.py until a run uses it (tests/plugin/test_inert.py)
-        from pytest_llmserve.server.hosts import config_group
-
-        for item in items:
-            spec = _item_spec(item)
-            if spec is not None:
-                item.add_marker(pytest.mark.xdist_group(config_group(spec)))
+    if not config.option.collectonly:
+        collection.skip_without_gpu(llmserve_items)
+    collection.order_items(config, items, settings)
 
 
 def _item_spec(item: pytest.Item) -> ServerSpec | None:
-    callspec = getattr(item, "callspec", None)
-    if callspec is None:
-        return None
-    value = callspec.params.get("llm_server")
-    if value is None:
-        return None
     # lazy: the plugin imports only options.py until a run uses it (tests/plugin/test_inert.py)
-    from pytest_llmserve.config import ServerSpec
+    from pytest_llmserve.collection import item_spec
 
-    return value if isinstance(value, ServerSpec) else None
+    return item_spec(item)
+
+
+def _benchmark_spec(item: pytest.Item, settings: Settings) -> BenchSpec:
+    # lazy: the plugin imports only options.py until a run uses it (tests/plugin/test_inert.py)
+    from pytest_llmserve.collection import benchmark_spec
+
+    return benchmark_spec(item, settings)
 
 
 # ---------------------------------------------------------------------------- fixtures
@@ -623,7 +346,10 @@ def llm_server(request: pytest.FixtureRequest) -> RunningServer:
     config = request.config
     spec = getattr(request, "param", None)
     if spec is None:
-        spec = _selected_specs(config.stash[SETTINGS_KEY], None)[0]
+        # lazy: the plugin imports only options.py until a run uses it (tests/plugin/test_inert.py)
+        from pytest_llmserve.collection import selected_specs
+
+        spec = selected_specs(config.stash[SETTINGS_KEY], None)[0]
     # lazy: the plugin imports only options.py until a run uses it (tests/plugin/test_inert.py)
     from pytest_llmserve.errors import ServerError
 
@@ -671,120 +397,41 @@ def decode_check(llm_server: RunningServer, request: pytest.FixtureRequest) -> D
 
     # lazy: the plugin imports only options.py until a run uses it (tests/plugin/test_inert.py)
     from pytest_llmserve import report_hooks
+    from pytest_llmserve.collection import prefetched
 
     probes = _server_probes(config, llm_server, current)
     settings = config.stash[SETTINGS_KEY]
     plan = reference_plan(settings.cfg, current, config.stash[STATE_KEY].run_dir, settings.reference_answers)
     return DecodeCheck(llm_server, fail=fail, skip=_skip, reference_server=reference_server,
                        verbose=config.option.verbose, record=report_hooks.oracle_recorder(node),
-                       probes=probes, prefetched=_prefetched(node, llm_server, probes), reference_plan=plan)
+                       probes=probes, prefetched=prefetched(node, llm_server, probes), reference_plan=plan)
 
 
 @pytest.fixture
 def llm_client(llm_server: RunningServer, request: pytest.FixtureRequest) -> Iterator[LLMClient]:
     """A :class:`pytest_llmserve.evidence.client.LLMClient` for this test's server."""
+    # lazy: the plugin imports only options.py until a run uses it (tests/plugin/test_inert.py)
+    from pytest_llmserve.collection import prefetched, suite_requests
+
     client = llm_server.client()
     node = request.node
     assert isinstance(node, pytest.Item)
-    declared = _suite_requests(node)
+    declared = suite_requests(node)
     if declared is not None:
         client.request_kind = declared[0]
         if declared[1]:
             spec = node.stash.get(SPEC_KEY, None) or llm_server.spec_for_checks or llm_server.spec
-            client.answers = _prefetched(node, llm_server, _server_probes(request.config, llm_server, spec))
+            client.answers = prefetched(node, llm_server, _server_probes(request.config, llm_server, spec))
     yield client
     client.close()
 
 
-# ---------------------------------------------------------------------------- independent probes sent ahead
-
-def _suite_requests(item: pytest.Item) -> tuple[str, bool] | None:
-    """A built-in test's request kind and whether its probes are independent (see
-    :func:`pytest_llmserve.suite.suite_requests`); None for other tests."""
-    # lazy: the plugin imports only options.py until a run uses it (tests/plugin/test_inert.py)
-    from pytest_llmserve.suite import SUITE_REQUESTS_ATTR
-
-    declared = getattr(getattr(item, "obj", None), SUITE_REQUESTS_ATTR, None)
-    return declared if isinstance(declared, tuple) else None
-
-
-def _independent(item: pytest.Item) -> bool:
-    declared = _suite_requests(item)
-    return declared is not None and declared[1]
-
-
 def _server_probes(config: pytest.Config, server: RunningServer, spec: ServerSpec) -> ServerProbes:
-    """This process's independent probes of ``server``, bounded by its batch capacity (made once)."""
+    """This process's independent probes of ``server`` (see :mod:`pytest_llmserve.gates.prefetch`)."""
     # lazy: the plugin imports only options.py until a run uses it (tests/plugin/test_inert.py)
-    from pytest_llmserve.gates.probes import ServerProbes, concurrency_bound
+    from pytest_llmserve.gates.prefetch import server_probes
 
-    state = config.stash[STATE_KEY]
-    probes = state.probes.get(spec.id)
-    if probes is None or probes.server is not server:
-        requested = config.stash[SETTINGS_KEY].probe_concurrency
-        reported = None
-        if requested != 1 and not spec.max_batch_size:
-            reported = getattr(server.facts(), "max_batch_size", None)
-        probes = ServerProbes(server, concurrency_bound(requested, spec.max_batch_size, reported))
-        state.probes[spec.id] = probes
-    return probes
-
-
-def _prefetched(item: pytest.Item, server: RunningServer, probes: ServerProbes) -> AnswerBook | None:
-    """This test's answers sent ahead. The first independent test of a server plans and sends, together,
-    the probes of every independent test of that server this process will run (under xdist: those of its
-    xdist group, which loadgroup keeps on one worker; else its own), by running each once against a
-    recording client; later ones find theirs waiting."""
-    if not probes.together or not _independent(item):
-        return None
-    if item.nodeid not in probes.planned_items:
-        # lazy: the plugin imports only options.py until a run uses it (tests/plugin/test_inert.py)
-        from pytest_llmserve.gates.probes import plan
-
-        plans = {}
-        for other in _prefetch_scope(item):
-            declared = _suite_requests(other)
-            if other.nodeid not in probes.planned_items and declared is not None:
-                plans[other.nodeid] = plan(functools.partial(_dry_run, other, server), server.model_name,
-                                           declared[0])
-        probes.prefetch(plans)
-    return probes.answers_for(item.nodeid)
-
-
-def _prefetch_scope(item: pytest.Item) -> list[pytest.Item]:
-    spec = _item_spec(item)
-    config = item.config
-    if _is_worker(config) and getattr(config.option, "dist", None) != "loadgroup":
-        return [item]  # which of the others this worker will run is not known here
-    group = _probe_group(item)
-    return [other for other in item.session.items
-            if _independent(other) and _item_spec(other) == spec and _probe_group(other) == group]
-
-
-def _probe_group(item: pytest.Item) -> str | None:
-    marker = item.get_closest_marker("xdist_group")
-    return str(marker.args[0]) if marker is not None and marker.args else None
-
-
-def _dry_run(item: pytest.Item, server: RunningServer, recorder: LLMClient) -> None:
-    """Run a built-in test's function once against ``recorder`` (its Hypothesis examples included: the
-    same derandomized draws as the real run): what it would send is recorded, nothing is judged."""
-    import inspect
-
-    # lazy: the plugin imports only options.py until a run uses it (tests/plugin/test_inert.py)
-    from pytest_llmserve.gates.decode import DecodeCheck
-
-    def ignore(message: str) -> None:
-        pass
-
-    planning = {"llm_server": server, "llm_client": recorder,
-                "decode_check": DecodeCheck(server, fail=ignore, skip=ignore, planning=recorder)}
-    function = getattr(item, "obj", None)
-    if function is None:
-        return
-    names = list(inspect.signature(function).parameters)
-    if all(name in planning for name in names):
-        function(**{name: planning[name] for name in names})
+    return server_probes(config.stash[STATE_KEY].probes, server, spec, config.stash[SETTINGS_KEY].probe_concurrency)
 
 
 def openai_client_options(server: RunningServer) -> dict[str, Any]:
@@ -914,6 +561,7 @@ def _skip(message: str) -> None:
     pytest.skip(message)
 
 
+
 # ---------------------------------------------------------------------------- reporting and teardown
 
 def _item_server(item: pytest.Item) -> ServerHandle | None:
@@ -928,15 +576,6 @@ def _item_server(item: pytest.Item) -> ServerHandle | None:
     return None
 
 
-def server_death_failure(death: str, error: str) -> str:
-    """A test's failure when its server died under it, in the style of the tests after it (whose
-    ``llm_server`` setup fails with ``death``): who died and how, the test's own error in one line, then
-    the log's last lines once; the traceback into the client would only show where the socket closed."""
-    head, _, tail = death.partition("\n")
-    first = error.strip().splitlines()[0] if error.strip() else "?"
-    return f"{head}\nthe test failed with: {first}" + (f"\n{tail}" if tail else "")
-
-
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item: pytest.Item,
                               call: pytest.CallInfo[None]) -> Generator[None, pytest.TestReport, pytest.TestReport]:
@@ -946,13 +585,7 @@ def pytest_runtest_makereport(item: pytest.Item,
     from pytest_llmserve import report_hooks
 
     server = _item_server(item) if call.excinfo is not None and call.when == "call" else None
-    death = server.death_report() if server is not None else None
-    if death is not None and call.excinfo is not None and not call.excinfo.errisinstance(pytest.skip.Exception):
-        try:
-            pytest.fail(server_death_failure(death, f"{call.excinfo.typename}: {call.excinfo.value}"),
-                        pytrace=False)
-        except pytest.fail.Exception:
-            call.excinfo = pytest.ExceptionInfo.from_current()
+    death = report_hooks.blame_server_death(call, server)
     report = yield
     spec = item.stash.get(SPEC_KEY, None) or _item_spec(item)
     report_hooks.record_verdict(item, call, report, spec.id if spec else None, SUITE_DIR)
@@ -960,14 +593,7 @@ def pytest_runtest_makereport(item: pytest.Item,
         server = _item_server(item)
         if server is not None and server.log_path is not None:
             # The server is up: its last lines often say why a request failed.
-            # lazy: the plugin imports only options.py until a run uses it (tests/plugin/test_inert.py)
-            from pytest_llmserve.server.handle import LOG_TAIL_LINES, read_tail, redact_text, secret_values
-
-            # Masked as in a death report: some engines print their arguments, an API key included.
-            tail = redact_text(read_tail(server.log_path),
-                               secret_values(server.spec, server.plan.argv if server.plan else None))
-            report.sections.append(("llmserve server log",
-                                    f"{server.describe()}\n--- last {LOG_TAIL_LINES} lines ---\n{tail}"))
+            report.sections.append(report_hooks.server_log_section(server))
     return report
 
 
@@ -977,84 +603,16 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, exitstatu
     if state is None or _is_worker(config):
         return
     # lazy: the plugin imports only options.py until a run uses it (tests/plugin/test_inert.py)
-    from pytest_llmserve import xdist_hooks
-    from pytest_llmserve.gates.accounting import Accounting
-    from pytest_llmserve.server.pool import read_boots
+    from pytest_llmserve import report_hooks, xdist_hooks
 
     settings = config.stash[SETTINGS_KEY]
 
-    host_reports = xdist_hooks.host_reports(config)
-    # Across hosts the boots were recorded in each host's own run directory and came home with its report.
-    boots = read_boots(state.run_dir) + [boot for r in host_reports.values() for boot in r.boots
-                                         if boot not in read_boots(state.run_dir)]
     outcomes, checks = _session_verdicts(terminalreporter, state)
-    by_host = _rows_by_host(terminalreporter, settings, host_reports) if host_reports else []
-    if not boots and not outcomes and not checks and not by_host:
-        return
-    terminalreporter.section("llmserve")
-    if by_host:
-        terminalreporter.write_line("configurations by host:")
-        for row in by_host:
-            terminalreporter.write_line("  " + row.line())
-        settings.results_dir.mkdir(parents=True, exist_ok=True)
-        (settings.results_dir / "hosts.json").write_text(json.dumps([row.to_dict() for row in by_host], indent=2))
-    wall = time.monotonic() - state.session_start
-    # Attached servers (launched elsewhere) are not boots: each xdist worker records its own attachment.
-    attached = list({b["server"]: b for b in boots if b.get("launched") is False}.values())
-    boots = [b for b in boots if b.get("launched") is not False]
-    boot_s = sum(float(b.get("boot_s") or 0) for b in boots)
-    ok = [b for b in boots if b.get("ok")]
-    if boots or attached:
-        terminalreporter.write_line(
-            f"server boots: {len(ok)}" + (f" ({', '.join(b['server'] for b in ok)})" if ok else "")
-            + (f"; failed boots: {len(boots) - len(ok)}" if len(ok) != len(boots) else ""))
-    for b in boots:
-        terminalreporter.write_line(f"  {b['server']}: boot {b.get('boot_s')} s, log {b.get('log')}")
-    for b in attached:
-        terminalreporter.write_line(
-            f"attached: {b['server']} at {b.get('url')}, not launched by this run (nor stopped by it)"
-            + (f"; log {b['log']}" if b.get("log") else "")
-            + ("" if b.get("ok") else f"; not ready: {b.get('error')}"))
     workers = xdist_hooks.workers_accounting(config)  # under xdist the servers were used in the workers
-    if state.pool is not None or workers:
-        # lazy: the plugin imports only options.py until a run uses it (tests/plugin/test_inert.py)
-        from pytest_llmserve.gates.accounting import format_report, report
-
-        snapshot = Accounting.merge([state.accounting.snapshot(), *workers])
-        terminalreporter.write_line("time: " + format_report(report(snapshot)))
-    # lazy: the plugin imports only options.py until a run uses it (tests/plugin/test_inert.py)
-    from pytest_llmserve.report.session import render_session
-    from pytest_llmserve.store.reference_answers import DIR_NAME
-
-    # A matrix reference's answers, recorded in the run's shared directory (removed at the end), kept with
-    # the run's reports, where --llmserve-reference-answers can name them in a later run.
-    recorded = sorted((state.run_dir / DIR_NAME).glob("*.json")) if (state.run_dir / DIR_NAME).is_dir() else []
-    for line in render_session(outcomes, checks, settings.results_dir, bench_json=settings.bench_json,
-                               wall_s=wall, boot_s=boot_s,
-                               files=[(f"{DIR_NAME}/{path.name}", path) for path in recorded]).splitlines():
-        terminalreporter.write_line(line)
-
-
-def _rows_by_host(terminalreporter: pytest.TerminalReporter, settings: Settings,
-                  host_reports: dict[str, Any]) -> list[Any]:
-    """Per configuration run on a remote host: that host, its boots and the verdicts of its tests."""
-    # lazy: the plugin imports only options.py until a run uses it (tests/plugin/test_inert.py)
-    from pytest_llmserve.server.hosts import merge_by_config, server_of_nodeid
-
-    if not any(report.label != "localhost" for report in host_reports.values()):
-        return []
-    groups = _config_groups(settings)
-    outcomes = []
-    for category in terminalreporter.stats.values():
-        for report in category:
-            node = getattr(report, "node", None)
-            when = getattr(report, "when", None)
-            # "???": pytest-xdist's report of the test a worker was running when it went down.
-            decided = when in ("call", "???") or (when == "setup" and not getattr(report, "passed", True))
-            server = server_of_nodeid(str(getattr(report, "nodeid", "")), groups) if decided else None
-            if server is not None and node is not None:
-                outcomes.append((server, str(node.gateway.id), str(report.outcome)))
-    return merge_by_config(groups, outcomes, host_reports)
+    report_hooks.write_summary(terminalreporter, settings, run_dir=state.run_dir,
+                               host_reports=xdist_hooks.host_reports(config), outcomes=outcomes, checks=checks,
+                               accounting=state.accounting if state.pool is not None or workers else None,
+                               workers=workers, session_start=state.session_start)
 
 
 def _session_verdicts(terminalreporter: pytest.TerminalReporter,
@@ -1073,36 +631,24 @@ def _session_verdicts(terminalreporter: pytest.TerminalReporter,
     return outcomes, checks
 
 
+
 @pytest.hookimpl(tryfirst=True)  # before the worker's report home is written
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     config = session.config
     state = config.stash.get(STATE_KEY, None)
-    if state is not None and state.pool is not None and state.host_local:
-        # A worker on another host: the controller cannot reach its servers, so it stops them itself.
-        for err in state.pool.stop_owned():
-            _say(config, f"teardown problem: {err}")
-        return
-    if state is None or state.pool is None or _is_worker(config):
-        return
-    errors = state.pool.stop_all()
-    for err in errors:
-        _say(config, f"teardown problem: {err}")
+    if state is not None:
+        state.stop_servers(worker=_is_worker(config), say=lambda msg: _say(config, msg))
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
     state = _used_state(config)
     if state is None:
         return
-    if state.pool is not None and not _is_worker(config):
-        state.pool.stop_all()
-    if state.owns_run_dir and state.run_dir.exists():
+    state.finish(worker=_is_worker(config), say=lambda msg: _say(config, msg))
+    previous = config.stash.get(SIGTERM_KEY, None)
+    if previous is not None:
         # lazy: the plugin imports only options.py until a run uses it (tests/plugin/test_inert.py)
-        from pytest_llmserve.server.pool import stop_shared_servers
+        from pytest_llmserve.session import restore_sigterm_handler
 
-        leftovers = stop_shared_servers(state.run_dir, say=lambda msg: _say(config, msg))
-        if leftovers:
-            _say(config, f"processes left after teardown: {', '.join(leftovers)}")
-        import shutil
-
-        shutil.rmtree(state.run_dir, ignore_errors=True)
-    _restore_sigterm_handler(config)
+        restore_sigterm_handler(previous)
+        del config.stash[SIGTERM_KEY]

@@ -11,18 +11,33 @@ its verdict as flat ``user_properties`` (``llmserve_check``, ``llmserve_server``
 benchmark whose gate recorded a measurement is reported by that record (a
 :class:`~pytest_llmserve.report.outcome.BenchOutcome`, carried as its JSON in the ``llmserve_benchmark`` user
 property); the row is for a benchmark test that ended without one (it failed before measuring, or was skipped).
+
+A test whose server died under it fails with the death's report (:func:`blame_server_death`); a failed
+test whose server is up gets the server log's last lines (:func:`server_log_section`). At the end,
+:func:`write_summary` writes the run's llmserve section of the terminal summary: configurations by host,
+boots and attached servers, where the time went, and the session's report.
 """
 
 from __future__ import annotations
 
+import json
+import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from pytest_llmserve.gates.accounting import Accounting, format_report
+from pytest_llmserve.gates.accounting import report as time_report
 from pytest_llmserve.report.checks import NOT_APPLICABLE, CheckOutcome, CheckVerdict, one_line
 from pytest_llmserve.report.outcome import BenchOutcome
+from pytest_llmserve.report.session import render_session
+from pytest_llmserve.server.handle import LOG_TAIL_LINES, ServerHandle, read_tail, redact_text, secret_values
+from pytest_llmserve.server.hosts import ConfigRow, HostReport, config_groups, merge_by_config, server_of_nodeid
+from pytest_llmserve.server.pool import read_boots
+from pytest_llmserve.settings import Settings
+from pytest_llmserve.store.reference_answers import DIR_NAME
 
 ROW_ATTR = "llmserve_check"  # the report attribute that carries a check's row
 BENCH_PROPERTY = "llmserve_benchmark"  # the user property a benchmark's BenchOutcome travels in (its JSON)
@@ -175,3 +190,105 @@ def collected(reports: Iterable[Any]) -> tuple[list[BenchOutcome], list[CheckOut
                 if name == BENCH_PROPERTY and str(value) not in benches:
                     benches.append(str(value))
     return [BenchOutcome.from_json(text) for text in benches], list(rows.values())
+
+
+# ---------------------------------------------------------------------------- a server that died
+
+def server_death_failure(death: str, error: str) -> str:
+    """A test's failure when its server died under it, in the style of the tests after it (whose
+    ``llm_server`` setup fails with ``death``): who died and how, the test's own error in one line, then
+    the log's last lines once; the traceback into the client would only show where the socket closed."""
+    head, _, tail = death.partition("\n")
+    first = error.strip().splitlines()[0] if error.strip() else "?"
+    return f"{head}\nthe test failed with: {first}" + (f"\n{tail}" if tail else "")
+
+
+def blame_server_death(call: pytest.CallInfo[None], server: ServerHandle | None) -> str | None:
+    """``server``'s death report, if it died under the test's failed (not skipped) call; the call's
+    exception is then replaced by the failure that names the death (:func:`server_death_failure`)."""
+    death = server.death_report() if server is not None else None
+    if death is not None and call.excinfo is not None and not call.excinfo.errisinstance(pytest.skip.Exception):
+        try:
+            pytest.fail(server_death_failure(death, f"{call.excinfo.typename}: {call.excinfo.value}"),
+                        pytrace=False)
+        except pytest.fail.Exception:
+            call.excinfo = pytest.ExceptionInfo.from_current()
+    return death
+
+
+def server_log_section(server: ServerHandle) -> tuple[str, str]:
+    """A failed test's report section: the last lines of its server's log, which often say why a request
+    failed; masked as in a death report (some engines print their arguments, an API key included)."""
+    assert server.log_path is not None
+    secrets = secret_values(server.spec, server.plan.argv if server.plan else None)
+    tail = redact_text(read_tail(server.log_path), secrets)
+    return ("llmserve server log", f"{server.describe()}\n--- last {LOG_TAIL_LINES} lines ---\n{tail}")
+
+
+# ---------------------------------------------------------------------------- the terminal summary
+
+def write_summary(terminalreporter: pytest.TerminalReporter, settings: Settings, *, run_dir: Path,
+                  host_reports: dict[str, HostReport], outcomes: list[BenchOutcome], checks: list[CheckOutcome],
+                  accounting: Accounting | None, workers: list[dict[str, Any]], session_start: float) -> None:
+    """The llmserve section of the controller's terminal summary (none when the run booted, attached,
+    measured and checked nothing). ``accounting``: this process's time, None where no server was used
+    here or in a worker (``workers``: the workers' snapshots)."""
+    # Across hosts the boots were recorded in each host's own run directory and came home with its report.
+    boots = read_boots(run_dir) + [boot for r in host_reports.values() for boot in r.boots
+                                   if boot not in read_boots(run_dir)]
+    by_host = _rows_by_host(terminalreporter, settings, host_reports) if host_reports else []
+    if not boots and not outcomes and not checks and not by_host:
+        return
+    terminalreporter.section("llmserve")
+    if by_host:
+        terminalreporter.write_line("configurations by host:")
+        for row in by_host:
+            terminalreporter.write_line("  " + row.line())
+        settings.results_dir.mkdir(parents=True, exist_ok=True)
+        (settings.results_dir / "hosts.json").write_text(json.dumps([row.to_dict() for row in by_host], indent=2))
+    wall = time.monotonic() - session_start
+    # Attached servers (launched elsewhere) are not boots: each xdist worker records its own attachment.
+    attached = list({b["server"]: b for b in boots if b.get("launched") is False}.values())
+    boots = [b for b in boots if b.get("launched") is not False]
+    boot_s = sum(float(b.get("boot_s") or 0) for b in boots)
+    ok = [b for b in boots if b.get("ok")]
+    if boots or attached:
+        terminalreporter.write_line(
+            f"server boots: {len(ok)}" + (f" ({', '.join(b['server'] for b in ok)})" if ok else "")
+            + (f"; failed boots: {len(boots) - len(ok)}" if len(ok) != len(boots) else ""))
+    for b in boots:
+        terminalreporter.write_line(f"  {b['server']}: boot {b.get('boot_s')} s, log {b.get('log')}")
+    for b in attached:
+        terminalreporter.write_line(
+            f"attached: {b['server']} at {b.get('url')}, not launched by this run (nor stopped by it)"
+            + (f"; log {b['log']}" if b.get("log") else "")
+            + ("" if b.get("ok") else f"; not ready: {b.get('error')}"))
+    if accounting is not None:
+        snapshot = Accounting.merge([accounting.snapshot(), *workers])
+        terminalreporter.write_line("time: " + format_report(time_report(snapshot)))
+    # A matrix reference's answers, recorded in the run's shared directory (removed at the end), kept with
+    # the run's reports, where --llmserve-reference-answers can name them in a later run.
+    recorded = sorted((run_dir / DIR_NAME).glob("*.json")) if (run_dir / DIR_NAME).is_dir() else []
+    for line in render_session(outcomes, checks, settings.results_dir, bench_json=settings.bench_json,
+                               wall_s=wall, boot_s=boot_s,
+                               files=[(f"{DIR_NAME}/{path.name}", path) for path in recorded]).splitlines():
+        terminalreporter.write_line(line)
+
+
+def _rows_by_host(terminalreporter: pytest.TerminalReporter, settings: Settings,
+                  host_reports: dict[str, HostReport]) -> list[ConfigRow]:
+    """Per configuration run on a remote host: that host, its boots and the verdicts of its tests."""
+    if not any(report.label != "localhost" for report in host_reports.values()):
+        return []
+    groups = config_groups(settings.cfg.all_specs())
+    outcomes = []
+    for category in terminalreporter.stats.values():
+        for report in category:
+            node = getattr(report, "node", None)
+            when = getattr(report, "when", None)
+            # "???": pytest-xdist's report of the test a worker was running when it went down.
+            decided = when in ("call", "???") or (when == "setup" and not getattr(report, "passed", True))
+            server = server_of_nodeid(str(getattr(report, "nodeid", "")), groups) if decided else None
+            if server is not None and node is not None:
+                outcomes.append((server, str(node.gateway.id), str(report.outcome)))
+    return merge_by_config(groups, outcomes, host_reports)

@@ -39,6 +39,11 @@ def config_group(spec: ServerSpec) -> str:
     return f"{GROUP_PREFIX}{safe}-{digest}"
 
 
+def config_groups(specs: Iterable[ServerSpec]) -> dict[str, str]:
+    """Each configuration's server id -> its xdist group (how the controller places and names tests)."""
+    return {spec.id: config_group(spec) for spec in specs}
+
+
 def server_of_nodeid(nodeid: str, server_ids: Iterable[str]) -> str | None:
     """The configuration a test's node id names in its parametrization (``test_x[default[max_batch_size=4]]``,
     ``test_y[a-batch3]``), longest id first; None for a test of no configuration.
