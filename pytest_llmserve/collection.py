@@ -10,6 +10,7 @@ before anything boots, and the collected items marked, grouped and ordered.
   benchmarks last. Benchmarks share one ``xdist_group``; a server's independent probes share one too, so
   one worker sends them together (:mod:`pytest_llmserve.gates.prefetch`, handed each test's plain data
   here by :func:`prefetched`).
+* **The header** (:func:`header_lines`): the configurations selected and the benchmark gate's settings.
 
 The plugin (:mod:`pytest_llmserve.plugin`) calls this once a run uses llmserve; the configuration's
 decisions it applies are plain data (:mod:`pytest_llmserve.config`, :mod:`pytest_llmserve.settings`).
@@ -68,6 +69,24 @@ def selected_specs(settings: Settings, names: tuple[str, ...] | None) -> list[Se
     for name in names:
         out.extend(cfg.expanded(name))
     return out
+
+
+def header_lines(settings: Settings) -> list[str]:
+    """The run's header lines: the configuration, the servers selected, where baselines and results go,
+    the benchmark gate's settings, and the servers attached rather than launched."""
+    specs = selected_specs(settings, None)
+    lines = [f"llmserve: config {settings.cfg.source}; servers: {', '.join(s.id for s in specs)}",
+             f"llmserve: baselines {settings.baseline_dir}; results {settings.results_dir}; "
+             f"workload {settings.bench.workload}, metric {settings.bench.metric}, "
+             f"tolerance {settings.bench.tolerance}, "
+             f"rounds {settings.bench.rounds}..{settings.bench.max_rounds} after up to "
+             f"{settings.bench.warmup_rounds} warm-up (agreeing within {settings.bench.warmup_agreement:.0%}); "
+             f"rounds with host contention above {settings.bench.contention_bound:.0%} are not samples"]
+    attached = [s for s in specs if s.attached]
+    if attached:
+        lines.append("llmserve: attached, not launched by this run: "
+                     + ", ".join(f"{s.id} at {s.url}" for s in attached))
+    return lines
 
 
 def marker_server_names(marker: pytest.Mark | None, cfg: LLMServeConfig) -> tuple[str, ...] | None:

@@ -265,21 +265,9 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
     if settings is None or not settings.configured:
         return []
     # lazy: the plugin imports only options.py until a run uses it (tests/plugin/test_inert.py)
-    from pytest_llmserve.collection import selected_specs
+    from pytest_llmserve.collection import header_lines
 
-    specs = selected_specs(settings, None)
-    lines = [f"llmserve: config {settings.cfg.source}; servers: {', '.join(s.id for s in specs)}",
-             f"llmserve: baselines {settings.baseline_dir}; results {settings.results_dir}; "
-             f"workload {settings.bench.workload}, metric {settings.bench.metric}, "
-             f"tolerance {settings.bench.tolerance}, "
-             f"rounds {settings.bench.rounds}..{settings.bench.max_rounds} after up to "
-             f"{settings.bench.warmup_rounds} warm-up (agreeing within {settings.bench.warmup_agreement:.0%}); "
-             f"rounds with host contention above {settings.bench.contention_bound:.0%} are not samples"]
-    attached = [s for s in specs if s.attached]
-    if attached:
-        lines.append("llmserve: attached, not launched by this run: "
-                     + ", ".join(f"{s.id} at {s.url}" for s in attached))
-    return lines
+    return header_lines(settings)
 
 
 # ---------------------------------------------------------------------------- collection
