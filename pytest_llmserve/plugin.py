@@ -231,7 +231,6 @@ def _start_using(config: pytest.Config) -> None:
             config.stash[SIGTERM_KEY] = previous
 
 
-
 # Node ids of the built-in suite start with this instead of a path: the suite files lie in the installed
 # package, outside the rootdir, where pytest would give them an empty path (``::test_boots_and_generates[a]``).
 SUITE_NODEID_PREFIX = "llmserve-suite"
