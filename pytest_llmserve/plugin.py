@@ -548,7 +548,6 @@ def _skip(message: str) -> None:
     pytest.skip(message)
 
 
-
 # ---------------------------------------------------------------------------- reporting and teardown
 
 def _item_server(item: pytest.Item) -> ServerHandle | None:
@@ -592,11 +591,9 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, exitstatu
     # lazy: the plugin imports only options.py until a run uses it (tests/plugin/test_inert.py)
     from pytest_llmserve import report_hooks, xdist_hooks
 
-    settings = config.stash[SETTINGS_KEY]
-
     outcomes, checks = _session_verdicts(terminalreporter, state)
     workers = xdist_hooks.workers_accounting(config)  # under xdist the servers were used in the workers
-    report_hooks.write_summary(terminalreporter, settings, run_dir=state.run_dir,
+    report_hooks.write_summary(terminalreporter, config.stash[SETTINGS_KEY], run_dir=state.run_dir,
                                host_reports=xdist_hooks.host_reports(config), outcomes=outcomes, checks=checks,
                                accounting=state.accounting if state.pool is not None or workers else None,
                                workers=workers, session_start=state.session_start)
@@ -616,7 +613,6 @@ def _session_verdicts(terminalreporter: pytest.TerminalReporter,
     kept = {outcome.to_json() for outcome in outcomes}
     outcomes += [record for record in benches if record.to_json() not in kept]
     return outcomes, checks
-
 
 
 @pytest.hookimpl(tryfirst=True)  # before the worker's report home is written
