@@ -10,7 +10,7 @@ from pytest_llmserve.evidence.client import LLMClient
 from pytest_llmserve.gates.prefetch import ProbeTest, dry_run, prefetched, server_probes
 from pytest_llmserve.gates.probes import ServerProbes
 from tests.unit.gates.test_probes import LoggedHandle
-from tests.unit.verdicts.test_oracles import FakeServer
+from tests.unit.gates.test_oracle_runs import FakeServer
 
 SPEC = ServerSpec(name="s")
 
