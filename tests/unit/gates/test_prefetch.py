@@ -9,8 +9,8 @@ from pytest_llmserve.config import ServerSpec
 from pytest_llmserve.evidence.client import LLMClient
 from pytest_llmserve.gates.prefetch import ProbeTest, dry_run, prefetched, server_probes
 from pytest_llmserve.gates.probes import ServerProbes
-from tests.unit.gates.test_probes import LoggedHandle
 from tests.unit.gates.test_oracle_runs import FakeServer
+from tests.unit.gates.test_probes import LoggedHandle
 
 SPEC = ServerSpec(name="s")
 
