@@ -201,20 +201,22 @@ DEATH_TESTS = """
         wl = Workload("long", num_prompts=2, input_len=16, output_len=1500, warmup=0, max_concurrency=2)
         killed = []
         died = []
-        poll_errors = []
+        polls = []  # what the killer read that was not "generating": errors, and a first reply without the gauge
 
-        def killer():
+        def killer(stop):
             deadline = time.monotonic() + 120
-            while time.monotonic() < deadline:
+            while time.monotonic() < deadline and not stop.is_set():
                 try:
-                    text = httpx.get(llm_server.base_url + "/metrics", timeout=30).text
+                    reply = httpx.get(llm_server.base_url + "/metrics", timeout=30)
                 except httpx.HTTPError as exc:
                     # Seen in CI (2 cores): a /metrics read timed out while the engine was busy, which
                     # ended this thread before it killed anything. A slow read is a reason to ask again.
-                    poll_errors.append(repr(exc))
+                    polls.append(repr(exc))
                     time.sleep(0.2)
                     continue
-                running = [ln for ln in text.splitlines() if ln.startswith("vllm:num_requests_running")]
+                running = [ln for ln in reply.text.splitlines() if ln.startswith("vllm:num_requests_running")]
+                if not running and not polls:
+                    polls.append(f"HTTP {reply.status_code} without the gauge: {reply.text[:120]!r}")
                 if running and float(running[0].split()[-1]) >= 1:
                     time.sleep(1.0)  # tokens are flowing
                     killed.append(time.monotonic())
@@ -233,12 +235,28 @@ DEATH_TESTS = """
                     return
                 time.sleep(0.2)
 
-        thread = threading.Thread(target=killer, daemon=True)
-        thread.start()
-        res = run_workload(llm_server.base_url, llm_server.model_name, wl, progress=False, timeout_s=300)
-        ended = time.monotonic()
-        thread.join(10)
-        assert killed, f"the server was never seen generating; /metrics errors: {poll_errors}"
+        # Seen once in CI (2 cores, 2026-12-03): the workload ended without the killer ever seeing the server
+        # generate, and the cause was not in the output. A workload that ends before the kill is the
+        # scenario not set up, not the plugin's failure: it runs once more, and each such attempt is named.
+        attempts = []
+        for _ in range(2):
+            stop = threading.Event()
+            thread = threading.Thread(target=killer, args=(stop,), daemon=True)
+            thread.start()
+            began = time.monotonic()
+            res = run_workload(llm_server.base_url, llm_server.model_name, wl, progress=False, timeout_s=300)
+            ended = time.monotonic()
+            if not killed:
+                stop.set()
+            thread.join(10)
+            if killed:
+                break
+            attempts.append(f"workload ended after {ended - began:.1f} s, valid={res.valid}, "
+                            f"tokens={[r.output_tokens for r in res.per_request]}, "
+                            f"errors={[r.error for r in res.per_request]}, reasons={res.invalid_reasons}, "
+                            f"killer's reads: {polls[:3]}")
+        print(f"ATTEMPTS without a kill: {len(attempts)}" + "".join(f"\\n  {a}" for a in attempts))
+        assert killed, f"the server was never seen generating: {attempts}"
         assert died, "the SIGKILLed server did not die within 280 s"
         print(f"INFLIGHT surfaced {ended - killed[0]:.3f} s after the kill, {ended - died[0]:.3f} s after the server "
               f"died ({died[0] - killed[0]:.3f} s after the kill); errors: "
@@ -315,6 +333,8 @@ def test_server_killed_during_a_streaming_request_fails_it_at_once(death_run: tu
     found = re.search(r"INFLIGHT surfaced ([\d.]+) s after the kill, ([-\d.]+) s after the server died "
                       r"\(([\d.]+) s after the kill\); errors: (.*)", out)
     assert found, out
+    attempts = re.search(r"ATTEMPTS without a kill: (\d+)", out)
+    print(f"MEASURE workloads that ended before the server was seen generating: {attempts and attempts.group(1)}")
     # Measured from the server's death, not from the signal: how fast the kernel ends a SIGKILLed process is
     # not the plugin's to decide (seen in CI: 80 s), noticing that it is gone is.
     print(f"MEASURE SIGKILL to the server's death: {float(found.group(3)):.2f} s")
