@@ -16,14 +16,18 @@ def test_suite_save_recheck_and_slower_configuration_fails(
         pytester: pytest.Pytester, write_config: Callable[[str], Path]) -> None:
     slow = default_server_toml("slow", max_batch_size=1)
     write_config('default_server = "default"\n' + default_server_toml() + slow + TINY_WORKLOAD)
-    # Two boots on a shared 2-core machine can differ by 15 % on a 2-second round; the slower configuration
-    # below is ~80 % slower, so a wide tolerance still separates them.
+    # Two boots on a shared 2-core machine can differ by 15 % on a 2-second round: the same configuration's
+    # re-check (step 2) gets a wide tolerance. How much slower --max-num-seqs 1 is depends on the CPU: about
+    # 80 % on the host this test was first written on, 28.6 % on a 2-core AVX2 host without AVX-512
+    # (18.81 -> 13.43 tok/s, 2026-12-03; why batching gains so little there was not measured). So step 3 has
+    # a tolerance of its own, 10 %, which both drops exceed by more than their rounds' noise (CV 1-4 %).
     pytester.makeini("[pytest]\nllmserve_workload = tiny\nllmserve_tolerance = 0.30\n")
     pytester.makepyfile(test_slow="""
         import pytest
 
         @pytest.mark.llmserve_server("slow")
         @pytest.mark.llmserve_benchmark(baseline_server="default", variable="max_batch_size", rounds=3,
+                                        tolerance=0.10,
                                         baseline_test="test_llmserve_suite.py::test_throughput")
         def test_throughput(llm_bench):
             llm_bench.run()

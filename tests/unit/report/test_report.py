@@ -286,7 +286,7 @@ def gate_dict(verdict: str, **kw: object) -> dict[str, object]:
     return d
 
 
-def outcome_from_gate(data: dict[str, object]) -> BenchOutcome:
+def read_legacy_record(data: dict[str, object]) -> BenchOutcome:
     """The outcome read back from a bare list holding ``data`` (the gate's earlier record shape)."""
     import tempfile
 
@@ -298,10 +298,10 @@ def outcome_from_gate(data: dict[str, object]) -> BenchOutcome:
     return read
 
 
-def test_outcome_from_gate_dicts() -> None:
+def test_legacy_bare_records_read_back() -> None:
     v = decide(BASE, DROP, higher_is_better=True, tolerance=0.05)
     comp = comparability(context(), context(), None, False)
-    judged = outcome_from_gate(
+    judged = read_legacy_record(
         gate_dict(
             "regressed",
             verdict_detail=v.to_dict(),
@@ -315,14 +315,14 @@ def test_outcome_from_gate_dicts() -> None:
     assert judged.key == BenchKey(
         "tests/test_perf.py::test_throughput", "srv", "smoke"
     )  # as the gate keys it
-    assert outcome_from_gate(gate_dict("saved")).status == "saved"
-    assert outcome_from_gate(gate_dict("no-baseline", current=None)).status == "no-baseline"
+    assert read_legacy_record(gate_dict("saved")).status == "saved"
+    assert read_legacy_record(gate_dict("no-baseline", current=None)).status == "no-baseline"
     refused = comparability(context(), context(mem_fraction=0.5), None, False)
     assert (
-        outcome_from_gate(gate_dict("refused", current=None, comparability=refused.to_dict())).status
+        read_legacy_record(gate_dict("refused", current=None, comparability=refused.to_dict())).status
         == "refused"
     )
-    explicit = outcome_from_gate(gate_dict("saved", key={"test": "t", "server": "s", "workload": "w"}))
+    explicit = read_legacy_record(gate_dict("saved", key={"test": "t", "server": "s", "workload": "w"}))
     assert explicit.key == BenchKey("t", "s", "w")
 
 
@@ -331,7 +331,7 @@ def test_write_all_from_gate_dicts(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
     v = decide(BASE, DROP, higher_is_better=True, tolerance=0.05)
     items = [
-        outcome_from_gate(gate_dict("regressed", verdict_detail=v.to_dict(), baseline={"output_throughput": BASE})),
+        read_legacy_record(gate_dict("regressed", verdict_detail=v.to_dict(), baseline={"output_throughput": BASE})),
         outcome(),
     ]
     paths = write_all(items, tmp_path / "results", bench_json=tmp_path / "bench.json", github_summary=True)
@@ -364,7 +364,7 @@ def test_without_matplotlib_the_other_reports_are_written_and_the_extra_is_named
     for name in ["matplotlib", *(m for m in sys.modules if m.startswith("matplotlib."))]:
         monkeypatch.setitem(sys.modules, name, None)  # imports fail, as when the extra is not installed
     v = decide(BASE, DROP, higher_is_better=True, tolerance=0.05)
-    items = [outcome_from_gate(gate_dict("regressed", verdict_detail=v.to_dict(), baseline={"output_throughput": BASE}))]
+    items = [read_legacy_record(gate_dict("regressed", verdict_detail=v.to_dict(), baseline={"output_throughput": BASE}))]
     text = render_session(items, [], tmp_path / "results", bench_json=None, wall_s=3.0, boot_s=1.0)
     assert "install the plots extra: pip install 'pytest-llmserve[plots]'" in text
     latest = tmp_path / "results" / "latest"  # this run's own directory, by the latest pointer
