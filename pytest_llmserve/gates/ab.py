@@ -92,7 +92,7 @@ class ABRunner:
                 server = servers[name]
 
                 def measure(what: str, server: RunningServer = server) -> Any:
-                    return run_round(server, wl, prompts, what, self.fail)
+                    return run_round(server, wl, prompts, what, self.fail, contention_bound=bound)
 
                 result = clean_round(measure, f"A/B round {done + 1} on {name} ({server.spec.id})", bound=bound,
                                      contended=contended, say=self.say,

@@ -6,7 +6,10 @@ collapse in a sampled output of a trained model) is never a number: the gate rec
 when every reason is a measurement artefact of the machine, not the server's output (chunks merged or buffered
 on a starved host, other traffic on the server: :func:`pytest_llmserve.load.metrics.output_fault` says which), the
 round is discarded, said and recorded (``discarded_rounds``), and run again, at most :data:`ARTEFACT_RETRIES`
-times per benchmark: a busy machine must not fail the server. The verdict
+times per benchmark: a busy machine must not fail the server. Such a round measured while other processes
+took more of the host than ``contention_bound`` is a contended round instead
+(:func:`~pytest_llmserve.gates.rounds.run_round`, :func:`~pytest_llmserve.gates.rounds.clean_round`), which a host
+that stays busy ends as "confounded". The verdict
 (:func:`pytest_llmserve.verdicts.stats.decide_sequential`, a group-sequential test that looks after every
 round) needs significance AND a median change beyond the tolerance; with too little evidence it runs one more
 round, up to ``max_rounds``, then "inconclusive" is reported by the policy ``inconclusive = warn | fail`` (a
@@ -60,6 +63,7 @@ differing host fields printed beside the verdict. Saving takes at least
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -218,7 +222,8 @@ class BenchGate:
         self.record_command = record_command or shlex_join(["pytest", "--llmserve-save-baseline", test_id])
         self.correctness_failed = correctness_failed or (lambda server_id: [])
         # One measured round (a stand-in in unit tests); the warm-up's time budget is read on ``clock``.
-        self.round_runner: RoundRunner = round_runner or run_round
+        self.round_runner: RoundRunner = round_runner or functools.partial(
+            run_round, contention_bound=options.contention_bound)
         self.clock = clock
         self.warmup: dict[str, Any] | None = None  # the warm-up's record, once it ran (it runs once per gate)
         self.discarded_rounds: list[dict[str, Any]] = []  # rounds run again as measurement artefacts

@@ -16,6 +16,8 @@ from dataclasses import asdict
 from typing import Any
 
 from pytest_llmserve.config import Workload, untrained_reason
+from pytest_llmserve.load.contention import contention_reason
+from pytest_llmserve.load.metrics import output_fault
 from pytest_llmserve.load.runner import judge_contention, run_workload
 from pytest_llmserve.server.handle import RunningServer, engine_of
 
@@ -52,10 +54,13 @@ def clean_round(run: Callable[[str], Any], what: str, *, bound: float, contended
         busy = getattr(result, "host_contention", None)
         if busy is None:  # not sampled (a stand-in round, a script's runner)
             return result
+        artefacts = [] if getattr(result, "valid", True) else list(result.invalid_reasons)
         reason = judge_contention(result, bound)
         if reason is None:
             say(f"{what}: {busy.describe()}")
             return result
+        if artefacts:  # run_round let it through: only measurement artefacts, on a busy host
+            reason += f"; its measurement artefacts, likelier the busy host's than the server's: {'; '.join(artefacts)}"
         contended.append({"round": what, "reason": reason, "host_contention": busy.to_dict()})
         say(f"{what} is not a sample: {reason}")
         if len(contended) >= MAX_CONTENDED_ROUNDS:
@@ -68,9 +73,15 @@ def clean_round(run: Callable[[str], Any], what: str, *, bound: float, contended
         what = f"{first} (again: {len(contended)} contended so far)"
 
 
-def run_round(server: RunningServer, workload: Workload, prompts: Any, what: str, fail: Callable[[str], Any]) -> Any:
+def run_round(server: RunningServer, workload: Workload, prompts: Any, what: str, fail: Callable[[str], Any], *,
+              contention_bound: float | None = None) -> Any:
     """One measured round on a live ``server`` (its requests counted as request time, bounded by the server's
-    ``request_timeout_s``); an invalid round is never a number: ``fail`` gets what made it invalid.
+    ``request_timeout_s``); an invalid round is never a number: ``fail`` gets what made it invalid. With a
+    ``contention_bound`` (callers that discard contended rounds with :func:`clean_round`), a round invalid only
+    for measurement artefacts (chunks merged on a starved client: none of its reasons says the server's output
+    was wrong, :func:`pytest_llmserve.load.metrics.output_fault`) during which other processes took more of the
+    host than the bound is returned instead: the busy host is the likelier cause, and ``clean_round`` discards
+    it as contended (and, on a host that stays busy, says "confounded") rather than failing the server.
 
     The round has the server to itself: it holds the server's request lock exclusively (no other request
     of this run, from any xdist worker, reaches the server meanwhile), and the engine's own
@@ -89,11 +100,21 @@ def run_round(server: RunningServer, workload: Workload, prompts: Any, what: str
                               running_gauge=engine.running_requests_gauge,
                               untrained=untrained_reason(getattr(server, "spec_for_checks", None) or server.spec),
                               host_contention=True, server_pid=getattr(server, "server_pid", None))
+    if not result.valid and contention_bound is not None and _busy_artefact(result, contention_bound):
+        return result
     if not result.valid:
         busy = f"\nhost: {result.host_contention.describe()}" if result.host_contention is not None else ""
         fail(f"{what} is INVALID (not a number):\n  - " + "\n  - ".join(result.invalid_reasons)
              + f"\nworkload: {asdict(workload)}\nserver: {server.describe()}{busy}")
     return result
+
+
+def _busy_artefact(result: Any, bound: float) -> bool:
+    """Whether an invalid round has only measurement-artefact reasons and was measured on a host busier than
+    ``bound`` (see :func:`run_round`)."""
+    reasons = list(result.invalid_reasons)
+    return (bool(reasons) and not any(output_fault(reason) for reason in reasons)
+            and contention_reason(result.host_contention, bound) is not None)
 
 
 def _engine_of(server: RunningServer) -> Any:

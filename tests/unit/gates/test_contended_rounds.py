@@ -18,7 +18,7 @@ from pytest_llmserve.load.contention import BusyProcess, HostContention
 from pytest_llmserve.report.outcome import BenchOutcome
 from pytest_llmserve.report.text import format_markdown
 from pytest_llmserve.settings import BenchSpec, Sources, bench_spec, resolve_settings
-from tests.unit.gates.standins import CFG, TEST_ID, StandinServer
+from tests.unit.gates.standins import CFG, SPEC, TEST_ID, StandinServer
 
 GATE = BenchSpec(workload="tiny", metric="output_throughput", tolerance=0.05, rounds=2, max_rounds=8, alpha=0.02,
                  warmup_rounds=0, contention_bound=0.10)
@@ -148,3 +148,75 @@ def test_the_bound_is_a_setting_from_every_source_and_the_marker(tmp_path: Path)
     assert bench_spec(_settings(tmp_path), (), {"contention_bound": 0.25}, where="W").contention_bound == 0.25
     with pytest.raises(ConfigError, match=r"--llmserve-contention-bound = '2': must be a fraction below 1"):
         _settings(tmp_path, cli={"contention_bound": "2"})
+
+
+# --------------------------------------------------------------------------- invalid rounds on a busy host
+
+ARTEFACT = "8 requests of >= 2 tokens arrived as a single chunk (empty ITL): chunks merged on a starved client"
+OUTPUT_FAULT = "3 of 8 requests failed (requests are never retried): connection reset"
+
+
+class RoundServer(StandinServer):
+    """The stand-in server with what the real round (run_round) reads: no lock, no accounting."""
+
+    spec_for_checks = SPEC  # the engine's metric names (vLLM's)
+    base_url = "http://127.0.0.1:9"
+    model_name = "m"
+    accounting = None
+
+    def ensure_alive(self) -> None:
+        return None
+
+    def describe(self) -> str:
+        return "cpu (stand-in)"
+
+
+def _invalid(reason: str, share: float) -> _Result:
+    return _Result({}, _host(share), valid=False, invalid_reasons=[reason])
+
+
+@pytest.mark.parametrize(("reason", "share", "bound", "returned"), [
+    (ARTEFACT, 0.47, 0.10, True),        # only artefacts, on a busy host: the caller's clean_round discards it
+    (ARTEFACT, 0.01, 0.10, False),       # artefacts on a quiet host: invalid, as before
+    (OUTPUT_FAULT, 0.47, 0.10, False),   # the server's output was wrong: never blamed on the host
+    (ARTEFACT, 0.47, None, False),       # a caller that does not discard contended rounds (the build runner)
+], ids=["artefact-busy", "artefact-quiet", "output-fault-busy", "no-bound"])
+def test_run_round_lets_through_only_an_artefact_round_on_a_busy_host(
+        monkeypatch: pytest.MonkeyPatch, reason: str, share: float, bound: float | None, returned: bool) -> None:
+    from pytest_llmserve.gates import rounds as rounds_module
+
+    monkeypatch.setattr(rounds_module, "run_workload", lambda *a, **k: _invalid(reason, share))
+    failed: list[str] = []
+    result = rounds_module.run_round(RoundServer(), CFG.workloads["tiny"], None, "round 1", failed.append,
+                                     contention_bound=bound)
+    assert (not failed) is returned, failed
+    assert result.valid is False  # never a number either way
+    if failed:
+        assert reason in failed[0] and "is INVALID (not a number)" in failed[0]
+
+
+def test_artefact_rounds_on_a_busy_host_are_confounded_not_an_error(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from pytest_llmserve.gates import rounds as rounds_module
+
+    # Seen as a limit on 2 cores: a starved client's merged chunks made a round invalid while a burner ran; the
+    # gate ran it again twice as an artefact and then failed the benchmark as an error, blaming the server.
+    calls: list[str] = []
+
+    def busy_invalid(*args: Any, **kwargs: Any) -> _Result:
+        calls.append("round")
+        return _invalid(ARTEFACT, 0.47)
+
+    monkeypatch.setattr(rounds_module, "run_workload", busy_invalid)
+    recorded: list[BenchOutcome] = []
+    bench = BenchGate(server=RoundServer(), cfg=CFG, options=GATE,  # type: ignore[arg-type]
+                      store_dir=tmp_path / "baselines", results_dir=tmp_path / "results", save=False,
+                      allow_confounded=False, test_id=TEST_ID, key_test="tests/test_perf.py::test_throughput",
+                      record=recorded.append, fail=_fail, say=lambda msg: None, skip=_skip)
+    with pytest.raises(Skipped) as skipped:
+        bench.run()
+    message = str(skipped.value)
+    assert f"confounded: host busy: {MAX_CONTENDED_ROUNDS} rounds discarded" in message
+    assert "measurement artefacts, likelier the busy host's than the server's" in message and ARTEFACT in message
+    assert len(calls) == MAX_CONTENDED_ROUNDS and not bench.discarded_rounds
+    assert recorded[-1].status == "confounded" and recorded[-1].error is None
