@@ -79,7 +79,7 @@ from pytest_llmserve.errors import BaselineError
 from pytest_llmserve.gates.context import build_context
 from pytest_llmserve.gates.preflight import accept_command, elsewhere, environment_only
 from pytest_llmserve.gates.rounds import clean_round, round_samples, run_round, sample_series
-from pytest_llmserve.load.metrics import output_fault
+from pytest_llmserve.load.metrics import only_artefacts
 from pytest_llmserve.load.prompts import build_prompts
 from pytest_llmserve.metrics import METRICS, higher_is_better
 from pytest_llmserve.report.outcome import BenchOutcome
@@ -328,7 +328,7 @@ class BenchGate:
         """Whether an invalid round is run again: every reason a measurement artefact (none says the server's
         output was wrong) and fewer than :data:`ARTEFACT_RETRIES` rounds discarded so far. Recorded and said."""
         reasons = _reasons(message)
-        if not reasons or any(output_fault(r) for r in reasons) or len(self.discarded_rounds) >= ARTEFACT_RETRIES:
+        if not only_artefacts(reasons) or len(self.discarded_rounds) >= ARTEFACT_RETRIES:
             return False
         self.discarded_rounds.append({"round": what, "reasons": reasons})
         if outcome is not None:

@@ -17,7 +17,7 @@ from typing import Any
 
 from pytest_llmserve.config import Workload, untrained_reason
 from pytest_llmserve.load.contention import contention_reason
-from pytest_llmserve.load.metrics import output_fault
+from pytest_llmserve.load.metrics import only_artefacts
 from pytest_llmserve.load.runner import judge_contention, run_workload
 from pytest_llmserve.server.handle import RunningServer, engine_of
 
@@ -112,9 +112,7 @@ def run_round(server: RunningServer, workload: Workload, prompts: Any, what: str
 def _busy_artefact(result: Any, bound: float) -> bool:
     """Whether an invalid round has only measurement-artefact reasons and was measured on a host busier than
     ``bound`` (see :func:`run_round`)."""
-    reasons = list(result.invalid_reasons)
-    return (bool(reasons) and not any(output_fault(reason) for reason in reasons)
-            and contention_reason(result.host_contention, bound) is not None)
+    return only_artefacts(result.invalid_reasons) and contention_reason(result.host_contention, bound) is not None
 
 
 def _engine_of(server: RunningServer) -> Any:

@@ -217,6 +217,12 @@ def output_fault(reason: str) -> bool:
     return any(word in reason for word in OUTPUT_FAULT_WORDS)
 
 
+def only_artefacts(reasons: Sequence[str]) -> bool:
+    """Whether an invalid round's ``reasons`` are all measurement artefacts: there is one, and none is an
+    :func:`output_fault`."""
+    return bool(reasons) and not any(output_fault(reason) for reason in reasons)
+
+
 def sample_findings(records: Sequence[RequestRecord], *, judge_text: bool = True) -> list[str]:
     """What is wrong with the text of the sampled requests (those that kept it): non-finite logprobs where
     the server returned logprobs, and decode collapse by the coherence oracle
