@@ -315,9 +315,12 @@ def judge_isolation(result: RunResult, gauge: str, readings: Sequence[GaugeReadi
         result.notes.append(f"{gauge} sampled {len(inside)} times during the round: at most {peak:g} running "
                             f"(the round's concurrency is {concurrency})")
     elif reason is None:
-        result.notes.append(f"{gauge} was read {len(readings)} times ({failed_reads} failed reads) but never "
-                            "while the round's requests ran: that no other client reached the server is not "
-                            "verified")
+        # How long the slowest read took says why: on a starved host /metrics can answer only after seconds.
+        slowest = max(r.received - r.sent for r in readings)
+        result.notes.append(f"{gauge} was read {len(readings)} times ({failed_reads} failed reads; the slowest "
+                            f"answer took {slowest:.1f} s, the timed requests ran {max(last - first, 0.0):.1f} s) "
+                            "but never while the round's requests ran: that no other client reached the server "
+                            "is not verified")
     if reason is not None:
         result.diagnostics["server_running_requests_max"] = max(answered_in_time)
         _invalidate(result, reason)

@@ -67,10 +67,14 @@ TESTS = """
         prompts = build_prompts(wl, tokenize=llm_server.client().tokenize)
         wait_for("correctness-started")
         rounds = []
-        for i in range(3):
+        # Three rounds, and up to three more while none was verified: on a starved CI host /metrics can take
+        # seconds to answer, and then no read may land inside a round (the round says "not verified").
+        for i in range(6):
             result = run_round(llm_server, wl, prompts, f"round {i + 1}", pytest.fail)
             rounds.append({"span": span(result), "peak": result.diagnostics.get("server_running_requests_max"),
                            "valid": result.valid, "notes": result.notes})
+            if i >= 2 and any(r["peak"] is not None for r in rounds):
+                break
         # Control: three clients that do not take the lock keep a long request each running for the whole
         # round (each sends another as soon as one ends: on a starved CI machine a fixed set of requests
         # could end before the round's timed requests start, and the round would rightly be clean).
@@ -149,7 +153,7 @@ def test_both_workers_share_one_boot_and_pass(story: Story) -> None:
 
 
 def test_rounds_saw_no_request_but_their_own_on_the_server_s_gauge(story: Story) -> None:
-    locked = story.rounds[:3]
+    locked = story.rounds[:-1]  # the last is the control round
     verified = [r for r in locked if r["peak"] is not None]
     for r in locked:
         assert r["valid"], r
@@ -160,7 +164,7 @@ def test_rounds_saw_no_request_but_their_own_on_the_server_s_gauge(story: Story)
     for r in locked:
         if r["peak"] is None:  # on a starved machine no read may land inside a round: said, never a pass
             assert "not verified" in r["notes"][-1], r
-    assert verified, locked
+    assert verified, "\n".join(f"{r['span']}: {r['notes'][-1]}" for r in locked)  # a string: never cut short
     # The other worker really was sending meanwhile: its requests queued behind rounds, none ran inside one
     # (a request sent during a round could not complete before the round's end). The client notes a
     # request's end only after the response released the lock, so an end just after a round's start is
@@ -172,10 +176,12 @@ def test_rounds_saw_no_request_but_their_own_on_the_server_s_gauge(story: Story)
     assert waited, (spans, story.requests[:20])
     print(f"MEASURE correctness requests: {len(story.requests)}, of which {len(waited)} waited for a round; "
           f"gauge peaks {[r['peak'] for r in locked]}")
+    for r in locked:
+        print(f"MEASURE {r['notes'][-1]}")
 
 
 def test_a_round_with_requests_beside_it_is_invalid_as_contaminated(story: Story) -> None:
-    control = story.rounds[3]
+    control = story.rounds[-1]
     assert not control["valid"], control
     assert control["peak"] > CONCURRENCY, control
     reason = f"contaminated: {control['peak']:g} running requests during a round of concurrency {CONCURRENCY}"

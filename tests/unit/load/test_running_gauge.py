@@ -88,6 +88,7 @@ def test_readings_outside_the_round_s_requests_verify_nothing() -> None:
     assert result.valid
     assert "server_running_requests_max" not in result.diagnostics
     assert "never while the round's requests ran" in result.notes[-1] and "not verified" in result.notes[-1]
+    assert "the slowest answer took 1.5 s, the timed requests ran 1.1 s" in result.notes[-1]
 
 
 def test_a_foreign_request_seen_before_the_round_s_own_still_contaminates_it() -> None:
