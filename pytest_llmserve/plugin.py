@@ -49,7 +49,6 @@ if TYPE_CHECKING:
     from pytest_llmserve.gates.bench import BenchGate
     from pytest_llmserve.gates.decode import DecodeCheck
     from pytest_llmserve.gates.probes import ServerProbes
-    from pytest_llmserve.report.checks import CheckOutcome
     from pytest_llmserve.report.outcome import BenchOutcome
     from pytest_llmserve.server.handle import RunningServer, ServerHandle
     from pytest_llmserve.server.pool import ServerPool
@@ -356,42 +355,20 @@ def decode_check(llm_server: RunningServer, request: pytest.FixtureRequest) -> D
     """Decode oracles bound to this test's server: ``decode_check.no_nan().coherent()...``;
     ``decode_check.matches("other-server-id")`` boots that configuration beside this one as the reference."""
     # lazy: the plugin imports only options.py until a run uses it (tests/plugin/test_inert.py)
-    from pytest_llmserve.gates.decode import DecodeCheck, reference_plan, resolve_reference_spec
-
-    config = request.config
-    current = request.node.stash.get(SPEC_KEY, None) or llm_server.spec_for_checks or llm_server.spec
-
-    def reference_server(reference: str | ServerSpec) -> RunningServer:
-        spec = resolve_reference_spec(config.stash[SETTINGS_KEY].cfg, reference)
-        pool = _pool(config)
-        before = pool.max_alive
-        pool.max_alive = max(before, 2)  # the reference and this server side by side, for this call only
-        try:
-            return pool.get(spec, keep=(current,))
-        finally:
-            pool.max_alive = before
-
-    node = request.node
-    assert isinstance(node, pytest.Item)
-
-    def fail(message: str) -> None:
-        # Noted for the run's benchmarks of this server (any xdist worker): their figures are not a pass.
-        # lazy: the plugin imports only options.py until a run uses it (tests/plugin/test_inert.py)
-        from pytest_llmserve.gates.bench import record_correctness_failure
-
-        record_correctness_failure(config.stash[STATE_KEY].run_dir, current.id, request.node.nodeid, message)
-        _fail(message)
-
-    # lazy: the plugin imports only options.py until a run uses it (tests/plugin/test_inert.py)
     from pytest_llmserve import report_hooks
     from pytest_llmserve.collection import prefetched
+    from pytest_llmserve.gates.decode import DecodeCheck
 
+    config = request.config
+    node = request.node
+    assert isinstance(node, pytest.Item)
+    current = node.stash.get(SPEC_KEY, None) or llm_server.spec_for_checks or llm_server.spec
     probes = _server_probes(config, llm_server, current)
-    settings = config.stash[SETTINGS_KEY]
-    plan = reference_plan(settings.cfg, current, config.stash[STATE_KEY].run_dir, settings.reference_answers)
-    return DecodeCheck(llm_server, fail=fail, skip=_skip, reference_server=reference_server,
-                       verbose=config.option.verbose, record=report_hooks.oracle_recorder(node),
-                       probes=probes, prefetched=prefetched(node, llm_server, probes), reference_plan=plan)
+    return DecodeCheck.for_run(config.stash[SETTINGS_KEY], server=llm_server, spec=current,
+                               run_dir=config.stash[STATE_KEY].run_dir, test_id=node.nodeid, pool=_pool(config),
+                               fail=_fail, skip=_skip, verbose=config.option.verbose,
+                               record=report_hooks.oracle_recorder(node), probes=probes,
+                               prefetched=prefetched(node, llm_server, probes))
 
 
 @pytest.fixture
@@ -454,7 +431,7 @@ def llm_async_openai(llm_server: RunningServer) -> openai.AsyncOpenAI:
 def llm_bench(llm_server: RunningServer, request: pytest.FixtureRequest) -> BenchGate:
     """Benchmark gate bound to this test's server and its ``llmserve_benchmark`` marker: ``llm_bench.run()``."""
     # lazy: the plugin imports only options.py until a run uses it (tests/plugin/test_inert.py)
-    from pytest_llmserve.gates.bench import BenchGate, correctness_failures
+    from pytest_llmserve.gates.bench import BenchGate
     from pytest_llmserve.gates.preflight import save_command
 
     config = request.config
@@ -462,18 +439,13 @@ def llm_bench(llm_server: RunningServer, request: pytest.FixtureRequest) -> Benc
     node = request.node
     assert isinstance(node, pytest.Item)
     spec = node.stash.get(SPEC_KEY, None) or llm_server.spec
-    run_dir = config.stash[STATE_KEY].run_dir
     command = save_command(config.invocation_params.args, nodeid=node.nodeid,
                            test_name=getattr(node, "originalname", node.name), server_name=spec.name,
                            suite=SUITE_DIR in node.path.parents)
-    return BenchGate(server=llm_server, cfg=settings.cfg, options=_benchmark_spec(node, settings),
-                     store_dir=settings.baseline_dir, results_dir=settings.results_dir, save=settings.save_baseline,
-                     allow_confounded=settings.allow_confounded, allow_host_change=settings.allow_host_change,
-                     test_id=node.nodeid,
-                     key_test=_key_test(node), record=_outcome_recorder(request), fail=_fail, pool=_pool(config),
-                     skip=_skip, say=lambda msg: _say(config, msg), inconclusive=settings.inconclusive,
-                     record_command=command,
-                     correctness_failed=lambda server_id: correctness_failures(run_dir, server_id))
+    return BenchGate.for_run(settings, server=llm_server, options=_benchmark_spec(node, settings), test_id=node.nodeid,
+                             key_test=_key_test(node), run_dir=config.stash[STATE_KEY].run_dir,
+                             record=_outcome_recorder(request), fail=_fail, skip=_skip,
+                             say=lambda msg: _say(config, msg), pool=_pool(config), record_command=command)
 
 
 def _key_test(node: pytest.Item) -> str:
@@ -492,20 +464,10 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     if spec is None or settings.url:
         return
     # lazy: the plugin imports only options.py until a run uses it (tests/plugin/test_inert.py)
-    from pytest_llmserve.errors import LLMServeError
-    from pytest_llmserve.gates.preflight import preflight_refusal
+    from pytest_llmserve.gates.preflight import refusal_before_boot
 
-    try:
-        refusal = preflight_refusal(spec=spec, cfg=settings.cfg, options=_benchmark_spec(item, settings),
-                                    store_dir=settings.baseline_dir, key_test=_key_test(item), test_id=item.nodeid,
-                                    save=settings.save_baseline, allow_confounded=settings.allow_confounded,
-                                    allow_host_change=settings.allow_host_change,
-                                    results_dir=settings.results_dir)
-    except LLMServeError as exc:
-        refusal = None
-        message = f"{item.nodeid}: {exc}"
-    else:
-        message = (refusal.note or "") if refusal else ""
+    refusal, message = refusal_before_boot(spec, settings, _benchmark_spec(item, settings), key_test=_key_test(item),
+                                           test_id=item.nodeid)
     if refusal is not None:
         item.user_properties.append(("llmserve_benchmark", refusal.to_json()))
         item.config.stash[STATE_KEY].outcomes.append(refusal)
@@ -554,12 +516,7 @@ def _item_server(item: pytest.Item) -> ServerHandle | None:
     """The launched server this item's test ran against, if any."""
     spec = item.stash.get(SPEC_KEY, None)
     pool = item.config.stash[STATE_KEY].pool
-    if spec is None or pool is None:
-        return None
-    for handle in pool.handles.values():
-        if handle.spec.id == spec.id and handle.log_path:
-            return handle
-    return None
+    return pool.launched_handle(spec) if spec is not None and pool is not None else None
 
 
 @pytest.hookimpl(wrapper=True)
@@ -591,28 +548,13 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, exitstatu
     # lazy: the plugin imports only options.py until a run uses it (tests/plugin/test_inert.py)
     from pytest_llmserve import report_hooks, xdist_hooks
 
-    outcomes, checks = _session_verdicts(terminalreporter, state)
+    reports = [report for category in terminalreporter.stats.values() for report in category]
+    outcomes, checks = report_hooks.session_verdicts(reports, state.outcomes)
     workers = xdist_hooks.workers_accounting(config)  # under xdist the servers were used in the workers
     report_hooks.write_summary(terminalreporter, config.stash[SETTINGS_KEY], run_dir=state.run_dir,
                                host_reports=xdist_hooks.host_reports(config), outcomes=outcomes, checks=checks,
                                accounting=state.accounting if state.pool is not None or workers else None,
                                workers=workers, session_start=state.session_start)
-
-
-def _session_verdicts(terminalreporter: pytest.TerminalReporter,
-                      state: RunState) -> tuple[list[BenchOutcome], list[CheckOutcome]]:
-    """Every benchmark record and check row of the session: from the reports (which, under xdist, come
-    from the workers) and the benchmark records made in this process."""
-    # lazy: the plugin imports only options.py until a run uses it (tests/plugin/test_inert.py)
-    from pytest_llmserve import report_hooks
-
-    reports = [report for category in terminalreporter.stats.values() for report in category]
-    benches, checks = report_hooks.collected(reports)
-    outcomes = list(state.outcomes)
-    # This process's outcomes came back in its reports too: one row each (the JSON is the record's identity).
-    kept = {outcome.to_json() for outcome in outcomes}
-    outcomes += [record for record in benches if record.to_json() not in kept]
-    return outcomes, checks
 
 
 @pytest.hookimpl(tryfirst=True)  # before the worker's report home is written

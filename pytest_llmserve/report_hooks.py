@@ -192,6 +192,18 @@ def collected(reports: Iterable[Any]) -> tuple[list[BenchOutcome], list[CheckOut
     return [BenchOutcome.from_json(text) for text in benches], list(rows.values())
 
 
+def session_verdicts(reports: Iterable[Any],
+                     own: Iterable[BenchOutcome]) -> tuple[list[BenchOutcome], list[CheckOutcome]]:
+    """Every benchmark record and check row of the session: from ``reports`` (which, under xdist, come
+    from the workers) and ``own``, the benchmark records made in this process. Those came back in this
+    process's reports too: one row each (the JSON is the record's identity)."""
+    benches, checks = collected(reports)
+    outcomes = list(own)
+    kept = {outcome.to_json() for outcome in outcomes}
+    outcomes += [record for record in benches if record.to_json() not in kept]
+    return outcomes, checks
+
+
 # ---------------------------------------------------------------------------- a server that died
 
 def server_death_failure(death: str, error: str) -> str:

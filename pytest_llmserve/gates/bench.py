@@ -46,7 +46,7 @@ their figures, the reason, and the one command that records a baseline for this 
 refused from the configuration alone (an unreadable baseline file; a context that differs in server
 arguments, environment, model or workload) is decided before any boot by
 :func:`~pytest_llmserve.gates.preflight.preflight_refusal`.
-A benchmark of a server whose correctness checks failed in this run (:func:`record_correctness_failure`)
+A benchmark of a server whose correctness checks failed in this run (:mod:`pytest_llmserve.gates.failed_checks`)
 never passes.
 
 Baselines: a file per (test, server, workload) under ``baselines/`` holding every sample and the full
@@ -64,9 +64,7 @@ differing host fields printed beside the verdict. Saving takes at least
 from __future__ import annotations
 
 import functools
-import json
 import math
-import os
 import time
 import uuid
 import warnings
@@ -77,6 +75,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 from pytest_llmserve.config import LLMServeConfig, ServerSpec, Workload
 from pytest_llmserve.errors import BaselineError
 from pytest_llmserve.gates.context import build_context
+from pytest_llmserve.gates.failed_checks import correctness_failures
 from pytest_llmserve.gates.preflight import accept_command, elsewhere, environment_only
 from pytest_llmserve.gates.rounds import clean_round, round_samples, run_round, sample_series
 from pytest_llmserve.load.metrics import only_artefacts
@@ -84,7 +83,7 @@ from pytest_llmserve.load.prompts import build_prompts
 from pytest_llmserve.metrics import METRICS, higher_is_better
 from pytest_llmserve.report.outcome import BenchOutcome
 from pytest_llmserve.server.handle import RunningServer
-from pytest_llmserve.settings import INCONCLUSIVE_POLICIES, BenchSpec
+from pytest_llmserve.settings import INCONCLUSIVE_POLICIES, BenchSpec, Settings
 from pytest_llmserve.store.baselines import BaselineStore, BenchKey
 from pytest_llmserve.verdicts import stats
 from pytest_llmserve.verdicts.comparability import (
@@ -108,7 +107,6 @@ WARMUP_BUDGET_S = 300.0
 # seen in CI on 2 cores, a round of a healthy server invalid for chunk timing once in a run; a host where it
 # happens three times in one benchmark is too busy to measure, and says so.
 ARTEFACT_RETRIES = 2
-CORRECTNESS_FAILURES_FILE = "correctness-failures.jsonl"
 # The most current rounds ``extend_to_resolve`` takes a comparison to, whatever the noise asks for: at ~12 s a
 # smoke round on the CPU default that is 6 minutes of rounds (and the time budget, extend_budget_s, may stop it
 # sooner).
@@ -149,40 +147,6 @@ def median_half_width(values: list[float]) -> float:
     low, high = stats.median_ci(values)
     median = stats.summarize(values).median
     return (high - low) / 2 / abs(median) if median else float("inf")
-
-
-# --------------------------------------------------------------------------- correctness registry
-# A benchmark of a server whose correctness checks failed in this run must not pass. The checks may run in
-# another xdist worker than the benchmark, so failures go to a file in the run directory every process
-# of the run shares (one JSON line each, appended with O_APPEND: small writes do not interleave).
-
-
-def record_correctness_failure(run_dir: Path, server_id: str, test_id: str, summary: str) -> None:
-    """Note that a correctness check of ``server_id`` failed in this run."""
-    line = json.dumps({"server": server_id, "test": test_id, "summary": summary[:500]}) + "\n"
-    run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-    fd = os.open(run_dir / CORRECTNESS_FAILURES_FILE, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-    try:
-        os.write(fd, line.encode("utf-8"))
-    finally:
-        os.close(fd)
-
-
-def correctness_failures(run_dir: Path, server_id: str) -> list[dict[str, str]]:
-    """The correctness failures of ``server_id`` recorded in this run (first line of each)."""
-    try:
-        text = (run_dir / CORRECTNESS_FAILURES_FILE).read_text(encoding="utf-8")
-    except OSError:
-        return []
-    found = []
-    for line in text.splitlines():
-        try:
-            item = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(item, dict) and item.get("server") == server_id:
-            found.append({k: str(item.get(k, "")) for k in ("server", "test", "summary")})
-    return found
 
 
 # --------------------------------------------------------------------------- the gate
@@ -229,6 +193,20 @@ class BenchGate:
         self.discarded_rounds: list[dict[str, Any]] = []  # rounds run again as measurement artefacts
         self.contended: list[dict[str, Any]] = []  # rounds discarded for host contention (clean_round)
         self._prompts: tuple[str, Any] | None = None  # (workload name, prompts): built once, the same every round
+
+    @classmethod
+    def for_run(cls, settings: Settings, *, server: RunningServer, options: BenchSpec, test_id: str, key_test: str,
+                run_dir: Path, record: Callable[[BenchOutcome], None], fail: Callable[[str], None],
+                skip: Callable[[str], None], say: Callable[[str], None], pool: ServerPool,
+                record_command: str) -> BenchGate:
+        """The gate of one test under the run's resolved ``settings``; the run's correctness failures (any
+        xdist worker's, noted in ``run_dir``) are read when the gate concludes."""
+        return cls(server=server, cfg=settings.cfg, options=options, store_dir=settings.baseline_dir,
+                   results_dir=settings.results_dir, save=settings.save_baseline,
+                   allow_confounded=settings.allow_confounded, allow_host_change=settings.allow_host_change,
+                   test_id=test_id, key_test=key_test, record=record, fail=fail, pool=pool, skip=skip, say=say,
+                   inconclusive=settings.inconclusive, record_command=record_command,
+                   correctness_failed=lambda server_id: correctness_failures(run_dir, server_id))
 
     @property
     def spec(self) -> ServerSpec:

@@ -22,12 +22,13 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pytest_llmserve.config import LLMServeConfig, ServerSpec, untrained_reason
 from pytest_llmserve.errors import ConfigError, LLMServeError, ReferenceAnswersError, RequestError
 from pytest_llmserve.evidence.client import LLMClient
 from pytest_llmserve.gates import oracle_runs
+from pytest_llmserve.gates.failed_checks import record_correctness_failure
 from pytest_llmserve.gates.probes import AnswerBook, SentBatch, ServerProbes, plan
 from pytest_llmserve.report.checks import NOT_APPLICABLE, one_line
 from pytest_llmserve.server.handle import engine_of
@@ -37,6 +38,10 @@ from pytest_llmserve.verdicts.batch_sizes import BatchCase, coverage_plan
 from pytest_llmserve.verdicts.coherence import CoherenceThresholds
 from pytest_llmserve.verdicts.divergence import divergence_rows, divergence_table, worst_row
 from pytest_llmserve.verdicts.findings import Finding, OracleReport
+
+if TYPE_CHECKING:
+    from pytest_llmserve.server.pool import ServerPool
+    from pytest_llmserve.settings import Settings
 
 # An independent check's run: the oracle on a client, given the batch its answers came from (None: sent
 # by the oracle itself, one at a time).
@@ -136,6 +141,25 @@ class DecodeCheck:
         # Turns a spec id / ServerSpec into a running server (the plugin's pool, keeping this one alive).
         self.reference_server = reference_server
         self.reports: list[OracleReport] = []
+
+    @classmethod
+    def for_run(cls, settings: Settings, *, server: Any, spec: ServerSpec, run_dir: Path, test_id: str,
+                pool: ServerPool, fail: Callable[[str], None], skip: Callable[[str], None], verbose: int,
+                record: Callable[[dict[str, Any]], None], probes: ServerProbes,
+                prefetched: AnswerBook | None) -> DecodeCheck:
+        """The check of one test of ``spec``'s server under the run's ``settings``. A failure is also noted
+        in ``run_dir`` for the run's benchmarks of this server (on any xdist worker): their figures are then
+        not a pass. A reference configuration is booted beside this one (:meth:`ServerPool.get_beside`)."""
+        def failing(message: str) -> None:
+            record_correctness_failure(run_dir, spec.id, test_id, message)
+            fail(message)
+
+        def reference_server(reference: str | ServerSpec) -> Any:
+            return pool.get_beside(resolve_reference_spec(settings.cfg, reference), spec)
+
+        return cls(server, fail=failing, skip=skip, reference_server=reference_server, verbose=verbose,
+                   record=record, probes=probes, prefetched=prefetched,
+                   reference_plan=reference_plan(settings.cfg, spec, run_dir, settings.reference_answers))
 
     @property
     def spec(self) -> ServerSpec:

@@ -10,12 +10,12 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from pytest_llmserve.config import LLMServeConfig, ServerSpec
-from pytest_llmserve.errors import BaselineError
+from pytest_llmserve.errors import BaselineError, LLMServeError
 from pytest_llmserve.gates.context import build_context
 from pytest_llmserve.metrics import higher_is_better
 from pytest_llmserve.options import OPTIONS
 from pytest_llmserve.report.outcome import BenchOutcome
-from pytest_llmserve.settings import BenchSpec
+from pytest_llmserve.settings import BenchSpec, Settings
 from pytest_llmserve.store.baselines import BaselineStore, BenchKey
 from pytest_llmserve.verdicts.comparability import (
     Comparability,
@@ -136,3 +136,18 @@ def preflight_refusal(*, spec: ServerSpec, cfg: LLMServeConfig, options: BenchSp
     outcome.note = (f"{test_id}: {comp.message}\nbaseline: {store.path_for(key)}\nDecided from the configuration "
                     "before any boot: no server was started for this benchmark.")
     return outcome
+
+
+def refusal_before_boot(spec: ServerSpec, settings: Settings, options: BenchSpec, *, key_test: str,
+                        test_id: str) -> tuple[BenchOutcome | None, str]:
+    """:func:`preflight_refusal` under the run's settings, for a test's set-up: the refusal (None when
+    there is none) and the test's failure message ('' when it may run). A configuration error, e.g. a
+    workload the configuration does not declare, is a message without a record."""
+    try:
+        refusal = preflight_refusal(spec=spec, cfg=settings.cfg, options=options, store_dir=settings.baseline_dir,
+                                    key_test=key_test, test_id=test_id, save=settings.save_baseline,
+                                    allow_confounded=settings.allow_confounded,
+                                    allow_host_change=settings.allow_host_change, results_dir=settings.results_dir)
+    except LLMServeError as exc:
+        return None, f"{test_id}: {exc}"
+    return refusal, (refusal.note or "") if refusal is not None else ""

@@ -111,6 +111,23 @@ class ServerPool:
         self.handles[key] = handle
         return handle
 
+    def get_beside(self, spec: ServerSpec, current: ServerSpec) -> ServerHandle:
+        """``spec``'s server with ``current``'s kept up beside it (a decode check's reference): the pool
+        holds two servers for this call only, whatever its ``max_alive``."""
+        before = self.max_alive
+        self.max_alive = max(before, 2)
+        try:
+            return self.get(spec, keep=(current,))
+        finally:
+            self.max_alive = before
+
+    def launched_handle(self, spec: ServerSpec) -> ServerHandle | None:
+        """The handle of ``spec``'s server if this pool holds it with a log (one it launched), else None."""
+        for handle in self.handles.values():
+            if handle.spec.id == spec.id and handle.log_path:
+                return handle
+        return None
+
     def _bury(self, key: str, handle: ServerHandle, message: str) -> None:
         """A server died mid-session: remember why (later tests fail fast with it, no reboot behind the
         user's back) and kill what is left of its tree now (engine workers may outlive the API process)."""

@@ -14,17 +14,18 @@ import pytest
 from pytest_llmserve.config import LLMServeConfig, ServerSpec, Workload, config_from_table
 from pytest_llmserve.errors import ConfigError
 from pytest_llmserve.gates.bench import (
-    correctness_failures,
+    BenchGate,
     figure_line,
     median_half_width,
-    record_correctness_failure,
 )
 from pytest_llmserve.gates.context import build_context
-from pytest_llmserve.gates.preflight import accept_command, preflight_refusal, save_command
+from pytest_llmserve.gates.failed_checks import correctness_failures, record_correctness_failure
+from pytest_llmserve.gates.preflight import accept_command, preflight_refusal, refusal_before_boot, save_command
+from pytest_llmserve.options import BenchDefaults
 from pytest_llmserve.report.outcome import BenchOutcome
 from pytest_llmserve.report.plots import axis_label, comparison_plot_name
 from pytest_llmserve.report.session import latest_run_dir, new_run_dir, point_latest
-from pytest_llmserve.settings import BenchSpec, Sources, resolve_settings
+from pytest_llmserve.settings import BenchSpec, Settings, Sources, resolve_settings
 from pytest_llmserve.store.baselines import BaselineStore, BenchKey
 
 TOML = {"servers": {"cpu": {"engine": "vllm", "model": "/models/m", "env": {"VLLM_CPU_KVCACHE_SPACE": "2"}}},
@@ -195,3 +196,44 @@ def test_comparison_plots_are_named_by_what_they_compare_with_units() -> None:
     assert comparison_plot_name(ab).startswith("cpu_eager=on-vs-cpu_eager=off-test_ab-")
     assert axis_label("output_throughput") == "output_throughput (tok/s)"
     assert axis_label("p99_ttft_ms") == "p99_ttft_ms (ms)"
+
+
+def run_settings(tmp_path: Path, *, save: bool = False) -> Settings:
+    """The run's settings as the plugin resolves them, over the ``cpu`` configuration of ``TOML``."""
+    cfg, _, _ = configured()
+    return Settings(rootdir=tmp_path, cfg=cfg, servers=None, url=None, save_baseline=save,
+                    baseline_dir=tmp_path / "baselines", results_dir=tmp_path / "llmserve-results",
+                    bench=BenchDefaults(), kill_stale=False, allow_confounded=False, allow_host_change=False,
+                    bench_json=None, suite=False, inconclusive="warn", probe_concurrency=None,
+                    reference_answers=None, configured=True)
+
+
+def test_a_test_s_setup_refusal_is_the_record_and_its_note_or_a_message_alone(tmp_path: Path) -> None:
+    test_id = "tests/test_perf.py::test_throughput[cpu]"
+    _, spec, _ = configured()
+    settings = run_settings(tmp_path)
+    assert refusal_before_boot(spec, settings, GATE, key_test=KEY_TEST, test_id=test_id) == (None, "")
+    # A baseline of another server environment: refused from the configuration, the note is the failure.
+    stored(tmp_path)
+    _, changed, _ = configured(env="4")
+    refusal, message = refusal_before_boot(changed, settings, GATE, key_test=KEY_TEST, test_id=test_id)
+    assert refusal is not None and refusal.before_boot and message == refusal.note
+    assert "VLLM_CPU_KVCACHE_SPACE" in message and "no server was started" in message
+    # A workload the configuration does not declare: the test's message names it, and there is no record.
+    refusal, message = refusal_before_boot(spec, settings, replace(GATE, workload="huge"), key_test=KEY_TEST,
+                                           test_id=test_id)
+    assert refusal is None and message.startswith(f"{test_id}: ") and "huge" in message
+
+
+def test_the_gate_of_a_run_takes_the_run_s_settings_and_reads_its_correctness_failures(tmp_path: Path) -> None:
+    settings = run_settings(tmp_path, save=True)
+    run_dir = tmp_path / "run"
+    gate = BenchGate.for_run(settings, server=object(), options=GATE, test_id="t.py::test_x[cpu]",  # type: ignore[arg-type]
+                             key_test="t.py::test_x", run_dir=run_dir, record=lambda o: None, fail=lambda m: None,
+                             skip=lambda m: None, say=lambda m: None, pool=None,  # type: ignore[arg-type]
+                             record_command="pytest --llmserve-save-baseline t.py::test_x")
+    assert (gate.store_dir, gate.results_dir, gate.save) == (settings.baseline_dir, settings.results_dir, True)
+    assert (gate.key_test, gate.inconclusive) == ("t.py::test_x", "warn")
+    assert gate.correctness_failed("cpu") == []
+    record_correctness_failure(run_dir, "cpu", "t.py::test_nan[cpu]", "NaN in the logits")
+    assert [f["test"] for f in gate.correctness_failed("cpu")] == ["t.py::test_nan[cpu]"]

@@ -119,3 +119,22 @@ def test_not_applicable_is_counted_on_its_own_in_every_report() -> None:
     assert markdown.splitlines()[0] == "### pytest-llmserve: 1 passed · 2 not applicable · 1 skipped"
     assert "| ➖ | `test_known_answers` | tiny | not applicable | not applicable: known-answers" in markdown
     assert CheckOutcome.from_dict(untrained[1].to_dict()).verdict == "not-applicable"
+
+
+def test_the_session_s_verdicts_are_this_process_s_records_and_the_reports_rows_once_each() -> None:
+    from types import SimpleNamespace
+
+    from pytest_llmserve.report_hooks import BENCH_PROPERTY, ROW_ATTR, session_verdicts
+
+    mine, workers = outcome(), outcome("test_new", baseline=[])
+
+    def report(when: str, bench: object = None, row: CheckOutcome | None = None) -> SimpleNamespace:
+        props = [(BENCH_PROPERTY, bench.to_json())] if bench is not None else []  # type: ignore[attr-defined]
+        return SimpleNamespace(when=when, user_properties=props, **({ROW_ATTR: row.to_dict()} if row else {}))
+
+    reports = [report("call", mine), report("call", workers), report("teardown", workers),  # a property stays
+               report("call", row=RUN[0]), report("call", row=RUN[1]), report("call", row=RUN[0])]  # a rerun
+    benches, checks = session_verdicts(reports, [mine])
+    # This process's record came back in its report too: one row each, its own first.
+    assert [b.to_json() for b in benches] == [mine.to_json(), workers.to_json()]
+    assert [c.test_id for c in checks] == [RUN[0].test_id, RUN[1].test_id]

@@ -128,3 +128,19 @@ def test_configurations_naming_one_server_share_its_request_lock(tmp_path: Path,
     a, b = pool.get(four), pool.get(eight)
     assert a.request_lock is b.request_lock
     assert len(pool.handles) == 2  # attaching one never stops the other (max_alive is for local boots)
+
+
+def test_a_reference_is_got_beside_the_current_server_and_the_pool_s_size_is_restored(
+        tmp_path: Path, remote: ThreadingHTTPServer) -> None:
+    log = tmp_path / "a.log"
+    log.write_text("")
+    current = ServerSpec(name="a", engine="vllm", url=_url(remote), log=str(log))
+    reference = ServerSpec(name="b", engine="vllm", url=_url(remote))
+    pool = _pool(tmp_path)
+    assert pool.max_alive == 1
+    here = pool.get(current)
+    there = pool.get_beside(reference, current)
+    assert pool.max_alive == 1 and set(pool.handles.values()) == {here, there}  # both up, the bound as it was
+    # The handle a test's report reads the server log of: only one with a log.
+    assert pool.launched_handle(current) is here and pool.launched_handle(reference) is None
+    assert pool.stop_all() == []
