@@ -77,7 +77,7 @@ from pytest_llmserve.errors import BaselineError
 from pytest_llmserve.gates.context import build_context
 from pytest_llmserve.gates.failed_checks import correctness_failures
 from pytest_llmserve.gates.preflight import accept_command, elsewhere, environment_only
-from pytest_llmserve.gates.rounds import clean_round, round_samples, run_round, sample_series
+from pytest_llmserve.gates.rounds import clean_round, invalid_round_reasons, round_samples, run_round, sample_series
 from pytest_llmserve.load.metrics import only_artefacts
 from pytest_llmserve.load.prompts import build_prompts
 from pytest_llmserve.metrics import METRICS, higher_is_better
@@ -273,7 +273,7 @@ class BenchGate:
             if outcome is not None:
                 if failures:
                     outcome.correctness_failed = failures
-                outcome.error = message.split("\n", 1)[0] + " " + " | ".join(_reasons(message))
+                outcome.error = message.split("\n", 1)[0] + " " + " | ".join(invalid_round_reasons(message))
                 outcome.samples, outcome.rounds, outcome.note = sample_series(measured), len(measured), message
                 self._finish(outcome)
             self.fail(message)
@@ -305,7 +305,7 @@ class BenchGate:
     def _discard_artefact(self, what: str, message: str, outcome: BenchOutcome | None) -> bool:
         """Whether an invalid round is run again: every reason a measurement artefact (none says the server's
         output was wrong) and fewer than :data:`ARTEFACT_RETRIES` rounds discarded so far. Recorded and said."""
-        reasons = _reasons(message)
+        reasons = invalid_round_reasons(message)
         if not only_artefacts(reasons) or len(self.discarded_rounds) >= ARTEFACT_RETRIES:
             return False
         self.discarded_rounds.append({"round": what, "reasons": reasons})
@@ -677,10 +677,6 @@ def _correctness_text(failures: list[dict[str, str]]) -> str:
 
 class _ArtefactRound(Exception):
     """An invalid round that is run again (:meth:`BenchGate._discard_artefact`): unwinds the round runner."""
-
-
-def _reasons(message: str) -> list[str]:
-    return [line.strip()[2:] for line in message.splitlines() if line.strip().startswith("- ")]
 
 
 def shlex_join(parts: Sequence[str]) -> str:

@@ -28,7 +28,7 @@ from pytest_llmserve.errors import ConfigError, LLMServeError
 from pytest_llmserve.gates.ab import ABRunner
 from pytest_llmserve.gates.context import build_context
 from pytest_llmserve.gates.decode import DecodeCheck
-from pytest_llmserve.gates.rounds import round_samples, run_round
+from pytest_llmserve.gates.rounds import invalid_round_reasons, round_samples, run_round
 from pytest_llmserve.load.metrics import output_fault
 from pytest_llmserve.load.prompts import build_prompts
 from pytest_llmserve.metrics import higher_is_better
@@ -208,7 +208,7 @@ class BuildRunner:
         traffic) makes this attempt inconclusive: no look is spent, and the next attempt measures again."""
         assert self.measured is not None
         lines = message.splitlines() if message else ["invalid round"]
-        reasons = [ln.strip()[2:] for ln in lines[1:] if ln.strip().startswith("- ")] or lines[:1]
+        reasons = invalid_round_reasons(message) or lines[:1]
         if f"on A ({self.measured.specs[ref].id})" in lines[0]:
             raise LLMServeError(f"the good end {self.label(ref)} produced an invalid round: {message}")
         what = f"{lines[0]} {'; '.join(reasons)}"

@@ -109,6 +109,11 @@ def run_round(server: RunningServer, workload: Workload, prompts: Any, what: str
     return result
 
 
+def invalid_round_reasons(message: str) -> list[str]:
+    """The reasons listed in :func:`run_round`'s message for an invalid round (its "  - " lines)."""
+    return [line.strip()[2:] for line in message.splitlines() if line.strip().startswith("- ")]
+
+
 def _busy_artefact(result: Any, bound: float) -> bool:
     """Whether an invalid round has only measurement-artefact reasons and was measured on a host busier than
     ``bound`` (see :func:`run_round`)."""
