@@ -162,6 +162,7 @@ class Installer:
             return f"{Path(spec.target).name}:sha256:{_sha256(Path(spec.target))}"
         if spec.kind == "tree":
             return f"tree:{spec.target}@{_git_commit(Path(spec.target)) or 'no-git'}"
+        # lazy: packaging.requirements takes ~40 ms to import (-X importtime); only a pip build spec needs it
         from packaging.requirements import Requirement
 
         req = Requirement(spec.target)
@@ -207,6 +208,7 @@ class Installer:
                             resolved.split("==", 1)[1], reused=True, extra={"embedded": True})
         directory = self.directory_for(spec, resolved)
         self.root.mkdir(parents=True, exist_ok=True)
+        # lazy: filelock takes ~40 ms to import (-X importtime)
         from filelock import FileLock
 
         # Two runs asking for the same build wait for one install instead of racing in one directory.

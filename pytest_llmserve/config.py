@@ -147,6 +147,7 @@ def parse_build(text: str, *, source: str = "<command line>", cwd: Path | None =
             return BuildSpec(text, "tree", str(path.resolve()), server_args, source)
         raise ConfigError(f"{source}: build {text!r}: {path} is neither a wheel/sdist file nor a source tree "
                           f"(a directory with pyproject.toml or setup.py)")
+    # lazy: packaging.requirements takes ~40 ms to import (-X importtime); only a pip build spec needs it
     from packaging.requirements import InvalidRequirement, Requirement
 
     try:

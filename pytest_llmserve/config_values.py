@@ -12,6 +12,7 @@ import math
 from collections.abc import Collection
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from pytest_llmserve.errors import ConfigError
 
@@ -31,8 +32,6 @@ def check_table(value: Any, where: str, source: str) -> dict[str, Any]:
 
 def check_url(value: Any, where: str) -> str:
     """A server's base URL, ``http(s)://host:port``, stripped."""
-    from urllib.parse import urlsplit
-
     if not isinstance(value, str) or not value.strip():
         raise ConfigError(f"{where} = {value!r}: must be the server's base URL, 'http://host:port'")
     try:

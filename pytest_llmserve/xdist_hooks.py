@@ -3,11 +3,14 @@ rejects hook implementations it has no specification for), and the tests of whic
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import execnet
 import pytest
+from _pytest.reports import TestReport
 
 from pytest_llmserve.server import hosts
 
@@ -47,7 +50,7 @@ def tx_specs(config: pytest.Config) -> list[Any]:
     """The controller's gateways (``--tx``, ``-n``), as execnet specs; [] without pytest-xdist."""
     if not getattr(config.option, "tx", None):
         return []
-    import execnet
+    # lazy: xdist's modules take ~140 ms to import (-X importtime); only an xdist run needs them
     from xdist.workermanage import parse_tx_spec_config
 
     return [execnet.XSpec(spec) for spec in parse_tx_spec_config(config)]
@@ -136,8 +139,6 @@ class XdistHooks:
 
     def fail_abandoned(self, node: Any, nodeids: list[str]) -> None:
         """Fail the tests a dead host still had, one report each, naming the host and the reason."""
-        from _pytest.reports import TestReport
-
         gateway = str(node.gateway.id)
         down = self.host_reports.get(gateway)
         label = hosts.gateway_label(node.gateway.spec)
@@ -155,6 +156,7 @@ def by_config_scheduler(config: pytest.Config, log: Any, hooks: XdistHooks) -> A
     """``loadgroup`` with every group placed once, up front, round-robin over the workers (a host boots
     only its own configurations), and a dead worker's remaining tests failed rather than moved (moving
     them would boot the configuration again elsewhere, and the host's name would be lost)."""
+    # lazy: xdist's modules take ~140 ms to import (-X importtime); only an xdist run needs them
     from xdist.scheduler import LoadGroupScheduling
 
     class ByConfigScheduling(LoadGroupScheduling):  # type: ignore[misc]
@@ -205,8 +207,6 @@ class WorkerAccounting:
         self.run_dir = run_dir
 
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
-        import os
-
         # lazy: the pool's modules (153 ms) load where servers run, not with every configured run's hooks
         from pytest_llmserve.server.pool import read_boots
 

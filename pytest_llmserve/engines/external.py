@@ -39,6 +39,7 @@ class ExternalAdapter(EngineAdapter):
 
 
 def _first_model(url: str, api_key: str | None) -> str | None:
+    # lazy: httpx takes ~120 ms to import (-X importtime)
     import httpx
 
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}

@@ -18,6 +18,7 @@ MetricSamples = dict[str, list[tuple[dict[str, str], float]]]
 
 def parse(text: str) -> MetricSamples:
     """Prometheus text exposition -> {sample name: [(labels, value)]}."""
+    # lazy: prometheus_client's parser takes ~67 ms to import (-X importtime)
     from prometheus_client.parser import text_string_to_metric_families
 
     out: MetricSamples = {}

@@ -65,6 +65,7 @@ from __future__ import annotations
 
 import functools
 import math
+import shlex
 import time
 import uuid
 import warnings
@@ -680,8 +681,6 @@ class _ArtefactRound(Exception):
 
 
 def shlex_join(parts: Sequence[str]) -> str:
-    import shlex
-
     return shlex.join(list(parts))
 
 

@@ -22,6 +22,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 from pytest_llmserve.builds import BuildEnv, Installer
 from pytest_llmserve.config import WORKLOAD_PRESETS, BuildSpec, LLMServeConfig, ServerSpec, Workload
 from pytest_llmserve.errors import ConfigError, LLMServeError
@@ -97,8 +99,6 @@ def correctness(server: Any) -> tuple[bool, str]:
 
 
 def both_fit() -> bool:
-    import psutil
-
     return bool(psutil.virtual_memory().available >= 2 * SERVER_MEMORY_BYTES)
 
 

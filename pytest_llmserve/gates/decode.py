@@ -390,6 +390,7 @@ class DecodeCheck:
     def _recorded_reference(self, plan: ReferencePlan) -> Any:
         """This run's recording of the reference: read when it exists, else recorded under a lock, so that one
         process records: from this server when it is the reference, else from the reference booted beside it."""
+        # lazy: filelock takes ~40 ms to import (-X importtime)
         from filelock import FileLock
 
         spec = self.spec

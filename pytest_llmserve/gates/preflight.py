@@ -6,6 +6,7 @@ than a refusal), and the commands a refusal names (:func:`accept_command`, :func
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -48,8 +49,6 @@ def elsewhere(comp: Comparability) -> str:
 def accept_command(results_dir: Path, store_dir: Path, test_id: str) -> str:
     """The command that turns this run's figures into the baseline of its context (replacing the record of
     the other context: explicit, and the old file stays in version control)."""
-    import shlex
-
     latest = results_dir / "latest" / "results.json"
     return (f"llmserve baselines accept --replace {shlex.quote(str(latest))} --dir {shlex.quote(str(store_dir))} "
             f"-k {shlex.quote(test_id)}")
@@ -59,8 +58,6 @@ def save_command(invocation: Sequence[str], *, nodeid: str, test_name: str, serv
                  suite: bool) -> str:
     """``pytest <this run's --llmserve-* options> --llmserve-save-baseline <this benchmark>``: the one
     command that records a baseline for this benchmark in this context."""
-    import shlex
-
     kept: list[str] = []
     args = list(invocation)
     i = 0

@@ -26,6 +26,7 @@ once per server and process, for the built-in suite) and hands each test its own
 from __future__ import annotations
 
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -187,8 +188,6 @@ class ServerProbes:
     def send(self, requests: Sequence[ProbeRequest], client: LLMClient | None = None) -> tuple[list[Answer], SentBatch]:
         """Send ``requests`` at once (at most :attr:`concurrency` in flight); the answers in their order,
         transport failures as :class:`RequestError` values."""
-        import time
-
         own = client is None
         client = client or self.server.client()
         try:

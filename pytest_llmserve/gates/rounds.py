@@ -11,6 +11,7 @@ metric; :func:`sample_series` the rounds' samples by metric.
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any
@@ -32,8 +33,6 @@ HOST_CONTENTION = "host_contention"
 def round_samples(result: Any) -> dict[str, float]:
     """The per-round sample of every metric (throughputs; latency mean/median/p90/p99 in ms), and the host
     contention measured during the round (:data:`HOST_CONTENTION`, a share of the machine) when sampled."""
-    import math
-
     out = {name: float(value) for name, value in result.metrics.items()
            if isinstance(value, int | float) and math.isfinite(value)}
     busy = getattr(result, "host_contention", None)

@@ -254,6 +254,7 @@ class RunningGaugeSampler:
         return sum(v for _, v in values) if values else None
 
     def _loop(self) -> None:
+        # lazy: httpx takes ~120 ms to import (-X importtime)
         import httpx
 
         headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
@@ -457,6 +458,7 @@ def event_loop_name() -> str:
     if choice == "asyncio":
         return "asyncio"
     try:
+        # lazy: uvloop takes ~50 ms to import (-X importtime), and is optional
         import uvloop  # noqa: F401
     except ImportError:
         if choice == "uvloop":
@@ -469,6 +471,7 @@ def event_loop_name() -> str:
 def run_loop(main: Coroutine[Any, Any, _R]) -> _R:
     """``asyncio.run`` on the load generator's event loop (see :func:`event_loop_name`)."""
     if event_loop_name() == "uvloop":
+        # lazy: uvloop takes ~50 ms to import (-X importtime), and is optional
         import uvloop
 
         return uvloop.run(main)

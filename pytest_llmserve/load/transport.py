@@ -592,6 +592,7 @@ class HttpxTransport:
 
     def __init__(self, base_url: str, api_key: str | None = None,
                  timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+        # lazy: httpx takes ~120 ms to import (-X importtime)
         import httpx
 
         self.target = _Target(base_url)
@@ -612,6 +613,7 @@ class HttpxTransport:
         await self._client.aclose()
 
     async def stream(self, body: bytes, parser: StreamParser) -> None:
+        # lazy: httpx takes ~120 ms to import (-X importtime)
         import httpcore
         import httpx
 
@@ -650,6 +652,7 @@ def request_body(model: str, prompt: WorkloadPrompt, workload: Workload) -> byte
 
 def fetch_text(base_url: str, path: str, api_key: str | None, timeout_s: float = 10.0) -> str | None:
     """GET ``path`` under the server root (the /metrics scrapes around a run); None unless it answered 200."""
+    # lazy: httpx takes ~120 ms to import (-X importtime)
     import httpx
 
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}

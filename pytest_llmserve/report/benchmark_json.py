@@ -38,6 +38,7 @@ def stats_transform(metric: str, higher_is_better: bool) -> tuple[Callable[[floa
 
 def benchmark_stats(data: Sequence[float]) -> dict[str, Any]:
     """pytest-benchmark's ``stats`` block: ``Stats.as_dict()`` of ``data``, ``iterations`` (1) and ``data``."""
+    # lazy: pytest_benchmark.stats takes ~30 ms to import (-X importtime), and is optional
     from pytest_benchmark.stats import Stats
 
     values = [float(v) for v in data]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -35,6 +36,7 @@ def matplotlib_missing() -> str | None:
 
 def _figure(width: float = 7.0, height: float = 4.5) -> Any:
     try:
+        # lazy: matplotlib takes ~0.5 s to import (-X importtime); only a plot needs it
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
     except ImportError as exc:
@@ -167,8 +169,6 @@ def plot_ab(outcome: BenchOutcome, path: str | os.PathLike[str]) -> Path | None:
 
 
 def _slug(text: str) -> str:
-    import re
-
     return re.sub(r"[^A-Za-z0-9._=-]+", "_", text).strip("._-")[:60] or "x"
 
 
@@ -207,8 +207,6 @@ def plot_builds(labels: list[str], samples: list[list[float]], path: str | os.Pa
     """Each build's rounds of ``metric`` (dots) and their median (bar), builds in the order given."""
     fig = _figure(width=max(6.0, 1.6 * len(labels)), height=4.5)
     ax = fig.add_subplot(1, 1, 1)
-    import statistics
-
     for i, values in enumerate(samples):
         if values:
             ax.bar(i, statistics.median(values), color="#9ecae1", width=0.6)

@@ -29,6 +29,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
+import psutil
+
 from pytest_llmserve.errors import PreflightError
 
 if TYPE_CHECKING:
@@ -335,7 +337,7 @@ def _nvml_started(nvml: Any = None) -> Any:
     """``nvml`` (default: pynvml) after ``nvmlInit``, or None when pynvml is missing or NVML cannot start; the
     caller shuts it down (``nvmlShutdown``) when done."""
     if nvml is None:
-        try:
+        try:  # optional: nvidia-ml-py is installed where a GPU is, not on a CPU host
             import pynvml as nvml  # type: ignore[import-not-found, no-redef, unused-ignore]
         except ImportError:
             return None
@@ -503,10 +505,6 @@ def _snapshot_smi(run: Runner = _run_smi) -> GpuSnapshot | None:
 
 def _with_commands(snap: GpuSnapshot) -> GpuSnapshot:
     """Fill each process's command line from /proc when this host can see it (not in every container)."""
-    try:
-        import psutil
-    except ImportError:  # pragma: no cover - psutil is a dependency
-        return snap
     procs = []
     for p in snap.processes:
         command = p.command

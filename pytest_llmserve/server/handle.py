@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -673,6 +674,4 @@ def preflight(spec: ServerSpec, host: str, port: int, *, gpu_check: Callable[[Se
 
 
 def _on_path(name: str) -> bool:
-    import shutil
-
     return shutil.which(name) is not None

@@ -324,6 +324,7 @@ class BaselineStore:
 
     @contextlib.contextmanager
     def _locked(self, path: Path) -> Iterator[None]:
+        # lazy: filelock takes ~40 ms to import (-X importtime)
         from filelock import FileLock, Timeout
 
         lock = FileLock(str(self.lock_path(path)), timeout=self.lock_timeout_s)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -30,8 +31,7 @@ def first_failure_reported(test: _F) -> _F:
     example's own message (its finding, the request and what came back), then a line that says the replay
     passed. Hypothesis 6 raises ``FlakyFailure``, an exception group holding the original exception(s).
     Put it outside ``@given`` and inside :func:`suite_requests`."""
-    import functools
-
+    # lazy: hypothesis takes ~155 ms to import (-X importtime); only the API property checks need it
     from hypothesis.errors import Flaky
 
     @functools.wraps(test)
@@ -53,6 +53,7 @@ def first_failure_reported(test: _F) -> _F:
 
 def _first_original(exc: BaseException) -> BaseException | None:
     """The first exception a Flaky report holds that is not itself Hypothesis's (depth first)."""
+    # lazy: hypothesis takes ~155 ms to import (-X importtime); only the API property checks need it
     from hypothesis.errors import Flaky
 
     for inner in getattr(exc, "exceptions", ()):

@@ -309,6 +309,7 @@ COMMON_STOPS = (".", ",", "\n", " the", "e", " a", "!", "?", " and", ":")
 def prompt_texts() -> Any:
     """Prompt texts: a few natural prompts, runs of words, and raw Unicode (no control characters or
     surrogates), 1-120 characters."""
+    # lazy: hypothesis takes ~155 ms to import (-X importtime); only the API property checks need it
     from hypothesis import strategies as st
 
     letters = st.characters(categories=("L", "M", "N", "P", "S", "Zs"))
@@ -319,6 +320,7 @@ def prompt_texts() -> Any:
 
 def stop_sequences() -> Any:
     """Zero to three distinct stop strings, common ones and short random ones."""
+    # lazy: hypothesis takes ~155 ms to import (-X importtime); only the API property checks need it
     from hypothesis import strategies as st
 
     short = st.text(alphabet=st.characters(categories=("L", "N", "P", "Zs")), min_size=1, max_size=4)
@@ -328,6 +330,7 @@ def stop_sequences() -> Any:
 def api_examples(max_tokens: tuple[int, int] = (1, 32)) -> Any:
     """Requests over the API's sampling surface: prompt, ``max_tokens``, stop sequences, greedy or sampled
     temperature, ``top_p``, with or without a seed."""
+    # lazy: hypothesis takes ~155 ms to import (-X importtime); only the API property checks need it
     from hypothesis import strategies as st
 
     temperature = st.one_of(st.just(0.0), st.floats(0.1, 1.5).map(lambda t: round(t, 2)))
@@ -339,6 +342,7 @@ def api_examples(max_tokens: tuple[int, int] = (1, 32)) -> Any:
 
 def seeded_examples(max_tokens: tuple[int, int] = (4, 32)) -> Any:
     """Sampled (temperature > 0), seeded requests, for :func:`check_seeded_repeatable`."""
+    # lazy: hypothesis takes ~155 ms to import (-X importtime); only the API property checks need it
     from hypothesis import strategies as st
 
     return st.builds(ApiExample, prompt=prompt_texts(), max_tokens=st.integers(*max_tokens),

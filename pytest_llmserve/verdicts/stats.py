@@ -414,12 +414,14 @@ class SequentialPlan:
 
     @property
     def nominal_alpha(self) -> float:
+        # lazy: scipy.stats takes ~0.85 s to import (-X importtime)
         from scipy.stats import norm
 
         return float(norm.sf(self.z_alpha))
 
     @property
     def nominal_beta(self) -> float:
+        # lazy: scipy.stats takes ~0.85 s to import (-X importtime)
         from scipy.stats import norm
 
         return float(norm.sf(self.z_beta))
@@ -436,6 +438,7 @@ def _pocock_z(looks: Sequence[tuple[int, int]], level: float, draws: int = _BOUN
     """The constant z boundary crossed at some look with probability ``level`` under the canonical joint
     distribution of the looks' z statistics (seeded Monte Carlo: the same plan always gets the same bound;
     :func:`resolution` takes fewer ``draws`` for its many candidate plans)."""
+    # lazy: numpy takes ~75 ms to import (-X importtime)
     import numpy as np
 
     info = np.array([1.0 / (1.0 / b + 1.0 / c) for b, c in looks])
@@ -485,6 +488,7 @@ def decide_sequential(
     not_worse: bool = False,
 ) -> Verdict:
     """The group-sequential rule at one look of ``plan`` (the module docstring, "The sequential rule")."""
+    # lazy: scipy.stats takes ~0.85 s to import (-X importtime)
     from scipy.stats import t as student_t
 
     base = check_samples(baseline, "baseline")
@@ -665,6 +669,7 @@ def _pass_width(z_beta: float, n_baseline: int, n_current: int, sd: float, power
     """(t(nominal beta) + t((1 + power) / 2)) * se at a look with these counts, ``z_beta`` the plan's Pocock bound:
     the interval half-width, on the log scale, that an unchanged metric's pass needs below log(1 + margin)
     there (decide_sequential's pass)."""
+    # lazy: scipy.stats takes ~0.85 s to import (-X importtime)
     from scipy.stats import norm
     from scipy.stats import t as student_t
 
@@ -699,6 +704,7 @@ def resolution(baseline_log_sd: float, current_log_sd: float, *, n_baseline: int
     judged with its own plan (gate_looks, or ab_looks with ``both_sides_grow``: the A/B runner's), the one
     the gate would use with ``max_rounds`` set to it. The median change must also lie within the tolerance;
     at this width it almost always does, and it is not modelled."""
+    # lazy: scipy.stats takes ~0.85 s to import (-X importtime)
     from scipy.stats import norm
     from scipy.stats import t as student_t
 

@@ -56,6 +56,7 @@ def mann_whitney(
     """One-sided p-values (worse, better) of current vs baseline and the name of the method used."""
     if len(set(baseline) | set(current)) == 1:
         return 1.0, 1.0, "all samples equal"
+    # lazy: numpy takes ~75 ms to import (-X importtime)
     import numpy as np
     from scipy.stats import PermutationMethod, mannwhitneyu
 
@@ -88,6 +89,7 @@ def bootstrap_change_ci(
 ) -> tuple[float, float]:
     """Seeded percentile-bootstrap interval of the relative change of the median, signed by ``sign`` (+1: higher
     is better), each side resampled on its own."""
+    # lazy: numpy takes ~75 ms to import (-X importtime)
     import numpy as np
 
     rng = np.random.default_rng(seed)
@@ -98,6 +100,7 @@ def bootstrap_change_ci(
 
 def bootstrap_median_ci(values: list[float], *, n_resamples: int, confidence: float, seed: int) -> tuple[float, float]:
     """Seeded percentile-bootstrap interval of the median of one set of samples."""
+    # lazy: numpy takes ~75 ms to import (-X importtime)
     import numpy as np
 
     return _percentile_interval(_resampled_medians(np.random.default_rng(seed), values, n_resamples), confidence)
@@ -105,6 +108,7 @@ def bootstrap_median_ci(values: list[float], *, n_resamples: int, confidence: fl
 
 def _resampled_medians(rng: Any, values: list[float], n_resamples: int) -> Any:
     """The medians of ``n_resamples`` resamples (with replacement) of ``values``, drawn from ``rng``."""
+    # lazy: numpy takes ~75 ms to import (-X importtime)
     import numpy as np
 
     data = np.asarray(values, dtype=float)
@@ -112,6 +116,7 @@ def _resampled_medians(rng: Any, values: list[float], n_resamples: int) -> Any:
 
 
 def _percentile_interval(draws: Any, confidence: float) -> tuple[float, float]:
+    # lazy: numpy takes ~75 ms to import (-X importtime)
     import numpy as np
 
     tail = (1.0 - confidence) / 2.0 * 100.0
@@ -143,6 +148,7 @@ def slow_round(side: list[float], other: list[float], level: float) -> int | Non
     df = len(rest) - 1 + len(other) - 1
     if df < 2:
         return None
+    # lazy: scipy.stats takes ~0.85 s to import (-X importtime)
     from scipy.stats import t as student_t
 
     mean_rest, mean_other = math.fsum(rest) / len(rest), math.fsum(other) / len(other)
@@ -172,6 +178,7 @@ def ratio_ci(baseline: Sequence[float], current: Sequence[float], *,
     diff, se, df = log_t(lb, lc)
     if df <= 0 or not math.isfinite(se):
         return math.exp(diff), math.nan, math.nan
+    # lazy: scipy.stats takes ~0.85 s to import (-X importtime)
     from scipy.stats import t as student_t
 
     half = float(student_t.isf((1.0 - confidence) / 2.0, df)) * se

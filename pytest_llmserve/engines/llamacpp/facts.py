@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import TYPE_CHECKING, Any
 
 from pytest_llmserve.evidence.facts import LineRule, ServerFacts, apply_line_rules, split_lines
@@ -449,8 +449,6 @@ def parse_llamacpp_props(info: Mapping[str, Any]) -> LlamaCppFacts:
 
 def _fill(facts: LlamaCppFacts, other: LlamaCppFacts) -> LlamaCppFacts:
     """Fill facts that ``facts`` lacks from ``other`` (scalars only), keeping ``other``'s evidence."""
-    from dataclasses import fields
-
     skip = {
         "engine",
         "evidence",
@@ -650,8 +648,6 @@ def check_llamacpp_execution(spec: ServerSpec, facts: ServerFacts) -> list[Check
 
 
 def _promote(facts: ServerFacts) -> LlamaCppFacts:
-    from dataclasses import fields
-
     out = LlamaCppFacts(engine=facts.engine)
     for f in fields(ServerFacts):
         setattr(out, f.name, getattr(facts, f.name))

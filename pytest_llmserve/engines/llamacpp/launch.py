@@ -330,6 +330,7 @@ class LlamaCppAdapter(EngineAdapter):
         self, base_url: str, api_key: str | None = None, timeout_s: float = 10.0
     ) -> dict[str, Any] | None:
         """``GET /props`` with ``GET /slots`` added under ``"slots"``; None when /props does not answer."""
+        # lazy: httpx takes ~120 ms to import (-X importtime)
         import httpx
 
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}

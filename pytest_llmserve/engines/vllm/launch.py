@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import sys
 from typing import TYPE_CHECKING, Any
 
 from pytest_llmserve.config import ServerSpec
@@ -114,8 +115,6 @@ def _serve_command(spec: ServerSpec, model: str, notes: list[str]) -> list[str]:
         return [spec.python, "-m", "vllm.entrypoints.openai.api_server", "--model", model]
     if shutil.which("vllm"):
         return ["vllm", "serve", model]
-    import sys
-
     return [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model]
 
 
