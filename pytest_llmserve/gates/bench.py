@@ -184,7 +184,7 @@ class BenchGate:
         if inconclusive not in INCONCLUSIVE_POLICIES:
             raise ValueError(f"inconclusive = {inconclusive!r}: must be one of {', '.join(INCONCLUSIVE_POLICIES)}")
         self.inconclusive = inconclusive
-        self.record_command = record_command or shlex_join(["pytest", "--llmserve-save-baseline", test_id])
+        self.record_command = record_command or shlex.join(["pytest", "--llmserve-save-baseline", test_id])
         self.correctness_failed = correctness_failed or (lambda server_id: [])
         # One measured round (a stand-in in unit tests); the warm-up's time budget is read on ``clock``.
         self.round_runner: RoundRunner = round_runner or functools.partial(
@@ -678,10 +678,6 @@ def _correctness_text(failures: list[dict[str, str]]) -> str:
 
 class _ArtefactRound(Exception):
     """An invalid round that is run again (:meth:`BenchGate._discard_artefact`): unwinds the round runner."""
-
-
-def shlex_join(parts: Sequence[str]) -> str:
-    return shlex.join(list(parts))
 
 
 class _Judged(Protocol):

@@ -14,6 +14,7 @@ from pathlib import Path
 
 CORRECTNESS_FAILURES_FILE = "correctness-failures.jsonl"
 
+
 def record_correctness_failure(run_dir: Path, server_id: str, test_id: str, summary: str) -> None:
     """Note that a correctness check of ``server_id`` failed in this run."""
     line = json.dumps({"server": server_id, "test": test_id, "summary": summary[:500]}) + "\n"
