@@ -1,7 +1,13 @@
 """Servers in depth on the real vLLM CPU server: a two-combination matrix (eager vs compiled) boots twice
-with the right facts and passing config-is-execution checks; the same run A/B-tests the two; a baseline
-is refused when more than the variable under test changed; attach mode boots none. (That `-n 2` shares one
-boot between two workers is proven by tests/e2e/test_isolation_real.py, whose two workers each use it.)
+with the right facts and passing config-is-execution checks; the same run A/B-tests the two and runs the
+matrix reference differential (``reference = "eager=on"``: the eager server records its answers, the compiled
+one replays the prompts and is compared with them, first divergence, top-k both ways, |Δlogprob| before it;
+the recording is kept with the run's reports); a baseline is refused when more than the variable under test
+changed; attach mode boots none. (That `-n 2` shares one boot between two workers is proven by
+tests/e2e/test_isolation_real.py, whose two workers each use it.)
+
+The facts, the A/B and the reference differential share one run on purpose: each needs the same two boots,
+and the compiled one is the suite's slowest (100-180 s on 2 cores).
 """
 
 from __future__ import annotations
@@ -47,15 +53,18 @@ def test_ab_eager_vs_compiled(llm_ab):
 """
 
 
-def test_matrix_boots_each_combination_once_with_facts_ab_and_refusal(
+def test_matrix_boots_each_combination_once_with_facts_ab_reference_and_refusal(
         pytester: pytest.Pytester, write_config: Callable[[str], Path]) -> None:
-    write_config(default_server_toml("cpu") + "[matrix.cpu]\neager = [true, false]\n" + TINY_WORKLOAD)
+    write_config(default_server_toml("cpu") + '[matrix.cpu]\neager = [true, false]\nreference = "eager=on"\n'
+                 + TINY_WORKLOAD)
     pytester.makeini("[pytest]\nllmserve_workload = tiny\n")
     pytester.makepyfile(test_matrix=FACTS_TEST)
-    result = pytester.runpytest_subprocess("-s", "-p", "no:cacheprovider", "--llmserve-save-baseline",
-                                           timeout=1500)
+    # This file's tests and, of the built-in suite, the reference differential on both combinations.
+    result = pytester.runpytest_subprocess("test_matrix.py", "--llmserve-suite", "-k",
+                                           "test_matrix.py or matches_reference", "-s", "-rA", "-p", "no:cacheprovider",
+                                           "--llmserve-save-baseline", timeout=1500)
     out = result.stdout.str()
-    expect_outcomes(result, passed=5)
+    expect_outcomes(result, passed=7)  # facts and throughput on each combination, the A/B, 2 differentials
     # Two configurations, two boots (the A/B reuses both servers), each with its own facts.
     assert boots_line(out) == "server boots: 2 (cpu[eager=on], cpu[eager=off])", out
     facts = [json.loads(line.split("FACTS ", 1)[1]) for line in out.splitlines() if "FACTS " in line]
@@ -64,6 +73,19 @@ def test_matrix_boots_each_combination_once_with_facts_ab_and_refusal(
     assert "A/B output_throughput: A=cpu[eager=on]" in out
     saved = sorted(p.name for p in (pytester.path / "baselines").glob("*.json"))
     assert len(saved) == 2, saved
+
+    # The reference differential: recorded on eager, compared on compiled, the recording kept with the reports.
+    run = (pytester.path / "llmserve-results" / "latest").resolve()
+    rows = {row["server_id"]: row for row in json.loads((run / "results.json").read_text())["checks"]
+            if row["check"] == "test_matches_reference"}
+    assert str(rows["cpu[eager=on]"]["detail"]).startswith("recorded: cpu[eager=on] on vllm"), rows
+    table = str(rows["cpu[eager=off]"]["detail"])
+    assert table.startswith("cpu[eager=off] vs cpu[eager=on] on vllm"), table
+    print(table)  # the measured agreement, for the record (-s)
+    answers = json.loads((run / "reference-answers" / "cpu.json").read_text())
+    assert answers["combination"] == "cpu[eager=on]" and answers["engine"] == "vllm" and len(answers["answers"]) == 9
+    # Greedy to at most 32 tokens: a chat answer may end at EOS sooner ("Paris."); each came back with logprobs.
+    assert all(answer["status"] == 200 and 0 < len(answer["tokens"]) <= 32 for answer in answers["answers"])
 
     # A baseline recorded with one memory setting and graph mode, compared with a run where both the
     # memory setting and the graph mode changed while only the graph mode is the variable: refused.

@@ -2,7 +2,7 @@
 answers, the others replay the same prompts and are compared with them (one healthy near-tie passes, one
 broken fails with the per-request table), and a later run replays the recording without the reference.
 The servers are stand-ins (tests/standins/greedy_logprobs.py): no CPU engine breaks one configuration's
-numerics on purpose. The same on the real vLLM CPU server: tests/e2e/test_reference_real.py."""
+numerics on purpose. The same on the real vLLM CPU server: tests/e2e/test_servers.py (its matrix run)."""
 
 from __future__ import annotations
 
