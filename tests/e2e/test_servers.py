@@ -7,7 +7,7 @@ changed; attach mode boots none. (That `-n 2` shares one boot between two worker
 tests/e2e/test_isolation_real.py, whose two workers each use it.)
 
 The facts, the A/B and the reference differential share one run on purpose: each needs the same two boots,
-and the compiled one is the suite's slowest (100-180 s on 2 cores).
+and the compiled boot is the suite's slowest (100-180 s on 2 cores).
 """
 
 from __future__ import annotations
