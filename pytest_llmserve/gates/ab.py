@@ -2,7 +2,8 @@
 benchmark gate's sequential rule (:func:`pytest_llmserve.gates.bench.until_verdict`), B against A.
 
 It shares the gate's round (:func:`~pytest_llmserve.gates.rounds.run_round`, each round alone on its server, a
-contended one measured again: :func:`~pytest_llmserve.gates.rounds.clean_round`) and records a
+contended one measured again: :func:`~pytest_llmserve.gates.rounds.clean_round`, one invalid only for measurement
+artefacts of the machine too: :func:`~pytest_llmserve.gates.rounds.again_on_artefacts`) and records a
 :class:`~pytest_llmserve.report.outcome.BenchOutcome` like the gate; ``llmserve builds`` measures its steps with it.
 """
 
@@ -17,7 +18,7 @@ from pytest_llmserve.config import LLMServeConfig, ServerSpec
 from pytest_llmserve.errors import ConfigError
 from pytest_llmserve.gates.bench import format_values, measured_resolution, resolution_record, until_verdict
 from pytest_llmserve.gates.context import build_context
-from pytest_llmserve.gates.rounds import clean_round, round_samples, run_round, sample_series
+from pytest_llmserve.gates.rounds import again_on_artefacts, clean_round, round_samples, run_round, sample_series
 from pytest_llmserve.load.prompts import build_prompts
 from pytest_llmserve.metrics import higher_is_better
 from pytest_llmserve.options import BenchDefaults
@@ -67,7 +68,8 @@ class ABRunner:
         ``judged_by_caller``: these rounds are a part of a comparison the caller decides (a bisect step's
         attempt, pooled with the attempts before it): their own verdict is recorded but neither announced
         as the answer nor failed on. ``contention_bound`` (default the setting's default): a round during which
-        other processes took more of the host is measured again (:func:`clean_round`)."""
+        other processes took more of the host is measured again (:func:`clean_round`), and so is one invalid only
+        for measurement artefacts of the machine (:func:`again_on_artefacts`)."""
         spec_a, spec_b = self.spec(a), self.spec(b)
         wl = self.cfg.workload(workload, where=self.test_id)
         server_a = self.pool.get(spec_a)
@@ -85,6 +87,7 @@ class ABRunner:
         done = 0
         bound = BenchDefaults().contention_bound if contention_bound is None else contention_bound
         contended: list[dict[str, Any]] = []
+        discarded: list[dict[str, Any]] = []  # rounds run again as measurement artefacts (again_on_artefacts)
 
         def pair() -> None:
             nonlocal done
@@ -92,7 +95,9 @@ class ABRunner:
                 server = servers[name]
 
                 def measure(what: str, server: RunningServer = server) -> Any:
-                    return run_round(server, wl, prompts, what, self.fail, contention_bound=bound)
+                    return again_on_artefacts(
+                        lambda invalid: run_round(server, wl, prompts, what, invalid, contention_bound=bound),
+                        what, self.fail, discarded=discarded, say=self.say)
 
                 result = clean_round(measure, f"A/B round {done + 1} on {name} ({server.spec.id})", bound=bound,
                                      contended=contended, say=self.say,
@@ -118,7 +123,7 @@ class ABRunner:
             higher_is_better=hib, tolerance=tolerance, verdict=verdict, samples=series_b,
             baseline_samples=list(series_a.get(metric, [])), baseline_series=series_a, rounds=len(side["B"]),
             note=verdict.reason, seconds=time.monotonic() - started, ab=True,
-            differences=[d.describe() for d in diffs], contended_rounds=contended,
+            differences=[d.describe() for d in diffs], contended_rounds=contended, discarded_rounds=discarded,
             baseline_key=BenchKey(test=self.test_id, server=f"{spec_a.id}|{spec_b.id}", workload=wl.name))
         if verdict.outcome == "inconclusive":
             resolved = measured_resolution(series_a.get(metric, []), series_b.get(metric, []), plan, tolerance,

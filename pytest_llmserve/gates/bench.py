@@ -5,9 +5,10 @@ A round that is invalid (failed requests, wrong lengths, negative TPOT, empty IT
 collapse in a sampled output of a trained model) is never a number: the gate records the reasons and fails. Only
 when every reason is a measurement artefact of the machine, not the server's output (chunks merged or buffered
 on a starved host, other traffic on the server: :func:`pytest_llmserve.load.metrics.output_fault` says which), the
-round is discarded, said and recorded (``discarded_rounds``), and run again, at most :data:`ARTEFACT_RETRIES`
-times per benchmark: a busy machine must not fail the server. Such a round measured while other processes
-took more of the host than ``contention_bound`` is a contended round instead
+round is discarded, said and recorded (``discarded_rounds``), and run again, at most
+:data:`~pytest_llmserve.gates.rounds.ARTEFACT_RETRIES` times per benchmark
+(:func:`~pytest_llmserve.gates.rounds.again_on_artefacts`): a busy machine must not fail the server. Such a
+round measured while other processes took more of the host than ``contention_bound`` is a contended round instead
 (:func:`~pytest_llmserve.gates.rounds.run_round`, :func:`~pytest_llmserve.gates.rounds.clean_round`), which a host
 that stays busy ends as "confounded". The verdict
 (:func:`pytest_llmserve.verdicts.stats.decide_sequential`, a group-sequential test that looks after every
@@ -78,8 +79,14 @@ from pytest_llmserve.errors import BaselineError
 from pytest_llmserve.gates.context import build_context
 from pytest_llmserve.gates.failed_checks import correctness_failures
 from pytest_llmserve.gates.preflight import accept_command, elsewhere, environment_only
-from pytest_llmserve.gates.rounds import clean_round, invalid_round_reasons, round_samples, run_round, sample_series
-from pytest_llmserve.load.metrics import only_artefacts
+from pytest_llmserve.gates.rounds import (
+    again_on_artefacts,
+    clean_round,
+    invalid_round_reasons,
+    round_samples,
+    run_round,
+    sample_series,
+)
 from pytest_llmserve.load.prompts import build_prompts
 from pytest_llmserve.metrics import METRICS, higher_is_better
 from pytest_llmserve.report.outcome import BenchOutcome
@@ -104,10 +111,6 @@ SAVE_MIN_ROUNDS = 5  # at 5 vs 3+ samples an exact one-sided Mann-Whitney test c
 # could add many minutes; generous enough for a first GPU round that pays for JIT compilation.
 WARMUP_BUDGET_S = 300.0
 
-# Rounds discarded as measurement artefacts (see the module docstring) before one more fails the benchmark:
-# seen in CI on 2 cores, a round of a healthy server invalid for chunk timing once in a run; a host where it
-# happens three times in one benchmark is too busy to measure, and says so.
-ARTEFACT_RETRIES = 2
 # The most current rounds ``extend_to_resolve`` takes a comparison to, whatever the noise asks for: at ~12 s a
 # smoke round on the CPU default that is 6 minutes of rounds (and the time budget, extend_budget_s, may stop it
 # sooner).
@@ -259,11 +262,9 @@ class BenchGate:
     def _round(self, workload: Workload, prompts: Any, what: str, outcome: BenchOutcome | None,
                measured: list[dict[str, float]]) -> Any:
         """One round; when it is invalid, the outcome is recorded with the ``measured`` rounds so far, unless
-        the round is run again as a measurement artefact (:meth:`_discard_artefact`)."""
+        the round is run again as a measurement artefact (:func:`~pytest_llmserve.gates.rounds.again_on_artefacts`)."""
 
         def invalid(message: str) -> None:
-            if self._discard_artefact(what, message, outcome):
-                raise _ArtefactRound
             failures = self.correctness_failed(self.spec.id)
             if failures:  # the likelier explanation of a round that measured nothing
                 message += f"\n{_correctness_text(failures)}"
@@ -279,12 +280,10 @@ class BenchGate:
                 self._finish(outcome)
             self.fail(message)
 
-        def one_round(name: str) -> Any:
-            while True:  # measurement artefacts are run again here (_discard_artefact), contention in clean_round
-                try:
-                    return self.round_runner(self.server, workload, prompts, name, invalid)
-                except _ArtefactRound:
-                    continue
+        def one_round(name: str) -> Any:  # measurement artefacts are run again here, contention in clean_round
+            return again_on_artefacts(
+                lambda not_a_number: self.round_runner(self.server, workload, prompts, name, not_a_number),
+                name, invalid, discarded=self.discarded_rounds, say=self.say)
 
         def confounded(message: str) -> None:
             # No verdict either way: the rounds could not be samples of the server. Skipped with the reason, like a
@@ -292,30 +291,15 @@ class BenchGate:
             if outcome is not None:
                 outcome.confounded = True
                 outcome.samples, outcome.rounds, outcome.note = sample_series(measured), len(measured), message
-                outcome.contended_rounds = self.contended
                 self._finish(outcome)
             if self.skip is not None:
                 self.skip(f"{self.test_id}: {message}")
             self.fail(f"{self.test_id}: {message}")
 
-        if outcome is not None:
-            outcome.contended_rounds = self.contended
+        if outcome is not None:  # the lists the rounds fill, shared by the benchmark's rounds
+            outcome.contended_rounds, outcome.discarded_rounds = self.contended, self.discarded_rounds
         return clean_round(one_round, what, bound=self.options.contention_bound, contended=self.contended,
                            say=self.say, confounded=confounded)
-
-    def _discard_artefact(self, what: str, message: str, outcome: BenchOutcome | None) -> bool:
-        """Whether an invalid round is run again: every reason a measurement artefact (none says the server's
-        output was wrong) and fewer than :data:`ARTEFACT_RETRIES` rounds discarded so far. Recorded and said."""
-        reasons = invalid_round_reasons(message)
-        if not only_artefacts(reasons) or len(self.discarded_rounds) >= ARTEFACT_RETRIES:
-            return False
-        self.discarded_rounds.append({"round": what, "reasons": reasons})
-        if outcome is not None:
-            outcome.discarded_rounds = self.discarded_rounds
-        self.say(f"{what} is not a number ({'; '.join(reasons)}): a measurement artefact of the machine, not the "
-                 f"server's output; discarded and run again ({len(self.discarded_rounds)} of {ARTEFACT_RETRIES} "
-                 "allowed)")
-        return True
 
     def warm_up(self, workload: Workload, prompts: Any, outcome: BenchOutcome | None = None) -> Any:
         """Rounds of the workload until one agrees with the round before it within ``warmup_agreement`` on the
@@ -674,10 +658,6 @@ def _correctness_text(failures: list[dict[str, str]]) -> str:
     more = f" and {len(failures) - 1} more" if len(failures) > 1 else ""
     return (f"the correctness checks of server {first['server']} failed earlier in this run "
             f"({first['test']}{more}: {first['summary'].splitlines()[0] if first['summary'] else ''})")
-
-
-class _ArtefactRound(Exception):
-    """An invalid round that is run again (:meth:`BenchGate._discard_artefact`): unwinds the round runner."""
 
 
 class _Judged(Protocol):
