@@ -51,7 +51,8 @@ from tests.standins.helpers import (
 pytestmark = pytest.mark.slow
 
 STARTUP_TIMEOUT_S = 600.0
-TINY = "[workloads.tiny]\nnum_prompts = 4\ninput_len = 16\noutput_len = 16\nmax_concurrency = 4\nwarmup = 1\n"
+# No warm-up request in each round, as in tests/e2e/conftest.py's TINY_WORKLOAD (it was a third of a round there).
+TINY = "[workloads.tiny]\nnum_prompts = 4\ninput_len = 16\noutput_len = 16\nmax_concurrency = 4\nwarmup = 0\n"
 DURATION = re.compile(r"^([\d.]+)s (setup|call|teardown)\s+(\S+)$")
 
 
