@@ -1,7 +1,8 @@
 """A variable the server inherits from the shell is part of the baseline context, on the real vLLM CPU server.
 
-The case of issue 12: ``VLLM_CPU_KVCACHE_SPACE=2`` then ``=1`` set in the shell (the server's KV cache goes
-from 93,184 to 46,592 tokens) used to compare as "same context" and pass. The server here has no ``env`` of
+The case of issue 12: ``VLLM_CPU_KVCACHE_SPACE=2`` then ``=1`` set in the shell (the server's KV cache halves:
+93,184 to 46,592 tokens in bfloat16, 46,592 to 23,296 in float32, the default on a CPU without native bfloat16)
+used to compare as "same context" and pass. The server here has no ``env`` of
 its own, so the shell's value is the one vLLM reads.
 """
 
@@ -16,11 +17,15 @@ import pytest
 from tests.e2e.conftest import TINY_WORKLOAD, default_server_toml, expect_outcomes
 
 KV_TEST = """
+import os
+
 import pytest
 
 @pytest.mark.llmserve_benchmark(rounds=1)
 def test_throughput(llm_server, llm_bench):
     print("KV", llm_server.facts().kv_cache_tokens)
+    if os.environ.get("KV_ONLY"):  # the forced run proves the boot and the KV cache, not a comparison
+        return
     llm_bench.run()
 """
 
@@ -49,5 +54,9 @@ def test_shell_kv_cache_space_enters_the_baseline_context(pytester: pytest.Pytes
     assert 'engine_env.VLLM_CPU_KVCACHE_SPACE: "2" -> "1"' in out, out
     assert "booting" not in out and "server boots:" not in out, out
     # Forced, the run boots: the variable reached the server, which got half the KV cache.
+    # Its rounds would compare figures of two KV-cache sizes, which is what the refusal above is for: the test
+    # stops after the fact (KV_ONLY), which saves the rounds' time (a warm-up and up to max_rounds).
+    monkeypatch.setenv("KV_ONLY", "1")
     forced = pytester.runpytest_subprocess("-s", "-p", "no:cacheprovider", "--llmserve-allow-confounded", timeout=900)
+    expect_outcomes(forced, passed=1)
     assert _kv(forced.stdout.str()) * 2 == _kv(saved.stdout.str()), forced.stdout.str()
