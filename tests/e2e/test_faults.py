@@ -187,6 +187,12 @@ DEATH_TESTS = """
 
 
     @pytest.mark.llmserve_server("live")
+    def test_b0_fails_with_server_up(llm_server, llm_client):
+        assert llm_client.complete("Hello", 2).ok
+        assert False, "the test's own assertion"
+
+
+    @pytest.mark.llmserve_server("live")
     def test_b_generate(llm_server, llm_client):
         assert llm_client.complete("Hello", 2).ok
         if KILL[llm_server.spec.id] == "between":
@@ -197,7 +203,7 @@ DEATH_TESTS = """
 
 
     @pytest.mark.llmserve_server("live")
-    def test_c_streaming(llm_server):
+    def test_c_streaming(llm_server, llm_client):
         # A long streaming request (1500 tokens, about a minute here); the server is killed under it.
         wl = Workload("long", num_prompts=2, input_len=16, output_len=1500, warmup=0, max_concurrency=2)
         killed = []
@@ -262,7 +268,10 @@ DEATH_TESTS = """
         print(f"INFLIGHT surfaced {ended - killed[0]:.3f} s after the kill, {ended - died[0]:.3f} s after the server "
               f"died ({died[0] - killed[0]:.3f} s after the kill); errors: "
               + " | ".join(str(r.error) for r in res.per_request))
-        assert res.valid, res.invalid_reasons  # fails: the user sees the invalid run and "server died"
+        assert not res.valid, "the workload ended valid although its server was killed under it"
+        # The server is gone: this request fails with the client's own connection error, which the plugin
+        # reports as the server's death, in the style of the tests after this one.
+        llm_client.complete("Hello", 2)
 
 
     @pytest.mark.llmserve_server("live")
@@ -275,7 +284,8 @@ DEATH_TESTS = """
 def death_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Workdir, Inner]]:
     """One inner run: a server with a bad flag and one with a missing model exit at boot; a two-combination
     matrix whose first combination is SIGKILLed between tests and whose second is SIGKILLed under a
-    streaming request; tests after each death need the dead server."""
+    streaming request; tests after each death need the dead server. Before the deaths, a test fails its own
+    assertion with its server up (the report then carries the server log's last lines)."""
     wd = Workdir(tmp_path_factory.mktemp("death"))
     secret = "sk-args-" + uuid.uuid4().hex
     bad, _ = wd.server("badflag", args=[*wd.real.args, "--api-key", secret, "--no-such-flag"])
@@ -351,7 +361,8 @@ def test_next_matrix_combination_boots_after_a_death(death_run: tuple[Workdir, I
     _wd, inner = death_run
     assert "PASSED test_death.py::test_b_generate[live[max_batch_size=8]]" in inner.out
     assert "server boots: 2 (live[max_batch_size=4], live[max_batch_size=8]); failed boots: 2" in inner.out
-    assert (inner.outcome_count("passed"), inner.outcome_count("failed"), inner.outcome_count("error")) == (2, 1, 5)
+    # failed: test_b0 on both combinations (its own assertion) and test_c on the second (its server killed)
+    assert (inner.outcome_count("passed"), inner.outcome_count("failed"), inner.outcome_count("error")) == (2, 3, 5)
 
 
 def test_no_process_left_after_boot_failures_and_deaths(death_run: tuple[Workdir, Inner]) -> None:
@@ -359,6 +370,44 @@ def test_no_process_left_after_boot_failures_and_deaths(death_run: tuple[Workdir
     assert wd.notes["left"] == [], wd.notes["left"]
     assert measure("whole death scenario run", inner.seconds, 6 * STARTUP_TIMEOUT_S, "6 x startup_timeout_s") < 1
     assert not list((wd.cache / "running").glob("*.json"))
+
+
+def _failure_block(out: str, test: str) -> str:
+    """The FAILURES section's block of ``test`` (its header line up to the next block or section)."""
+    start = out.index(f"_ {test} _")
+    ends = [i for i in (out.find("\n____", start + len(test)), out.find("\n====", start + len(test))) if i > 0]
+    return out[start:min(ends)]
+
+
+def test_failures_carry_the_log_tail_and_a_death_reads_the_same_everywhere(death_run: tuple[Workdir, Inner]) -> None:
+    """A test that fails while its server is up carries the server's log path and last lines; a test whose
+    server dies under it fails in the same clean style as the tests after it (who died and how, the test's own
+    error in one line, the log's last lines once), not with a traceback into the HTTP client."""
+    _wd, inner = death_run
+    out = inner.out
+    up = _failure_block(out, "test_b0_fails_with_server_up[live[max_batch_size=4]]")
+    assert "the test's own assertion" in up
+    assert "llmserve server log" in up and "--- last 40 lines ---" in up, up
+    log_lines = up.split("--- last 40 lines ---", 1)[1].strip().splitlines()
+    assert 10 <= len(log_lines) <= 41, log_lines  # the tail itself, not only the path
+    assert re.search(r"\(log: \S+\.log\)", up)
+
+    died = _failure_block(out, "test_c_streaming[live[max_batch_size=8]]")
+    assert re.search(r"live\[max_batch_size=8\] \(pid \d+\) was killed by SIGKILL during the session "
+                     r"\(server died; log: ", died), died
+    # The test's own error, in one line. Which connection error it is depends on timing: vLLM binds its port
+    # before it forks the engine core, so the engine core holds the listening socket until it notices its
+    # parent is gone. A connect in that window is accepted and then reset (seen on a 2-core host without
+    # AVX-512: "Connection reset by peer"); after it, the connect is refused.
+    assert re.search(r"the test failed with: RequestError: POST \S+ failed: \w+\('\[Errno \d+\] "
+                     r"Connection (refused|reset by peer)'\)", died), died
+    assert died.count("--- last lines ---") == 1, died      # the tail once
+    assert "Traceback" not in died and "site-packages" not in died and "pytest_llmserve/" not in died, died
+    # The summary lines of the dying test and of the one after it read the same.
+    head = re.compile(r" - Failed: live\[max_batch_size=8\] \(pid \d+\) was killed by SIGKILL during the session")
+    for summary in ("FAILED test_death.py::test_c_streaming[live[max_batch_size=8]]",
+                    "ERROR test_death.py::test_d_after[live[max_batch_size=8]]"):
+        assert head.search(next(ln for ln in out.splitlines() if ln.startswith(summary))), summary
 
 
 # =========================================================================== scenario 2: interrupts
