@@ -19,6 +19,7 @@ from pytest_llmserve.errors import ConfigError
 from pytest_llmserve.gates.bench import format_values, measured_resolution, resolution_record, until_verdict
 from pytest_llmserve.gates.context import build_context
 from pytest_llmserve.gates.rounds import again_on_artefacts, clean_round, round_samples, run_round, sample_series
+from pytest_llmserve.load.contention import wait_until_quiet
 from pytest_llmserve.load.prompts import build_prompts
 from pytest_llmserve.metrics import higher_is_better
 from pytest_llmserve.options import BenchDefaults
@@ -93,6 +94,7 @@ class ABRunner:
             nonlocal done
             for name in ("A", "B"):
                 server = servers[name]
+                settle(servers["B" if name == "A" else "A"], server)
 
                 def measure(what: str, server: RunningServer = server) -> Any:
                     return again_on_artefacts(
@@ -107,6 +109,17 @@ class ABRunner:
                     self.say(f"A/B round {done + 1 - warmup_rounds}/{rounds}..{cap}: {name} {metric} "
                              f"{side[name][-1].get(metric, float('nan')):.2f}")
             done += 1
+
+        def settle(other: RunningServer, server: RunningServer) -> None:
+            # The side measured just before still polls for work (wait_until_quiet says why): a round beside it
+            # would count it as host contention. Half the bound, so the rest of the host keeps its share.
+            if other is server:
+                return
+            quiet = wait_until_quiet(getattr(other, "server_pid", None), bound=bound / 2)
+            if not quiet.settled:
+                self.say(f"A/B: {other.spec.id} still took {quiet.share:.1%} of the machine after "
+                         f"{quiet.seconds:.1f} s of waiting for it to go quiet; the round on {server.spec.id} is "
+                         "measured anyway, its host contention judged")
 
         def judge() -> stats.Verdict:
             # A round a script let through as invalid (its ``fail`` did not end the run) is not a number.

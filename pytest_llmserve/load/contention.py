@@ -45,7 +45,7 @@ import psutil
 from pytest_llmserve.server.procs import listener_pid
 
 __all__ = ["CONTENTION_SAMPLE_HZ", "BusyProcess", "GpuBusyProcess", "HostContention",
-           "HostContentionSampler", "contention_reason", "usable_cores"]
+           "HostContentionSampler", "Settling", "contention_reason", "usable_cores", "wait_until_quiet"]
 
 #: How often every process's CPU time is read during a round (Hz). One read cost 8 ms of CPU with 120 processes
 #: on the 2-core development machine (docs/performance.md, section 8): at 1 Hz under 1 % of a core.
@@ -141,6 +141,56 @@ def usable_cores() -> int:
     with contextlib.suppress(AttributeError, OSError):
         return max(1, len(os.sched_getaffinity(0)))
     return max(1, psutil.cpu_count(logical=True) or 1)
+
+
+def _tree_cpu_s(pid: int) -> float:
+    """CPU-seconds (user + system) used so far by ``pid`` and its descendants; those that ended are not counted."""
+    total = 0.0
+    with contextlib.suppress(psutil.Error, OSError):
+        root = psutil.Process(pid)
+        for proc in (root, *root.children(recursive=True)):
+            with contextlib.suppress(psutil.Error, OSError):
+                times = proc.cpu_times()
+                total += times.user + times.system
+    return total
+
+
+@dataclass(frozen=True, slots=True)
+class Settling:
+    """How long :func:`wait_until_quiet` waited, and whether the process tree went quiet within its cap."""
+
+    seconds: float
+    settled: bool
+    share: float  # the tree's share of the machine over the last window read
+
+
+def wait_until_quiet(pid: int | None, *, bound: float, window_s: float = 0.25, cap_s: float = 5.0,
+                     cores: int | None = None, cpu_s: Callable[[int], float] = _tree_cpu_s,
+                     clock: Callable[[], float] = time.monotonic,
+                     sleep: Callable[[float], None] = time.sleep) -> Settling:
+    """Wait until the process tree of ``pid`` takes less than ``bound`` of the machine over ``window_s``, at most
+    ``cap_s`` seconds. ``pid`` None (no process known on this host): nothing to wait for.
+
+    Why: an engine's workers keep polling for work after their last request (vLLM 0.32's shared-memory queue
+    busy-loops with sched_yield for 1 s after its last read), so in an A/B the server measured just before is,
+    for the next round's first second, a process beside it. Seen on a 2-core AVX-512 host (fresh-clone rehearsal,
+    2026-12-05): rounds of under a second, the other side's ``VLLM::Worker`` took 10-25 % of the machine during
+    three of them, which were discarded as confounded and failed the A/B. Past the cap the round is measured
+    anyway: its own contention is judged as always (:func:`contention_reason`)."""
+    if pid is None:
+        return Settling(0.0, True, 0.0)
+    capacity = window_s * (cores or usable_cores())
+    start = clock()
+    share = 0.0
+    while True:
+        before = cpu_s(pid)
+        sleep(window_s)
+        share = max(0.0, cpu_s(pid) - before) / capacity
+        waited = clock() - start
+        if share < bound:
+            return Settling(waited, True, share)
+        if waited >= cap_s:
+            return Settling(waited, False, share)
 
 
 def _is_local(url: str) -> bool:

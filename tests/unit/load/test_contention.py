@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from types import SimpleNamespace
 from typing import Any
 
@@ -11,7 +13,9 @@ import pytest
 from pytest_llmserve.load.contention import (
     HostContention,
     HostContentionSampler,
+    Settling,
     contention_reason,
+    wait_until_quiet,
 )
 from pytest_llmserve.server.procs import listener_pid
 
@@ -179,3 +183,50 @@ def test_a_subprocess_of_the_test_is_contention_and_the_load_generator_is_not() 
     named = {p.pid: p for p in busy.top}
     assert burner.pid in named and named[burner.pid].cpu_s > 0, busy.describe()
     assert os.getpid() not in named
+
+
+# ---------------------------------------------------------------------------- waiting for a process tree to go quiet
+
+class _Busy:
+    """A process tree's CPU-seconds on a stand-in clock: busy (one core) until ``quiet_at``, idle after."""
+
+    def __init__(self, quiet_at: float) -> None:
+        self.now = 0.0
+        self.quiet_at = quiet_at
+
+    def cpu_s(self, _pid: int) -> float:
+        return min(self.now, self.quiet_at)
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+
+def test_wait_until_quiet_waits_while_the_tree_is_busy_and_returns_when_it_is_quiet() -> None:
+    busy = _Busy(quiet_at=1.0)
+    settling = wait_until_quiet(42, bound=0.05, cores=2, cpu_s=busy.cpu_s, clock=lambda: busy.now, sleep=busy.sleep)
+    assert settling.settled and settling.share == 0.0
+    assert settling.seconds == pytest.approx(1.25)  # four busy windows of 0.25 s, then the quiet one
+
+
+def test_wait_until_quiet_gives_up_at_its_cap_and_says_how_busy_the_tree_still_was() -> None:
+    busy = _Busy(quiet_at=float("inf"))
+    settling = wait_until_quiet(42, bound=0.05, cap_s=1.0, cores=2, cpu_s=busy.cpu_s, clock=lambda: busy.now,
+                                sleep=busy.sleep)
+    assert not settling.settled
+    assert settling.seconds == pytest.approx(1.0)
+    assert settling.share == pytest.approx(0.5)  # one core of two
+
+
+def test_wait_until_quiet_has_nothing_to_wait_for_without_a_process() -> None:
+    assert wait_until_quiet(None, bound=0.05) == Settling(0.0, True, 0.0)
+
+
+def test_wait_until_quiet_on_a_real_sleeping_process() -> None:
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        # The interpreter's start-up is CPU: the first windows may be busy, the cap is far beyond it.
+        settling = wait_until_quiet(child.pid, bound=0.05, window_s=0.1, cap_s=5.0)
+        assert settling.settled, settling
+    finally:
+        child.kill()
+        child.wait()
