@@ -145,7 +145,9 @@ def test_xdist_worker_crash_under_the_default_loadgroup_still_leaves_no_server(
         wait_for(lambda: "PASSED test_crash.py::test_live" in out.read_text() or proc.poll() is not None, 60,
                  "a live test after the crash")
         try:
-            proc.wait(15)  # a fixed pytest-xdist ends here by itself
+            # A fixed pytest-xdist ends here by itself, within a second or two of the live test; a hang is not told
+            # apart any better by waiting longer (the assertions below hold either way).
+            proc.wait(5)
             hung = False
         except subprocess.TimeoutExpired:
             hung = True
