@@ -144,14 +144,13 @@ def usable_cores() -> int:
 
 
 def _tree_cpu_s(pid: int) -> float:
-    """CPU-seconds (user + system) used so far by ``pid`` and its descendants; those that ended are not counted."""
+    """CPU-seconds (user + system) used so far by ``pid`` and its descendants (:func:`_tree`); those that ended are
+    not counted."""
     total = 0.0
-    with contextlib.suppress(psutil.Error, OSError):
-        root = psutil.Process(pid)
-        for proc in (root, *root.children(recursive=True)):
-            with contextlib.suppress(psutil.Error, OSError):
-                times = proc.cpu_times()
-                total += times.user + times.system
+    for member in _tree(pid):
+        with contextlib.suppress(psutil.Error, OSError):
+            times = psutil.Process(member).cpu_times()
+            total += times.user + times.system
     return total
 
 
@@ -181,7 +180,6 @@ def wait_until_quiet(pid: int | None, *, bound: float, window_s: float = 0.25, c
         return Settling(0.0, True, 0.0)
     capacity = window_s * (cores or usable_cores())
     start = clock()
-    share = 0.0
     while True:
         before = cpu_s(pid)
         sleep(window_s)

@@ -5,7 +5,6 @@ rounds: what is asserted is which process is waited for, before which round, and
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -14,22 +13,16 @@ import pytest
 from pytest_llmserve.config import ServerSpec
 from pytest_llmserve.gates import ab
 from pytest_llmserve.load.contention import Settling
-from tests.unit.gates.standins import StandinClient
 from tests.unit.gates.test_ab_artefacts import CFG, Rounds
+from tests.unit.gates.test_ab_artefacts import _Server as _ServerWithoutPid
 
 PIDS = {"a": 1001, "b": 1002}
 
 
-@dataclass
-class _Server:
-    spec: ServerSpec
-
+class _Server(_ServerWithoutPid):
     @property
     def server_pid(self) -> int:
         return PIDS[self.spec.name]
-
-    def client(self) -> StandinClient:
-        return StandinClient()
 
 
 class _Pool:
