@@ -90,16 +90,23 @@ TESTS = """
         for t in outside:
             t.start()
         time.sleep(1.0)
-        reasons = []
+        # Up to three control rounds while the gauge caught none: with five requests on 2 cores, /metrics can
+        # answer only after the round (seen in CI: the round invalid for chunk timing alone, no reading in it).
+        tries = []
         try:
-            control = run_round(llm_server, wl, prompts, "control round", reasons.append)
+            for i in range(3):
+                reasons = []
+                control = run_round(llm_server, wl, prompts, f"control round {i + 1}", reasons.append)
+                peak = control.diagnostics.get("server_running_requests_max")
+                tries.append({"span": span(control), "peak": peak, "valid": control.valid,
+                              "reasons": control.invalid_reasons, "failed_with": reasons, "notes": control.notes})
+                if peak is not None:
+                    break
         finally:
             round_over.set()
         for t in outside:
             t.join(300)
-        rounds.append({"span": span(control), "peak": control.diagnostics.get("server_running_requests_max"),
-                       "valid": control.valid, "reasons": control.invalid_reasons, "failed_with": reasons,
-                       "notes": control.notes})
+        rounds.append({**tries[-1], "earlier_tries": tries[:-1]})
         (HERE / "rounds.json").write_text(json.dumps(rounds))
         (HERE / "bench-done").write_text("")
 
@@ -187,6 +194,8 @@ def test_a_round_with_requests_beside_it_is_invalid_as_contaminated(story: Story
     reason = f"contaminated: {control['peak']:g} running requests during a round of concurrency {CONCURRENCY}"
     assert reason in control["reasons"]
     assert reason in control["failed_with"][0] and "is INVALID (not a number)" in control["failed_with"][0]
+    print(f"MEASURE control rounds run: {1 + len(control['earlier_tries'])} (peaks "
+          f"{[t['peak'] for t in control['earlier_tries']] + [control['peak']]})")
 
 
 def test_the_accounting_line_appears_under_xdist(story: Story) -> None:
