@@ -164,8 +164,10 @@ def test_a_cpu_bound_process_beside_a_round_is_contention_named_by_pid(story: St
     busy, burners = story.rounds["busy"], story.rounds["burners"]
     assert busy["share"] > BOUND, (busy, story.burners.get("rounds"))
     # A burner named among the top processes (first on a quiet host; on a shared one others' may take as much).
+    # The busiest of the burners: the kernel need not share the cores evenly between them in a 1.4 s round
+    # (seen in a fresh-clone run, 2 cores, 2026-12-05: 11.2 % and 2.5 %).
     named = {p["pid"]: p for p in busy["top"]}
-    ours = [pid for pid in burners if pid in named]
+    ours = sorted((pid for pid in burners if pid in named), key=lambda pid: named[pid]["share"], reverse=True)
     assert ours and named[ours[0]]["share"] > 0.5 * BOUND, busy
     assert not story.rounds["busy_valid"]
     reason = story.rounds["busy_reason"]
