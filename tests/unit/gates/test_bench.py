@@ -53,7 +53,7 @@ def stored(tmp_path: Path, **hardware: object) -> Path:
     return store.path_for(key)
 
 
-def preflight(tmp_path: Path, *, env: str = "2", save: bool = False) -> dict[str, object] | None:
+def preflight(tmp_path: Path, *, env: str = "2", save: bool = False) -> BenchOutcome | None:
     cfg, spec, _ = configured(env)
     return preflight_refusal(spec=spec, cfg=cfg, options=GATE, store_dir=tmp_path / "baselines", key_test=KEY_TEST,
                              test_id="tests/test_perf.py::test_throughput[cpu]", save=save, allow_confounded=False,

@@ -56,6 +56,7 @@ def test_an_inconclusive_verdict_says_what_the_noise_resolves_and_the_rounds_the
         outcome = gate(tmp_path, Rounds(CURRENT), options=NO_WARMUP)[0].run()
     assert (outcome.status, outcome.rounds) == ("inconclusive", 8)
     res = outcome.resolution
+    assert res is not None
     # The figures are stats.resolution's at the measured spread of each side.
     expected = stats.resolution(stats.log_sd(BASELINE), stats.log_sd(CURRENT[:8]), n_baseline=5, n_current=8,
                                 plan=stats.sequential_plan(stats.gate_looks(5, 2, 8), alpha=0.02), tolerance=0.05)
@@ -84,6 +85,7 @@ def test_extend_to_resolve_adds_rounds_up_to_the_stated_count_and_says_so(tmp_pa
     _store(tmp_path, BASELINE)
     outcome, said, rounds = _run(tmp_path, replace(NO_WARMUP, extend_to_resolve=True))
     ext = outcome.extension
+    assert ext is not None
     assert ext["rounds_before"] == 8 and ext["target"] > 8 and ext["goal"] == ext["target"]
     assert outcome.status == "pass" and outcome.rounds == 8 + ext["rounds_added"] <= ext["goal"]
     assert len(rounds.calls) == outcome.rounds
@@ -97,6 +99,7 @@ def test_the_time_budget_stops_the_extension_before_a_round_that_would_overrun_i
     _store(tmp_path, BASELINE)
     outcome, _, _ = _run(tmp_path, replace(NO_WARMUP, extend_to_resolve=True, extend_budget_s=25.0))
     ext = outcome.extension
+    assert ext is not None
     # Rounds of 10 s: after two added rounds (20 s) a third would end at 30 s, beyond 25 s.
     assert ext["rounds_added"] == 2 and outcome.rounds == 10
     assert ext["stopped"].startswith("the time budget: 20 s spent and a round takes about 10 s")
@@ -109,6 +112,7 @@ def test_no_extension_where_the_baseline_itself_is_the_limit(tmp_path: Path) -> 
     _store(tmp_path, [88.0, 112.0, 95.0, 120.0, 100.0])  # log-sd 0.13: no count of current rounds resolves ±5 %
     outcome, _, rounds = _run(tmp_path, replace(NO_WARMUP, extend_to_resolve=True))
     assert outcome.status == "inconclusive" and len(rounds.calls) == 8
+    assert outcome.extension is not None and outcome.resolution is not None
     assert outcome.extension["rounds_added"] == 0
     assert outcome.extension["stopped"].startswith("not extended: the tolerance cannot be resolved against this "
                                                       "5-round baseline")

@@ -187,7 +187,7 @@ def test_run_round_lets_through_only_an_artefact_round_on_a_busy_host(
 
     monkeypatch.setattr(rounds_module, "run_workload", lambda *a, **k: _invalid(reason, share))
     failed: list[str] = []
-    result = rounds_module.run_round(RoundServer(), CFG.workloads["tiny"], None, "round 1", failed.append,
+    result = rounds_module.run_round(RoundServer(), CFG.workloads["tiny"], None, "round 1", failed.append,  # type: ignore[arg-type]
                                      contention_bound=bound)
     assert (not failed) is returned, failed
     assert result.valid is False  # never a number either way

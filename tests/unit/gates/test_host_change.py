@@ -82,9 +82,9 @@ def test_allow_host_change_compares_and_prints_the_host_fields_beside_the_verdic
     outcome, said = run_gate(tmp_path, allow_host_change=True)
     assert outcome.status in ("pass", "inconclusive"), outcome.note  # compared, not refused
     across = f"hardware.memory_gib: {(here['memory_gib'] or 0) + 64} -> {here['memory_gib']}"
-    assert f"across hosts (allowed): {across}" in outcome.note
+    assert outcome.note is not None and f"across hosts (allowed): {across}" in outcome.note
     assert any(line.endswith(f"against a baseline of another host (allowed): {across}") for line in said), said
-    assert outcome.comparability.host_diffs[0].key == "hardware.memory_gib"
+    assert outcome.comparability is not None and outcome.comparability.host_diffs[0].key == "hardware.memory_gib"
 
 
 def test_allow_host_change_does_not_allow_another_server_environment(tmp_path: Path) -> None:

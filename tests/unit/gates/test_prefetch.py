@@ -29,12 +29,12 @@ class ReportingHandle(LoggedHandle):
 
 def test_probes_are_made_once_per_server_within_its_reported_batch_capacity() -> None:
     made: dict[str, ServerProbes] = {}
-    server = ReportingHandle(SPEC, FakeServer())
+    server: Any = ReportingHandle(SPEC, FakeServer())  # a stand-in for the RunningServer it is passed as
     probes = server_probes(made, server, SPEC, 16)
     assert probes.concurrency == 6 and server_probes(made, server, SPEC, 16) is probes
-    again = ReportingHandle(SPEC, FakeServer())  # the configuration booted again: a new server
+    again: Any = ReportingHandle(SPEC, FakeServer())  # the configuration booted again: a new server
     assert server_probes(made, again, SPEC, 16) is not probes
-    one_at_a_time = ReportingHandle(SPEC, FakeServer())
+    one_at_a_time: Any = ReportingHandle(SPEC, FakeServer())
     assert server_probes({}, one_at_a_time, SPEC, 1).concurrency == 1
     assert one_at_a_time.facts_read == 0  # the server's capacity is not asked for when it cannot matter
 
@@ -47,7 +47,7 @@ def _asks(question: str) -> Any:
 
 
 def test_the_first_test_plans_and_sends_its_scope_together_the_others_find_their_answers() -> None:
-    server = LoggedHandle(SPEC, FakeServer())
+    server: Any = LoggedHandle(SPEC, FakeServer())  # a stand-in for the RunningServer it is passed as
     probes = ServerProbes(server, 4)
     scope = [ProbeTest("t1", _asks("one"), "probes"), ProbeTest("t2", _asks("two"), "probes")]
     asked: list[int] = []
@@ -65,12 +65,12 @@ def test_the_first_test_plans_and_sends_its_scope_together_the_others_find_their
 
 
 def test_one_at_a_time_nothing_is_planned() -> None:
-    server = LoggedHandle(SPEC, FakeServer())
+    server: Any = LoggedHandle(SPEC, FakeServer())  # a stand-in for the RunningServer it is passed as
     assert prefetched(ServerProbes(server, 1), "t1", server, lambda: [ProbeTest("t1", _asks("one"), "probes")]) is None
 
 
 def test_a_dry_run_calls_only_a_test_whose_fixtures_it_can_stand_in_for() -> None:
-    server = LoggedHandle(SPEC, FakeServer())
+    server: Any = LoggedHandle(SPEC, FakeServer())  # a stand-in for the RunningServer it is passed as
     called: list[str] = []
 
     def uses_planning_fixtures(llm_server: Any, llm_client: Any, decode_check: Any) -> None:
