@@ -42,7 +42,7 @@ from urllib.parse import urlsplit
 
 import psutil
 
-from pytest_llmserve.server.procs import listener_pid
+from pytest_llmserve.server.procs import listener_pid, tree_of
 
 __all__ = ["CONTENTION_SAMPLE_HZ", "BusyProcess", "GpuBusyProcess", "HostContention",
            "HostContentionSampler", "Settling", "contention_reason", "usable_cores", "wait_until_quiet"]
@@ -197,13 +197,13 @@ def _is_local(url: str) -> bool:
 
 
 def _tree(pid: int | None) -> set[int]:
+    """The pids of ``pid`` and its descendants (:func:`pytest_llmserve.server.procs.tree_of`); ``pid`` alone when
+    they cannot be read."""
     if pid is None:
         return set()
-    try:
-        root = psutil.Process(pid)
-        return {pid, *(c.pid for c in root.children(recursive=True))}
-    except (psutil.Error, OSError):
-        return {pid}
+    with contextlib.suppress(psutil.Error, OSError):
+        return {pid, *(proc.pid for proc in tree_of(pid))}
+    return {pid}
 
 
 def _load_generator() -> set[int]:
