@@ -158,8 +158,21 @@ def create_time(pid: int) -> float | None:
         return None
 
 
+#: The kernel's flag on a task that has begun to exit (include/linux/sched.h), field 9 of /proc/<pid>/stat.
+PF_EXITING = 0x4
+
+
+def exiting(stat: str) -> bool:
+    """True when a /proc/<pid>/stat line says its main thread has begun to exit: killed, it may still be
+    tearing down its address space, not yet a zombie (seen in a fresh-clone run, 2026-12-05: a SIGKILLed
+    server's sockets had closed, its main thread last out and not yet a zombie, and it was taken for alive)."""
+    fields = stat.rsplit(")", 1)[1].split()  # after the command name, which may hold spaces and parentheses
+    return bool(int(fields[6]) & PF_EXITING)
+
+
 def pid_alive(pid: int, created: float | None = None) -> bool:
-    """True when ``pid`` runs (not a zombie) and, given ``created``, is still the process that started then.
+    """True when ``pid`` runs (not a zombie, not exiting) and, given ``created``, is still the process that
+    started then.
 
     Pids are reused: a registry entry that outlived its process must not make an unrelated process
     look like a server (and be killed as stale) or look like a live owner (and hide a stale server).
@@ -170,6 +183,12 @@ def pid_alive(pid: int, created: float | None = None) -> bool:
         proc = psutil.Process(pid)
         if created is not None and abs(proc.create_time() - created) > 1.0:
             return False
-        return _is_alive(proc)
+        if not _is_alive(proc):
+            return False
     except (psutil.Error, OSError):
         return False
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return not exiting(stat.read())
+    except (OSError, IndexError, ValueError):
+        return True  # no /proc (not Linux), or gone since: psutil's answer stands

@@ -150,6 +150,40 @@ def test_a_server_seen_as_a_zombie_is_dead_before_the_kernel_reports_its_status(
     assert handle.death_report() is not None and "was killed by SIGKILL" in (handle.death_report() or "")
 
 
+
+# A single-threaded process with 2 GiB written: SIGKILLed, its one thread tears the address space down before it
+# closes its files and becomes a zombie (tens of milliseconds), the state a SIGKILLed server whose main thread
+# exits last is in while its sockets close.
+BIG = "import mmap, sys; m = mmap.mmap(-1, 2 << 30); m.write(b'x' * (2 << 30)); print('ready', flush=True); " \
+      "sys.stdin.read()"
+
+
+def test_a_killed_process_still_tearing_down_is_not_alive() -> None:
+    proc = subprocess.Popen([sys.executable, "-c", BIG], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline() == "ready\n"
+        assert procs.pid_alive(proc.pid)
+        os.kill(proc.pid, signal.SIGKILL)
+        seen = []  # (state, exiting, pid_alive) until the kernel reports its status
+        while proc.poll() is None:
+            with contextlib.suppress(OSError, IndexError):
+                stat = Path(f"/proc/{proc.pid}/stat").read_text()
+                seen.append((stat.rsplit(")", 1)[1].split()[0], procs.exiting(stat), procs.pid_alive(proc.pid)))
+    finally:
+        proc.kill()
+        proc.wait(10)
+    tearing_down = [s for s in seen if s[1] and s[0] != "Z"]
+    assert tearing_down, seen[:20]  # the state was observed: exiting, not yet a zombie
+    assert not any(alive for _, _, alive in tearing_down), tearing_down[:20]
+    print(f"MEASURE samples of the killed process exiting, not yet a zombie: {len(tearing_down)} of {len(seen)}")
+
+
+def test_the_exiting_flag_is_read_after_a_command_name_with_spaces_and_parentheses() -> None:
+    rest = " R 1 2 3 0 -1 {} 100 0 0 0 0"
+    assert procs.exiting("42 (a ) b (c)" + rest.format(0x400104)) is True  # PF_EXITING among other flags
+    assert procs.exiting("42 (a ) b (c)" + rest.format(0x400100)) is False
+
+
 # --------------------------------------------------------------------------- 5: ports and the registry
 
 
