@@ -8,7 +8,8 @@ correctness tests: it generates nothing.
 
 Endpoints: ``GET /health``, ``GET /v1/models``, ``POST /tokenize`` (whitespace tokenizer),
 ``POST /detokenize``, ``GET /metrics`` (``vllm:generation_tokens_total``, ``vllm:prompt_tokens_total``
-counters, shared by all workers), ``POST /v1/completions`` (streaming and not).
+counters and the ``vllm:num_requests_running`` gauge of completions under way, shared by all workers),
+``POST /v1/completions`` (streaming and not).
 
 Fault knobs, only to make the client's invalid-run checks fire (applied to every ``--fault-every``-th
 completion request of a worker process, default every one): ``--short K`` (K tokens fewer than
@@ -45,6 +46,13 @@ class Counters:
         self._gen = ctx.RawValue("q", 0)
         self._prompt = ctx.RawValue("q", 0)
         self._requests = ctx.RawValue("q", 0)
+        self._running = ctx.RawValue("q", 0)
+
+    def running(self, change: int) -> int:
+        """Completions under way, after ``change`` (+1 as one starts, -1 as it ends)."""
+        with self._lock:
+            self._running.value += change
+            return int(self._running.value)
 
     def add(self, prompt: int, generated: int) -> None:
         with self._lock:
@@ -167,7 +175,9 @@ class Server:
             text = (f"# HELP {p}generation_tokens_total Generation tokens streamed.\n"
                     f"# TYPE {p}generation_tokens_total counter\n{p}generation_tokens_total{{{m}}} {gen}.0\n"
                     f"# TYPE {p}prompt_tokens_total counter\n{p}prompt_tokens_total{{{m}}} {prompt}.0\n"
-                    f"# TYPE {p}request_success_total counter\n{p}request_success_total{{{m}}} {reqs}.0\n")
+                    f"# TYPE {p}request_success_total counter\n{p}request_success_total{{{m}}} {reqs}.0\n"
+                    f"# TYPE {p}num_requests_running gauge\n"
+                    f"{p}num_requests_running{{{m}}} {self.counters.running(0)}.0\n")
             self.respond(writer, 200, text.encode(), b"text/plain; version=0.0.4")
         elif path == b"/tokenize" and method == b"POST":
             data = json.loads(body or b"{}")
@@ -185,6 +195,13 @@ class Server:
         return True
 
     async def completions(self, body: bytes, writer: asyncio.StreamWriter) -> bool:
+        self.counters.running(+1)
+        try:
+            return await self._completion(body, writer)
+        finally:
+            self.counters.running(-1)
+
+    async def _completion(self, body: bytes, writer: asyncio.StreamWriter) -> bool:
         try:
             req = json.loads(body)
         except ValueError:

@@ -34,6 +34,7 @@ from pytest_llmserve.load.transport import (
     StreamParser,
     Transport,
     fetch_text,
+    get_page,
     make_transport,
     parser_for,
     request_body,
@@ -222,9 +223,15 @@ class GaugeReading:
 
 class RunningGaugeSampler:
     """Reads the server's running-requests gauge (e.g. ``vllm:num_requests_running``) at
-    :data:`GAUGE_SAMPLE_HZ` on its own thread, over its own connection, while a round runs: a plain
-    ``GET /metrics`` off the load generator's event loop, so the measured requests never wait for it.
-    Only the gauge's lines of the page are parsed (by :mod:`pytest_llmserve.evidence.prometheus`)."""
+    :data:`GAUGE_SAMPLE_HZ` while a round runs, as a task on the event loop that sends the round's requests,
+    over a connection of its own (:func:`pytest_llmserve.load.transport.get_page`). Only the gauge's lines of
+    the page are parsed (by :mod:`pytest_llmserve.evidence.prometheus`).
+
+    Why a task on the round's loop and not a thread of its own, as it was until 2026-12-06: in CI a sampler
+    thread in an xdist worker read once per round, at the round's start or after its end, in six rounds
+    running (each 2.5-2.8 s of timed requests, streaming normally on the loop), so no round could be verified
+    alone; a task on the loop runs whenever the round's requests do. What it takes from the loop is measured
+    in benchmarks/gauge_read_cost.py."""
 
     def __init__(self, base_url: str, api_key: str | None, gauge: str, hz: float = GAUGE_SAMPLE_HZ) -> None:
         self.base_url = base_url.rstrip("/")
@@ -233,18 +240,19 @@ class RunningGaugeSampler:
         self.interval_s = 1.0 / hz
         self.readings: list[GaugeReading] = []
         self.failed_reads = 0
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._task: asyncio.Task[None] | None = None
 
     def start(self) -> RunningGaugeSampler:
-        self._thread = threading.Thread(target=self._loop, name="llmserve-gauge", daemon=True)
-        self._thread.start()
+        """Start reading, on the running event loop."""
+        self._task = asyncio.get_running_loop().create_task(self._loop(), name="llmserve-gauge")
         return self
 
-    def stop(self) -> list[GaugeReading]:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=15)
+    async def stop(self) -> list[GaugeReading]:
+        """Stop reading (a read under way is dropped: it would end after the round) and return the readings."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
         return list(self.readings)
 
     def read(self, page: str) -> float | None:
@@ -253,27 +261,16 @@ class RunningGaugeSampler:
         values = parse_prometheus(lines).get(self.gauge)
         return sum(v for _, v in values) if values else None
 
-    def _loop(self) -> None:
-        # lazy: httpx takes ~120 ms to import (-X importtime)
-        import httpx
-
-        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
-        with httpx.Client(headers=headers, timeout=5.0) as http:
-            while True:
-                value = None
-                sent = time.time()
-                try:
-                    resp = http.get(self.base_url + "/metrics")
-                    if resp.status_code == 200:
-                        value = self.read(resp.text)
-                except httpx.HTTPError:
-                    pass
-                if value is None:
-                    self.failed_reads += 1
-                else:
-                    self.readings.append(GaugeReading(sent, time.time(), value))
-                if self._stop.wait(self.interval_s):
-                    return
+    async def _loop(self) -> None:
+        while True:
+            sent = time.time()
+            page = await get_page(self.base_url, "/metrics", self.api_key)
+            value = self.read(page) if page is not None else None
+            if value is None:
+                self.failed_reads += 1
+            else:
+                self.readings.append(GaugeReading(sent, time.time(), value))
+            await asyncio.sleep(self.interval_s)
 
 
 def round_concurrency(workload: Workload) -> int:
@@ -298,7 +295,8 @@ def judge_isolation(result: RunResult, gauge: str, readings: Sequence[GaugeReadi
     Any reading above the round's concurrency is contamination. The round is *verified* alone only by
     readings sent after its first timed request started and answered before its last one ended: a read
     taken before the requests reached the server (the first one usually is) shows 0 and proves nothing, and
-    on a starved machine a read can take seconds (seen in CI: one reading in a 5.7 s round)."""
+    a read can take longer than the round, and then none verifies it (seen in CI with the reads on a thread of
+    their own: one reading per round, none inside; :class:`RunningGaugeSampler` says why they no longer are)."""
     concurrency = round_concurrency(result.workload)
     if not readings:
         result.notes.append(f"{gauge} could not be read during the round ({failed_reads} attempts): "
@@ -316,7 +314,7 @@ def judge_isolation(result: RunResult, gauge: str, readings: Sequence[GaugeReadi
         result.notes.append(f"{gauge} sampled {len(inside)} times during the round: at most {peak:g} running "
                             f"(the round's concurrency is {concurrency})")
     elif reason is None:
-        # How long the slowest read took says why: on a starved host /metrics can answer only after seconds.
+        # How long the slowest read took says whether /metrics answered only after the round.
         slowest = max(r.received - r.sent for r in readings)
         result.notes.append(f"{gauge} was read {len(readings)} times ({failed_reads} failed reads; the slowest "
                             f"answer took {slowest:.1f} s, the timed requests ran {max(last - first, 0.0):.1f} s) "
@@ -398,7 +396,7 @@ async def run_workload_async(base_url: str, model: str, workload: Workload, *,
                                    on_progress=on_progress if bar.enabled else None)
     finally:
         bar.close()
-        gauge_readings = sampler.stop() if sampler is not None else []
+        gauge_readings = await sampler.stop() if sampler is not None else []
         busy = contention.stop() if contention is not None and contention.started else None
     server_tokens: float | None = None
     if server_counter is not None:
@@ -478,15 +476,17 @@ def run_loop(main: Coroutine[Any, Any, _R]) -> _R:
     return asyncio.run(main)
 
 
-def _run_sync(coro: Callable[[], Awaitable[RunResult]]) -> RunResult:
-    async def main() -> RunResult:
+def _run_sync(coro: Callable[[], Awaitable[_R]]) -> _R:
+    """``coro()`` run to its end from synchronous code: on the load generator's loop (:func:`run_loop`), in a
+    helper thread when an event loop is already running in this one."""
+    async def main() -> _R:
         return await coro()
 
     try:
         asyncio.get_running_loop()
     except RuntimeError:
         return run_loop(main())
-    box: list[RunResult] = []
+    box: list[_R] = []
     errors: list[BaseException] = []
 
     def target() -> None:
@@ -597,28 +597,39 @@ def run_workload_multiprocess(base_url: str, model: str, workload: Workload, *, 
     got: dict[int, tuple[list[dict[str, Any]], list[dict[str, Any]], float, str | None]] = {}
     before: str | None = None
     sampler = RunningGaugeSampler(base_url, api_key, running_gauge) if running_gauge else None
+
+    async def collect() -> list[GaugeReading]:
+        # The children's results, polled on an event loop so that the gauge is read by a task on it, as in
+        # a single-process round (RunningGaugeSampler says why not on a thread).
+        if sampler is not None:
+            sampler.start()
+        try:
+            deadline = time.monotonic() + timeout_s + 120
+            while len(got) < n and time.monotonic() < deadline:
+                try:
+                    k, recs, warm_recs, cpu_s, err = results.get_nowait()
+                    got[k] = (recs, warm_recs, cpu_s, err)
+                    continue
+                except queue_mod.Empty:
+                    if not any(p.is_alive() for p in procs) and results.empty():
+                        break
+                bar.update(counter.value, 0, 0)
+                await asyncio.sleep(0.1)
+        finally:
+            gauge_readings = await sampler.stop() if sampler is not None else []
+        return gauge_readings
+
     try:
         try:
             ready.wait(timeout_s + 120)
             if server_counter is not None:
                 before = fetch_text(base_url, "/metrics", api_key)
-            if sampler is not None:
-                sampler.start()  # the children have warmed up; the timed phase starts at the barrier
             go.wait(60)
         except threading.BrokenBarrierError:
             pass  # a child failed; its message arrives through the queue
-        deadline = time.monotonic() + timeout_s + 120
-        while len(got) < n and time.monotonic() < deadline:
-            try:
-                k, recs, warm_recs, cpu_s, err = results.get(timeout=0.1)
-                got[k] = (recs, warm_recs, cpu_s, err)
-            except queue_mod.Empty:
-                if not any(p.is_alive() for p in procs) and results.empty():
-                    break
-            bar.update(counter.value, 0, 0)
+        gauge_readings = _run_sync(collect)
     finally:
         bar.close()
-        gauge_readings = sampler.stop() if sampler is not None else []
         for proc in procs:
             proc.join(timeout=10)
             if proc.is_alive():

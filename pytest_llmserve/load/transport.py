@@ -27,7 +27,8 @@ from pytest_llmserve.load.metrics import RequestRecord
 from pytest_llmserve.load.prompts import WorkloadPrompt
 
 __all__ = ["DEFAULT_TIMEOUT_S", "TEXT_SAMPLES", "HttpxTransport", "LeanTransport", "StreamParser",
-           "TextKeepingParser", "Transport", "fetch_text", "make_transport", "parser_for", "request_body"]
+           "TextKeepingParser", "Transport", "fetch_text", "get_page", "make_transport", "parser_for",
+           "request_body"]
 
 Transport = Literal["lean", "httpx"]
 
@@ -663,3 +664,47 @@ def fetch_text(base_url: str, path: str, api_key: str | None, timeout_s: float =
     except httpx.HTTPError:
         return None
     return resp.text if resp.status_code == 200 else None
+
+
+async def get_page(base_url: str, path: str, api_key: str | None, timeout_s: float = 5.0) -> str | None:
+    """GET ``path`` under the server root on the running event loop (the running-requests gauge, read while a
+    round's requests stream on the same loop); None unless it answered 200 within ``timeout_s``.
+
+    One request on a fresh connection (``Connection: close``); the body is framed by its Content-Length, by
+    chunked encoding or by the close. No httpx: its per-request cost would be taken from the loop that
+    timestamps the round's chunks."""
+    target = _Target(base_url)
+    auth = f"Authorization: Bearer {api_key}\r\n" if api_key else ""
+    request = (f"GET {target.prefix}{path} HTTP/1.1\r\nHost: {target.netloc}\r\n"
+               f"User-Agent: pytest-llmserve\r\nConnection: close\r\n{auth}\r\n").encode()
+    writer: asyncio.StreamWriter | None = None
+    try:
+        async with asyncio.timeout(timeout_s):
+            reader, writer = await asyncio.open_connection(
+                target.host, target.port, ssl=ssl.create_default_context() if target.scheme == "https" else None)
+            writer.write(request)
+            head = await reader.readuntil(b"\r\n\r\n")
+            status = head.split(b"\r\n", 1)[0].split(b" ", 2)
+            if len(status) < 2 or status[1] != b"200":
+                return None
+            headers = head.lower().split(b"\r\n")
+            lengths = [line[15:].strip() for line in headers if line.startswith(b"content-length:")]
+            if b"transfer-encoding: chunked" in headers:
+                dechunker = _Dechunker()
+                parts = []
+                while not dechunker.ended:
+                    data = await reader.read(65536)
+                    if not data:
+                        return None  # cut short
+                    parts.append(dechunker.feed(data))
+                body = b"".join(parts)
+            elif lengths:
+                body = await reader.readexactly(int(lengths[0]))
+            else:
+                body = await reader.read()
+    except (OSError, TimeoutError, ValueError, asyncio.IncompleteReadError, asyncio.LimitOverrunError):
+        return None
+    finally:
+        if writer is not None:
+            writer.close()
+    return body.decode("utf-8", "replace")

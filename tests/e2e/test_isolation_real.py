@@ -74,7 +74,7 @@ TESTS = """
         prompts = build_prompts(wl, tokenize=llm_server.client().tokenize)
         wait_for("correctness-started")
         rounds = []
-        # Three rounds, and up to three more while none was verified: on a starved CI host /metrics can take
+        # Three rounds, and up to three more while none was verified: on a starved host /metrics can take
         # seconds to answer, and then no read may land inside a round (the round says "not verified").
         for i in range(6):
             result = run_round(llm_server, wl, prompts, f"round {i + 1}", pytest.fail)

@@ -7,6 +7,7 @@ import asyncio
 import io
 import json
 import math
+import re
 import statistics
 import subprocess
 import sys
@@ -237,6 +238,35 @@ def test_multiprocess_run_merges_all_records(start_server: StartServer) -> None:
     assert {r.process for r in res.per_request} == {0, 1}
     assert res.metrics["total_output_tokens"] == SMALL.num_prompts * SMALL.output_len
     assert res.summaries["itl"].n == SMALL.num_prompts * (SMALL.output_len - 1)
+
+
+SLOW = ("--token-delay-ms", "20")  # 24 tokens: about half a second per request, long enough to read the gauge
+GAUGE = "vllm:num_requests_running"
+
+
+@pytest.mark.parametrize("processes", [1, 2])
+def test_the_gauge_is_read_while_the_round_s_requests_run(start_server: StartServer, processes: int) -> None:
+    # The sampler is a task on the loop that sends the requests (in the parent's loop with client processes):
+    # it reads while they stream, never more than the round's concurrency.
+    url = start_server(*SLOW)
+    res = run_workload_multiprocess(url, MODEL, SMALL, processes=processes, progress=False, timeout_s=30,
+                                    running_gauge=GAUGE)
+    assert res.valid, res.invalid_reasons
+    found = re.search(rf"{GAUGE} sampled (\d+) times during the round: at most (\d+) running", res.notes[-1])
+    assert found, res.notes
+    assert int(found.group(1)) >= 2 and 1 <= int(found.group(2)) <= SMALL.max_concurrency  # type: ignore[operator]
+    assert res.diagnostics["server_running_requests_max"] == int(found.group(2))
+
+
+def test_a_request_beside_the_round_makes_it_contaminated(start_server: StartServer) -> None:
+    # Another client's long request runs through the whole round: the gauge sees more than the round sent.
+    url = start_server(*SLOW)
+    body = {"model": MODEL, "prompt": "x", "max_tokens": 400, "stream": True}
+    with httpx.Client(timeout=30) as other, other.stream("POST", f"{url}/v1/completions", json=body) as resp:
+        next(resp.iter_bytes())  # it is streaming
+        res = run_workload(url, MODEL, SMALL, progress=False, timeout_s=30, running_gauge=GAUGE)
+    assert not res.valid
+    assert "contaminated: 5 running requests during a round of concurrency 4" in res.invalid_reasons
 
 
 def test_poisson_arrivals_are_seeded_and_reproducible() -> None:

@@ -80,8 +80,8 @@ def test_an_unreadable_gauge_is_said_not_verified_and_does_not_invalidate() -> N
 
 
 def test_readings_outside_the_round_s_requests_verify_nothing() -> None:
-    # Seen in CI on a starved machine: one reading, taken before the timed requests reached the server (0), and
-    # a read that was answered only after the round had ended. Neither proves the round ran alone.
+    # Seen in CI, with the reads on a thread of their own: a reading taken before the timed requests reached the
+    # server (0), and a read answered only after the round had ended. Neither proves the round ran alone.
     before = GaugeReading(99.0, 99.1, 0.0)
     late = GaugeReading(100.5, 102.0, 1.0)
     result = judge_isolation(valid_round(), "vllm:num_requests_running", [before, late])  # type: ignore[arg-type]

@@ -1,14 +1,16 @@
 """The SSE parser and the chunked decoder of the lean client: arbitrary read boundaries, the one-event fast
-paths, empty-text chunks, errors and the trailing finish marker (on synthetic bytes)."""
+paths, empty-text chunks, errors and the trailing finish marker (on synthetic bytes); and the page reader
+the running-requests gauge is read with."""
 
 from __future__ import annotations
 
+import asyncio
 import random
 
 import pytest
 
 from pytest_llmserve.load.metrics import RequestRecord
-from pytest_llmserve.load.transport import StreamParser, _Dechunker
+from pytest_llmserve.load.transport import StreamParser, _Dechunker, get_page
 
 
 def sse_body(n: int, *, spaced: bool = False) -> bytes:
@@ -127,3 +129,49 @@ def test_trailing_finish_marker_is_not_a_token() -> None:
     parser = StreamParser()
     parser.feed(finish_marker_stream("y"), 1.0)
     assert parser.record(0, 0.0, 2.0, 0.0).chunks == 4
+
+
+PAGE = b"# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running 2.0\n" * 300  # ~20 KB, many reads
+
+
+def serve_once(response: bytes, *, close: bool = True, pause_s: float = 0.0) -> str:
+    """``get_page``'s answer from a server that writes ``response`` in pieces to each connection and closes it
+    (when ``close``; else only after the client has, as a keep-alive server does). A canned responder: the real engines each frame their /metrics one way (uvicorn:
+    chunked or Content-Length; llama.cpp: Content-Length), and the framings and failures are tested here."""
+    async def main() -> str | None:
+        seen: list[bytes] = []
+
+        async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            try:
+                seen.append(await reader.readuntil(b"\r\n\r\n"))
+                for k in range(0, len(response), 4096):
+                    writer.write(response[k:k + 4096])
+                    await writer.drain()
+                await asyncio.sleep(pause_s)
+                if not close:
+                    await reader.read()  # a keep-alive server: it closes only after the client has
+            finally:
+                writer.close()
+
+        server = await asyncio.start_server(handle, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        async with server:
+            page = await get_page(f"http://127.0.0.1:{port}/v1", "/metrics", "key", timeout_s=1.0)
+        assert seen[0].startswith(b"GET /metrics HTTP/1.1\r\n") and b"Authorization: Bearer key\r\n" in seen[0]
+        return page
+
+    return repr(asyncio.run(main()))
+
+
+def test_get_page_reads_each_framing_and_nothing_from_a_failed_answer() -> None:
+    ok = repr(PAGE.decode())
+    length = b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n" % len(PAGE) + PAGE
+    assert serve_once(length, close=False) == ok  # framed by its length: no wait for a close
+    assert serve_once(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n" + chunked(PAGE, random.Random(1)),
+                      close=False) == ok
+    assert serve_once(b"HTTP/1.0 200 OK\r\n\r\n" + PAGE) == ok  # framed by the close
+    assert serve_once(b"HTTP/1.1 500 Internal Server Error\r\ncontent-length: 2\r\n\r\nno") == "None"
+    assert serve_once(length[:-10]) == "None"  # closed before the whole length
+    assert serve_once(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n" + chunked(PAGE, random.Random(1))[:-7]
+                      ) == "None"  # closed before the last chunk
+    assert serve_once(b"HTTP/1.0 200 OK\r\n\r\n" + PAGE, close=False, pause_s=2.0) == "None"  # timed out
