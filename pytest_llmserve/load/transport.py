@@ -16,6 +16,7 @@ so change its fast paths only with that benchmark at hand.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import ssl
 import time
@@ -666,6 +667,12 @@ def fetch_text(base_url: str, path: str, api_key: str | None, timeout_s: float =
     return resp.text if resp.status_code == 200 else None
 
 
+@functools.cache
+def _tls_context() -> ssl.SSLContext:
+    """One client TLS context for every page read: building one loads the CA store (tens of ms of CPU)."""
+    return ssl.create_default_context()
+
+
 async def get_page(base_url: str, path: str, api_key: str | None, timeout_s: float = 5.0) -> str | None:
     """GET ``path`` under the server root on the running event loop (the running-requests gauge, read while a
     round's requests stream on the same loop); None unless it answered 200 within ``timeout_s``.
@@ -681,7 +688,7 @@ async def get_page(base_url: str, path: str, api_key: str | None, timeout_s: flo
     try:
         async with asyncio.timeout(timeout_s):
             reader, writer = await asyncio.open_connection(
-                target.host, target.port, ssl=ssl.create_default_context() if target.scheme == "https" else None)
+                target.host, target.port, ssl=_tls_context() if target.scheme == "https" else None)
             writer.write(request)
             head = await reader.readuntil(b"\r\n\r\n")
             status = head.split(b"\r\n", 1)[0].split(b" ", 2)
