@@ -6,9 +6,14 @@ from __future__ import annotations
 
 import asyncio
 import random
+import shutil
+import ssl
+import subprocess
+from pathlib import Path
 
 import pytest
 
+from pytest_llmserve.load import transport
 from pytest_llmserve.load.metrics import RequestRecord
 from pytest_llmserve.load.transport import StreamParser, _Dechunker, get_page
 
@@ -134,10 +139,12 @@ def test_trailing_finish_marker_is_not_a_token() -> None:
 PAGE = b"# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running 2.0\n" * 300  # ~20 KB, many reads
 
 
-def serve_once(response: bytes, *, close: bool = True, pause_s: float = 0.0) -> str:
+def serve_once(response: bytes, *, close: bool = True, pause_s: float = 0.0,
+               tls: ssl.SSLContext | None = None) -> str:
     """``get_page``'s answer from a server that writes ``response`` in pieces to each connection and closes it
-    (when ``close``; else only after the client has, as a keep-alive server does). A canned responder: the real engines each frame their /metrics one way (uvicorn:
-    chunked or Content-Length; llama.cpp: Content-Length), and the framings and failures are tested here."""
+    (when ``close``; else only after the client has, as a keep-alive server does), over TLS with ``tls``. A
+    canned responder: the real engines each frame their /metrics one way (uvicorn: chunked or Content-Length;
+    llama.cpp: Content-Length), and the framings and failures are tested here."""
     async def main() -> str | None:
         seen: list[bytes] = []
 
@@ -153,11 +160,13 @@ def serve_once(response: bytes, *, close: bool = True, pause_s: float = 0.0) -> 
             finally:
                 writer.close()
 
-        server = await asyncio.start_server(handle, "127.0.0.1", 0)
+        server = await asyncio.start_server(handle, "127.0.0.1", 0, ssl=tls)
         port = server.sockets[0].getsockname()[1]
+        scheme = "https" if tls else "http"
         async with server:
-            page = await get_page(f"http://127.0.0.1:{port}/v1", "/metrics", "key", timeout_s=1.0)
-        assert seen[0].startswith(b"GET /metrics HTTP/1.1\r\n") and b"Authorization: Bearer key\r\n" in seen[0]
+            page = await get_page(f"{scheme}://127.0.0.1:{port}/v1", "/metrics", "key", timeout_s=1.0)
+        for request in seen:  # none when the TLS handshake was refused
+            assert request.startswith(b"GET /metrics HTTP/1.1\r\n") and b"Authorization: Bearer key\r\n" in request
         return page
 
     return repr(asyncio.run(main()))
@@ -175,3 +184,20 @@ def test_get_page_reads_each_framing_and_nothing_from_a_failed_answer() -> None:
     assert serve_once(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n" + chunked(PAGE, random.Random(1))[:-7]
                       ) == "None"  # closed before the last chunk
     assert serve_once(b"HTTP/1.0 200 OK\r\n\r\n" + PAGE, close=False, pause_s=2.0) == "None"  # timed out
+
+
+def test_get_page_over_tls_trusts_only_what_the_client_context_trusts(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    if shutil.which("openssl") is None:
+        pytest.skip("needs the openssl command to make a certificate")
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=127.0.0.1",
+                    "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(key), "-out", str(cert)],
+                   check=True, capture_output=True)
+    server_tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    server_tls.load_cert_chain(cert, key)
+    answer = b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n" % len(PAGE) + PAGE
+    assert serve_once(answer, tls=server_tls) == "None"  # the default trust store does not know this certificate
+    trusting = ssl.create_default_context(cafile=str(cert))
+    monkeypatch.setattr(transport, "_tls_context", lambda: trusting)
+    assert serve_once(answer, tls=server_tls) == repr(PAGE.decode())
