@@ -48,11 +48,10 @@ class Counters:
         self._requests = ctx.RawValue("q", 0)
         self._running = ctx.RawValue("q", 0)
 
-    def running(self, change: int) -> int:
-        """Completions under way, after ``change`` (+1 as one starts, -1 as it ends)."""
+    def running(self, change: int) -> None:
+        """Count a completion starting (+1) or ending (-1)."""
         with self._lock:
             self._running.value += change
-            return int(self._running.value)
 
     def add(self, prompt: int, generated: int) -> None:
         with self._lock:
@@ -60,9 +59,10 @@ class Counters:
             self._prompt.value += prompt
             self._requests.value += 1
 
-    def snapshot(self) -> tuple[int, int, int]:
+    def snapshot(self) -> tuple[int, int, int, int]:
+        """Generated and prompt tokens, requests served, and completions under way."""
         with self._lock:
-            return self._gen.value, self._prompt.value, self._requests.value
+            return self._gen.value, self._prompt.value, self._requests.value, self._running.value
 
 
 class Options:
@@ -169,7 +169,7 @@ class Server:
                 {"id": self.opts.model, "object": "model", "created": 0, "owned_by": "zero-cost",
                  "max_model_len": 1 << 20}]}))
         elif path == b"/metrics":
-            gen, prompt, reqs = self.counters.snapshot()
+            gen, prompt, reqs, running = self.counters.snapshot()
             p = self.opts.counter_prefix
             m = f'model_name="{self.opts.model}"'
             text = (f"# HELP {p}generation_tokens_total Generation tokens streamed.\n"
@@ -177,7 +177,7 @@ class Server:
                     f"# TYPE {p}prompt_tokens_total counter\n{p}prompt_tokens_total{{{m}}} {prompt}.0\n"
                     f"# TYPE {p}request_success_total counter\n{p}request_success_total{{{m}}} {reqs}.0\n"
                     f"# TYPE {p}num_requests_running gauge\n"
-                    f"{p}num_requests_running{{{m}}} {self.counters.running(0)}.0\n")
+                    f"{p}num_requests_running{{{m}}} {running}.0\n")
             self.respond(writer, 200, text.encode(), b"text/plain; version=0.0.4")
         elif path == b"/tokenize" and method == b"POST":
             data = json.loads(body or b"{}")
