@@ -17,7 +17,8 @@ Shape of the file (all tables optional)::
     env = { SGLANG_X = "1" }
     startup_timeout_s = 1800
     random_weights = false             # optional: true for an untrained model (unset: its folder's
-                                       # llmserve-checkpoint.json says so); see untrained_reason
+                                       # llmserve-checkpoint.json says so, verified against the
+                                       # weights' sha256); see untrained
 
     [tool.llmserve.matrix.glm5]        # one boot per combination of these logical options
     attention_backend = ["trtllm", "flashmla_kv"]
@@ -72,6 +73,7 @@ from pytest_llmserve.config_values import (
 )
 from pytest_llmserve.errors import ConfigError
 from pytest_llmserve.options import CONFIG_FILE_NAMES, BenchDefaults
+from pytest_llmserve.weights import DIGEST_CACHE_FILE, SHA_KEY, WEIGHTS_FILE, cached_sha256, safetensors_files
 
 CACHE_ENV = "PYTEST_LLMSERVE_CACHE"
 
@@ -231,7 +233,7 @@ class ServerSpec:
     parallel: int | None = None  # llama.cpp --parallel slots
     gpu: bool = False  # the server needs a GPU: its built-in suite items carry the ``gpu`` marker
     # The model's weights are untrained (random): oracles that need a trained model report "not applicable".
-    # None: recognised from the model folder's marker file (see :func:`untrained_reason`).
+    # None: recognised from the model folder's marker file, its weights hash verified (see :func:`untrained`).
     random_weights: bool | None = None
     # The suite's test_matches_reference: the bound on max |Δlogprob| of the chosen tokens before the first
     # divergence from the matrix's reference combination (None: oracles.DEFAULT_MAX_LOGPROB_DELTA).
@@ -532,21 +534,33 @@ def _server_value(key: str, value: Any, where: str, source: str = "<built-in>") 
 
 
 #: The file a tiny-checkpoint builder writes beside the weights; ``{"random_weights": true}`` in it marks the
-#: model as untrained.
+#: model as untrained, when the sha256 it records (:data:`pytest_llmserve.weights.SHA_KEY`) is the weights'.
 CHECKPOINT_MARKER = "llmserve-checkpoint.json"
 
 
-def untrained_reason(spec: ServerSpec) -> str | None:
-    """Why this server's model is untrained (random weights), or None when it is taken as trained.
+@dataclass(frozen=True, slots=True)
+class Untrained:
+    """Why a server's model is taken as untrained (random weights): oracles that need a trained model do not
+    apply to it."""
+
+    reason: str  # one line for reports: the declaration, or the marker and the digest it was verified by
+    declared: bool  # True: ``random_weights = true`` in the configuration; False: a verified checkpoint marker
+
+
+def untrained(spec: ServerSpec) -> Untrained | None:
+    """Whether this server's model is untrained (random weights), and why; None when it is taken as trained.
 
     The one place that answers the question for every oracle: ``random_weights`` declared in the
-    configuration wins (``false`` included, over the marker); unset, a model folder holding
-    :data:`CHECKPOINT_MARKER` with ``"random_weights": true`` is untrained. A marker that cannot be read
-    is a :class:`ConfigError` naming the file (an oracle must not guess which way to judge)."""
+    configuration wins (``false`` included, over the marker, and nothing is hashed); unset, a model folder
+    holding :data:`CHECKPOINT_MARKER` with ``"random_weights": true`` is untrained only when the sha256 the
+    marker records is that of the folder's weights (its one ``model.safetensors``, hashed once per file
+    version: :func:`pytest_llmserve.weights.cached_sha256`). A marker that cannot be read, or whose
+    ``random_weights = true`` the weights do not bear out, is a :class:`ConfigError` naming the file (an
+    oracle must not guess which way to judge)."""
     if spec.random_weights is not None:
         if not spec.random_weights:
             return None
-        return f"random_weights = true declared in {spec.source} for server {spec.name!r}"
+        return Untrained(f"random_weights = true declared in {spec.source} for server {spec.name!r}", declared=True)
     found = checkpoint_marker(spec)
     if found is None:
         return None
@@ -557,7 +571,57 @@ def untrained_reason(spec: ServerSpec) -> str | None:
     if not isinstance(value, bool):
         raise ConfigError(f"{marker}: \"random_weights\" = {value!r}: must be true or false (the checkpoint "
                           f"marker of server {spec.name!r})")
-    return f"marker file {marker} says random_weights = true" if value else None
+    if not value:
+        return None
+    digest = _verified_marker_digest(spec, marker, data)
+    return Untrained(f"marker file {marker} says random_weights = true (weights sha256 {digest[:12]}… verified)",
+                     declared=False)
+
+
+def untrained_reason(spec: ServerSpec) -> str | None:
+    """:func:`untrained`'s reason alone (None: taken as trained), for callers that only print it."""
+    found = untrained(spec)
+    return found.reason if found is not None else None
+
+
+def _verified_marker_digest(spec: ServerSpec, marker: Path, data: Mapping[str, Any]) -> str:
+    """The weights' sha256 when it is the one ``marker`` records; else a :class:`ConfigError` naming the marker,
+    what it records and what the folder holds.
+
+    An error, not a marker quietly ignored: the folder holds a claim its weights contradict (a marker copied
+    beside another model, or weights rewritten since the build). Taken as trained, a random model fails
+    coherence with no word about the marker; taken as untrained, a trained model's known-answer and
+    coherence oracles go quiet. Either way the run would judge on a guess, so the user is asked to settle it:
+    rebuild, remove the marker, or declare ``random_weights``, which overrides the marker."""
+    settle = (f"rebuild the checkpoint, remove the marker, or declare random_weights = true/false for server "
+              f"{spec.name!r} in {spec.source}")
+    claimed = data.get(SHA_KEY)
+    if claimed is None:
+        raise ConfigError(f"{marker}: this checkpoint marker says random_weights = true but records no "
+                          f"\"{SHA_KEY}\" (the sha256 of the {WEIGHTS_FILE} it was written for), so nothing ties "
+                          f"it to these weights; {settle}")
+    if not isinstance(claimed, str) or not claimed.strip():
+        raise ConfigError(f"{marker}: \"{SHA_KEY}\" = {claimed!r}: must be the sha256 of {WEIGHTS_FILE} as hex "
+                          f"(the checkpoint marker of server {spec.name!r})")
+    folder = marker.parent
+    try:
+        weights = safetensors_files(folder)
+        actual = (cached_sha256(folder / WEIGHTS_FILE, cache_dir() / DIGEST_CACHE_FILE)
+                  if weights == (folder / WEIGHTS_FILE,) else None)
+    except OSError as exc:
+        raise ConfigError(f"{marker}: this checkpoint marker says random_weights = true, but the weights beside it "
+                          f"cannot be read to verify its sha256 ({exc}); {settle}") from None
+    if actual is None:
+        held = ", ".join(p.name for p in weights) if weights else "no *.safetensors file"
+        raise ConfigError(f"{marker}: this checkpoint marker says random_weights = true for the {WEIGHTS_FILE} of "
+                          f"sha256 {claimed}, but its folder holds {held}, and that hash covers {WEIGHTS_FILE} "
+                          f"alone; {settle}")
+    if actual != claimed.strip().lower():
+        raise ConfigError(f"{marker}: this checkpoint marker says random_weights = true for weights of sha256 "
+                          f"{claimed}, but {folder / WEIGHTS_FILE} has sha256 {actual}: the marker describes "
+                          f"other weights (copied beside this model, or the weights changed after it was "
+                          f"written); {settle}")
+    return actual
 
 
 def checkpoint_marker(spec: ServerSpec) -> tuple[Path, dict[str, Any]] | None:

@@ -21,6 +21,7 @@ import pytest
 
 from pytest_llmserve import xdist_hooks
 from pytest_llmserve.builds import install_builds
+from pytest_llmserve.config import untrained
 from pytest_llmserve.engines import embedded
 from pytest_llmserve.errors import LLMServeError
 from pytest_llmserve.gates.accounting import Accounting
@@ -39,6 +40,10 @@ def resolve(rootpath: Path, sources: Sources) -> Settings:
     """The run's settings, with the builds its matrices want installed; a bad one is a usage error."""
     try:
         settings = resolve_settings(rootpath, sources, embedded.default_spec)
+        # A checkpoint marker that its weights contradict is a configuration error: said now, before anything
+        # boots, not in the first oracle that asks (the weights' hash is cached, so this costs one hash per model).
+        for spec in settings.cfg.servers:
+            untrained(spec)
         # The builds the matrices want, installed now (cached): a step of its own, never the configuration's.
         return replace(settings, cfg=install_builds(settings.cfg))
     except LLMServeError as exc:

@@ -39,12 +39,11 @@ from pytest_llmserve.config import ServerSpec, checkpoint_marker
 from pytest_llmserve.errors import ConfigError, ReferenceAnswersError
 from pytest_llmserve.evidence.completion import Completion, TokenLogprob
 from pytest_llmserve.verdicts.oracles import ProbePrompt
+from pytest_llmserve.weights import SHA_KEY as SHA_KEY  # the marker's key for the weights' hash, re-exported
 
 SCHEMA = 1
 KIND = "llmserve-reference-answers"
 DIR_NAME = "reference-answers"
-#: The key of the checkpoint builder's marker (config.CHECKPOINT_MARKER) that holds the weights' hash.
-SHA_KEY = "model_safetensors_sha256"
 
 
 def answers_file(directory: Path, server: str) -> Path:

@@ -30,12 +30,9 @@ def test_a_baseline_with_other_cpu_flags_is_skipped_naming_them_and_compared_whe
     # tests took more than the default contention bound of this 2-core machine and skipped the save as
     # "confounded: host busy" (tests/unit/gates/test_contended_rounds.py and e2e/test_contention_real.py test that).
     pytester.makeini("[pytest]\nllmserve_contention_bound = 0.99\n")
-    model = pytester.path / "tiny-random"
-    model.mkdir()
-    (model / "llmserve-checkpoint.json").write_text(json.dumps({"random_weights": True}))
     argv = [sys.executable, str(ZERO_COST), "--port", "{port}", "--token-delay-ms", "2"]
     pytester.makefile(".toml", llmserve=server_toml("s", engine="command", argv=argv, served_model_name="zero-cost",
-                                                    model=str(model), env={MARK_ENV: token}, startup_timeout_s=30)
+                                                    random_weights=True, env={MARK_ENV: token}, startup_timeout_s=30)
                       + "[workloads.tiny]\nnum_prompts = 4\ninput_len = 8\noutput_len = 8\nwarmup = 0\n")
     pytester.makepyfile(test_gate=INNER)
     saved = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--llmserve-save-baseline", timeout=240)

@@ -6,10 +6,14 @@ and a property failure that Hypothesis's replay does not reproduce is reported b
 
 from __future__ import annotations
 
+import hashlib
 import json
+from pathlib import Path
 
 import pytest
 
+from pytest_llmserve.testing.checkpoints import write_safetensors
+from pytest_llmserve.weights import SHA_KEY, WEIGHTS_FILE
 from tests.standins.helpers import standin_toml
 
 pytestmark = [pytest.mark.filterwarnings("ignore"), pytest.mark.usefixtures("private_registry")]
@@ -25,12 +29,22 @@ def _results(pytester: pytest.Pytester) -> dict[str, dict[str, object]]:
     return {str(row["check"]): row for row in doc["checks"]} | {"": {"headline": doc["summary"]["headline"]}}
 
 
-def test_suite_on_an_untrained_model_reports_trained_model_oracles_as_not_applicable(
-        pytester: pytest.Pytester, token: str) -> None:
-    """The model folder holds the tiny-checkpoint builder's marker; nothing is declared in the configuration."""
+@pytest.fixture
+def marked_model(pytester: pytest.Pytester) -> Path:
+    """A model folder as the tiny-checkpoint builder leaves it: weights (the stand-in never reads them) and the
+    marker, which is evidence only with the sha256 of those weights."""
     model = pytester.path / "tiny-random"
     model.mkdir()
-    (model / "llmserve-checkpoint.json").write_text(json.dumps({"random_weights": True}))
+    write_safetensors(model / WEIGHTS_FILE, {"w": ("BF16", [4], bytes(8))})
+    digest = hashlib.sha256((model / WEIGHTS_FILE).read_bytes()).hexdigest()
+    (model / "llmserve-checkpoint.json").write_text(json.dumps({"random_weights": True, SHA_KEY: digest}))
+    return model
+
+
+def test_suite_on_an_untrained_model_reports_trained_model_oracles_as_not_applicable(
+        pytester: pytest.Pytester, token: str, marked_model: Path) -> None:
+    """The model folder holds the tiny-checkpoint builder's marker; nothing is declared in the configuration."""
+    model = marked_model
     pytester.makefile(".toml", llmserve=standin_toml("tiny", "random_model.py", token=token, model=str(model)))
     result = pytester.runpytest_subprocess(
         "--llmserve-suite", "-p", "no:cacheprovider", "-rs",
