@@ -88,6 +88,7 @@ _INI_TYPES = {"flag": "bool", "string": "string", "int": "int", "float": "float"
 SETTINGS_KEY = pytest.StashKey["Settings"]()
 STATE_KEY = pytest.StashKey["RunState"]()  # set once the run uses llmserve (see _use)
 SPEC_KEY = pytest.StashKey["ServerSpec"]()
+DECODE_CHECK_KEY = pytest.StashKey["DecodeCheck"]()  # the test's decode_check, finished when its body returns
 SIGTERM_KEY = pytest.StashKey[Any]()  # the SIGTERM handler ours replaced
 RUN_DIR_NAME_KEY = pytest.StashKey[Path]()  # the run directory's name, handed to xdist workers before use
 
@@ -363,11 +364,25 @@ def decode_check(llm_server: RunningServer, request: pytest.FixtureRequest) -> D
     assert isinstance(node, pytest.Item)
     current = node.stash.get(SPEC_KEY, None) or llm_server.spec_for_checks or llm_server.spec
     probes = _server_probes(config, llm_server, current)
-    return DecodeCheck.for_run(config.stash[SETTINGS_KEY], server=llm_server, spec=current,
-                               run_dir=config.stash[STATE_KEY].run_dir, test_id=node.nodeid, pool=_pool(config),
-                               fail=_fail, skip=_skip, verbose=config.option.verbose,
-                               record=report_hooks.oracle_recorder(node), probes=probes,
-                               prefetched=prefetched(node, llm_server, probes))
+    check = DecodeCheck.for_run(config.stash[SETTINGS_KEY], server=llm_server, spec=current,
+                                run_dir=config.stash[STATE_KEY].run_dir, test_id=node.nodeid, pool=_pool(config),
+                                fail=_fail, skip=_skip, verbose=config.option.verbose,
+                                record=report_hooks.oracle_recorder(node), probes=probes,
+                                prefetched=prefetched(node, llm_server, probes))
+    node.stash[DECODE_CHECK_KEY] = check
+    return check
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Generator[None, None, None]:
+    """When a test's body returns, its decode_check reports the checks that reached no verdict (a skip that
+    names each): a chain's skip never stops the checks after it, so it is raised here, after all of them. A
+    body that raised (a failure) is reported as it is."""
+    yield
+    check = item.stash.get(DECODE_CHECK_KEY, None)
+    if check is not None:
+        check.finish()
+
 
 
 @pytest.fixture

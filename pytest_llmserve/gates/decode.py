@@ -5,16 +5,19 @@
 Each method runs one oracle (its probes sent by :mod:`pytest_llmserve.gates.oracle_runs`, the answers judged by
 :mod:`pytest_llmserve.verdicts`) and calls ``fail`` with a message that says what was sent, what came back and
 which server configuration it was: the first findings, each shortened, and a count of the rest (every finding in
-full with ``verbose >= 2``, pytest's ``-vv``). ``skip`` is called when a check cannot apply or its evidence does
-not exist (an *unverifiable* fact is never reported as a pass). Before either, ``record`` gets the oracle's
-verdict and its full evidence, which the plugin puts in the check's row of results.json.
+full with ``verbose >= 2``, pytest's ``-vv``). A check that cannot apply, or whose evidence does not exist (an
+*unverifiable* fact is never reported as a pass), does not stop the chain: it is kept, the next check runs, and
+:meth:`DecodeCheck.finish` (called by the plugin when the test's body returns) calls ``skip`` with the kept
+reasons, the most telling first, so one check's skip never hides the next one's verdict. Before any of these,
+``record`` gets the oracle's verdict and its full evidence, which the plugin puts in the check's row of
+results.json.
 
-On an untrained model (:func:`pytest_llmserve.config.untrained_reason`: random weights, declared or marked
-by the checkpoint), the oracles that need a trained model (known answers, long-decode coherence with its
-mean-logprob floor, the coherence of batch outputs and of their batch-1 reference) are *not applicable*:
-recorded as such and skipped with a reason starting "not applicable:", never passed, never failed. What
-compares the engine with itself (batch N against batch 1, differentials, determinism) and NaN evidence
-run as on any model.
+On an untrained model (:func:`pytest_llmserve.config.untrained`: random weights, declared, or marked by the
+checkpoint builder with the weights' hash), the oracles that need a trained model (known answers, long-decode
+coherence with its mean-logprob floor, the coherence of batch outputs and of their batch-1 reference) are *not
+applicable*: recorded as such (with whether the configuration declared it or a checkpoint marker proved it) and
+skipped with a reason starting "not applicable:", never passed, never failed. What compares the engine with
+itself (batch N against batch 1, differentials, determinism) and NaN evidence run as on any model.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from pytest_llmserve.config import LLMServeConfig, ServerSpec, untrained_reason
+from pytest_llmserve.config import LLMServeConfig, ServerSpec, Untrained, untrained
 from pytest_llmserve.errors import ConfigError, LLMServeError, ReferenceAnswersError, RequestError
 from pytest_llmserve.evidence.client import LLMClient
 from pytest_llmserve.gates import oracle_runs
@@ -36,6 +39,7 @@ from pytest_llmserve.store import reference_answers as store
 from pytest_llmserve.verdicts import oracles
 from pytest_llmserve.verdicts.batch_sizes import BatchCase, coverage_plan
 from pytest_llmserve.verdicts.coherence import CoherenceThresholds
+from pytest_llmserve.verdicts.differential import DEFAULT_TOLERANCE, DifferentialTolerance
 from pytest_llmserve.verdicts.divergence import divergence_rows, divergence_table, worst_row
 from pytest_llmserve.verdicts.findings import Finding, OracleReport
 
@@ -83,13 +87,13 @@ class ReferencePlan:
     ``reference``: the combination the server's matrix declares as its reference; ``record_dir``: this run's
     directory, shared by its xdist workers (answers go to ``reference-answers/<server>.json`` there);
     ``given``: a recording of an earlier run (``--llmserve-reference-answers``: a file, or a directory of
-    ``<server>.json``), used instead of recording; ``max_delta``: the bound on |Δlogprob| before the first
-    divergence."""
+    ``<server>.json``), used instead of recording; ``tolerance``: the differential rule's bounds (the server's
+    ``differential_max_logprob_delta`` in place of the default |Δlogprob| bound)."""
 
     reference: ServerSpec
     record_dir: Path
     given: Path | None = None
-    max_delta: float = oracles.DEFAULT_MAX_LOGPROB_DELTA
+    tolerance: DifferentialTolerance = DEFAULT_TOLERANCE
 
 
 def reference_plan(cfg: LLMServeConfig, spec: ServerSpec, record_dir: Path,
@@ -98,15 +102,29 @@ def reference_plan(cfg: LLMServeConfig, spec: ServerSpec, record_dir: Path,
     reference = cfg.reference_of(spec.name)
     if reference is None:
         return None
-    delta = spec.differential_max_logprob_delta or oracles.DEFAULT_MAX_LOGPROB_DELTA
-    return ReferencePlan(reference, record_dir, given, delta)
+    tolerance = DEFAULT_TOLERANCE
+    if spec.differential_max_logprob_delta is not None:
+        tolerance = replace(tolerance, max_logprob_delta=spec.differential_max_logprob_delta)
+    return ReferencePlan(reference, record_dir, given, tolerance)
 
 
 def oracle_record(check: str, verdict: OracleVerdict, *, first_finding: str | None = None,
-                  findings: Sequence[Finding] = (), detail: str | None = None) -> dict[str, Any]:
-    """What one oracle run leaves for the reports (JSON-plain: it crosses xdist workers)."""
-    return {"check": check, "verdict": verdict, "first_finding": first_finding,
-            "findings": [f.to_dict() for f in findings], "detail": detail}
+                  findings: Sequence[Finding] = (), detail: str | None = None,
+                  declared: bool | None = None) -> dict[str, Any]:
+    """What one oracle run leaves for the reports (JSON-plain: it crosses xdist workers). ``declared``, for a
+    not-applicable verdict: whether the configuration declared the model untrained (``random_weights = true``)
+    rather than a checkpoint marker showing it (strict mode accepts only the declaration)."""
+    record: dict[str, Any] = {"check": check, "verdict": verdict, "first_finding": first_finding,
+                              "findings": [f.to_dict() for f in findings], "detail": detail}
+    if declared is not None:
+        record["declared"] = declared
+    return record
+
+
+#: The order in which :meth:`DecodeCheck.finish` names the checks that did not reach a verdict: the one that
+#: most needs a user's attention first (an unverifiable fact is a gap in the evidence; not applicable and
+#: skipped are by design).
+_KEPT_ORDER: tuple[OracleVerdict, ...] = ("unverifiable", "not-applicable", "skipped")
 
 
 class DecodeCheck:
@@ -141,6 +159,9 @@ class DecodeCheck:
         # Turns a spec id / ServerSpec into a running server (the plugin's pool, keeping this one alive).
         self.reference_server = reference_server
         self.reports: list[OracleReport] = []
+        # Checks that did not reach a verdict, (verdict, reason), in order: the chain goes on past them, and
+        # finish() reports them when the test's body is done.
+        self.kept: list[tuple[OracleVerdict, str]] = []
 
     @classmethod
     def for_run(cls, settings: Settings, *, server: Any, spec: ServerSpec, run_dir: Path, test_id: str,
@@ -196,31 +217,48 @@ class DecodeCheck:
         self._fail(message)
 
     def skip(self, message: str, *, check: str = "decode-check", unverifiable: bool = False) -> None:
-        """Record why the check did not run (``unverifiable``: its evidence does not exist), then skip."""
-        self.record(oracle_record(check, "unverifiable" if unverifiable else "skipped",
-                                  first_finding=one_line(message), detail=message))
-        self._skip(message)
+        """Record why the check did not reach a verdict (``unverifiable``: its evidence does not exist) and keep
+        it for :meth:`finish`; the next check of the chain still runs."""
+        verdict: OracleVerdict = "unverifiable" if unverifiable else "skipped"
+        self.record(oracle_record(check, verdict, first_finding=one_line(message), detail=message))
+        self.kept.append((verdict, message))
+
+    def finish(self) -> None:
+        """Report the checks that reached no verdict, once the chain is done: ``skip`` with the most telling
+        reason first (unverifiable, then not applicable, then skipped) and the others after it. Nothing when
+        every check reached a verdict. The plugin calls it when a test's body returns; a script calls it
+        itself."""
+        if not self.kept:
+            return
+        kept = sorted(self.kept, key=lambda item: _KEPT_ORDER.index(item[0]))
+        self.kept = []
+        others = [f"  also {verdict}: {one_line(message)}" for verdict, message in kept[1:]]
+        self._skip("\n".join([kept[0][1], *others]))
 
     @property
-    def untrained(self) -> str | None:
-        """Why this server's model is untrained (then oracles that need a trained model do not apply)."""
-        return untrained_reason(self.spec)
+    def untrained(self) -> Untrained | None:
+        """Whether this server's model is untrained, and why (then oracles that need a trained model do not
+        apply): declared in the configuration, or shown by a checkpoint marker whose weights hash matched."""
+        return untrained(self.spec)
 
     def not_applicable(self, check: str, why: str) -> DecodeCheck:
-        """Record that ``check`` does not apply to this model (never a pass, never a failure), then skip
-        with a reason that starts with :data:`NOT_APPLICABLE`."""
+        """Record that ``check`` does not apply to this model (never a pass, never a failure), with whether the
+        configuration declared the model untrained, and keep it for :meth:`finish` (a reason that starts with
+        :data:`NOT_APPLICABLE`)."""
         message = f"{NOT_APPLICABLE} {check} on {self.spec.id}: {why}"
-        self.record(oracle_record(check, "not-applicable", first_finding=one_line(message), detail=message))
-        self._skip(message)
+        found = self.untrained
+        self.record(oracle_record(check, "not-applicable", first_finding=one_line(message), detail=message,
+                                  declared=found is not None and found.declared))
+        self.kept.append(("not-applicable", message))
         return self
 
     def _needs_trained_model(self, check: str, what: str) -> bool:
-        """True (after reporting ``check`` as not applicable, when ``skip`` returns) on an untrained model."""
-        reason = self.untrained
-        if reason is None:
+        """True (after keeping ``check`` as not applicable) on an untrained model."""
+        found = self.untrained
+        if found is None:
             return False
         if self.planning is None:  # a dry run plans no requests for it, and concludes nothing
-            self.not_applicable(check, f"{what} means nothing on an untrained model ({reason})")
+            self.not_applicable(check, f"{what} means nothing on an untrained model ({found.reason})")
         return True
 
     def _conclude(self, report: OracleReport, extra: str = "", note: str | None = None,
@@ -292,12 +330,14 @@ class DecodeCheck:
         return self._conclude(report)
 
     def matches(self, reference: Any, *, prompts: Sequence[oracles.ProbePrompt] | None = None,
-                max_tokens: int | None = None, concurrent: bool = False,
-                exact: bool | None = None) -> DecodeCheck:
+                max_tokens: int | None = None, concurrent: bool = False, exact: bool | None = None,
+                tolerance: DifferentialTolerance = DEFAULT_TOLERANCE) -> DecodeCheck:
         """Differential check against a reference configuration (e.g. graphs off, batch size 1, another
         engine build): the same greedy prompts on both servers, each answer compared with the
-        reference's by vLLM's check_logprobs_close rule (at the first divergence each side's token must
-        be in the other's top-k), or by exact equality when both servers run in deterministic mode.
+        reference's by the differential rule under ``tolerance`` (:mod:`pytest_llmserve.verdicts.differential`:
+        |Δlogprob| and top-k distance at every position, a divergence only as a near-tie on both sides, early
+        divergences bounded, truncation an error), or by exact equality when both servers run in deterministic
+        mode.
 
         ``reference``: a running server (a ``ServerHandle``), or a spec id / server name / ``ServerSpec``
         that the plugin boots from the configuration while this server stays up. ``concurrent`` sends the
@@ -324,7 +364,7 @@ class DecodeCheck:
                                                   name_cand=self.spec.id,
                                                   prompts=prompts or oracles.DEFAULT_DIFFERENTIAL_PROMPTS,
                                                   max_tokens=max_tokens or self.batch_tokens, exact=exact,
-                                                  concurrent=concurrent)
+                                                  concurrent=concurrent, tolerance=tolerance)
         if not report.ok:
             ref_server.ensure_alive()
         return self._conclude(report, extra=f"reference: {ref_server.describe()}")
@@ -333,9 +373,10 @@ class DecodeCheck:
         """This combination against its matrix's declared reference combination, on the same greedy prompts
         (:data:`oracles.DEFAULT_DIFFERENTIAL_PROMPTS`, :data:`REFERENCE_MAX_TOKENS` tokens, top-5 logprobs),
         without both servers up at once: the reference combination records its answers (the test passes as
-        "recorded"), every other combination replays the prompts and is compared with the recording. Per
-        request: the first divergence, each side's token in the other's top-k there (vLLM's rule), and the
-        largest |Δlogprob| of the chosen tokens before it (over the plan's ``max_delta``: an error).
+        "recorded"), every other combination replays the prompts and is compared with the recording by the
+        differential rule under the plan's ``tolerance`` (:mod:`pytest_llmserve.verdicts.differential`): per request
+        the tokens compared, the first divergence and its near-tie gap on both sides, the largest |Δlogprob| and
+        top-k distance before it, a truncated answer; over the set, how many diverge early.
 
         When the reference has not recorded yet (it is not selected, or ran on another host), it is booted
         beside this server (``reference_server``) and recorded under a file lock; a recording given by the
@@ -366,7 +407,7 @@ class DecodeCheck:
         except ReferenceAnswersError as exc:
             self.fail(f"{spec.id}: {exc}", check=check)
             raise  # not reached: fail raises
-        return self._compare_with_reference(recorded, plan.max_delta)
+        return self._compare_with_reference(recorded, plan.tolerance)
 
     def _reference_answers(self, server: Any, spec: ServerSpec) -> Any:
         """The differential prompts sent to ``server`` (one at a time), as a recording of ``spec``."""
@@ -431,28 +472,28 @@ class DecodeCheck:
             return self
         return self._conclude(report, extra=f"recorded anyway (the other combinations report it): {recorded.path}")
 
-    def _compare_with_reference(self, recorded: Any, max_delta: float) -> DecodeCheck:
+    def _compare_with_reference(self, recorded: Any, tolerance: DifferentialTolerance) -> DecodeCheck:
         spec = self.spec
         labels = [f"differential[{p.label}]" for p in recorded.prompts]
         with self._client() as client:
             report = oracle_runs.run_differential(recorded.answers, client,
                                                   name_ref=f"{recorded.combination} (recorded)", name_cand=spec.id,
                                                   prompts=recorded.prompts, max_tokens=recorded.max_tokens,
-                                                  logprobs=recorded.logprobs, max_delta=max_delta)
+                                                  logprobs=recorded.logprobs, tolerance=tolerance)
         report.check = (f"reference differential[{spec.id} vs reference {recorded.combination}; "
                         f"{len(recorded.prompts)} greedy prompts, {recorded.max_tokens} tokens, |Δlogprob| "
-                        f"tolerance {max_delta:g}]")
+                        f"tolerance {tolerance.max_logprob_delta:g}, near-tie gap {tolerance.near_tie_gap:g}]")
         rows = divergence_rows(recorded.answers, report.completions, labels)
         table = (f"{spec.id} vs {recorded.describe()}:\n"
-                 + divergence_table(rows, name_ref="reference", name_cand=spec.id, max_delta=max_delta))
+                 + divergence_table(rows, name_ref="reference", name_cand=spec.id, tolerance=tolerance))
         head = None
         if not report.ok:
-            worst = worst_row(rows, max_delta)
+            worst = worst_row(rows, tolerance)
             failing = {f.probe for f in report.errors}
             if worst is None or worst.probe not in failing:  # e.g. only the reference's answers are broken
                 worst = next((r for r in rows if r.probe in failing), worst)
             head = f"{spec.id} disagrees with reference {recorded.combination}" + (
-                f": worst request {worst.summary()} (tolerance {max_delta:g})" if worst is not None else "")
+                f": worst request {worst.summary()}" if worst is not None else "")
         return self._conclude(report, note=table, head=head)
 
     def _reference(self, client: Any) -> OracleReport:
@@ -471,17 +512,17 @@ class DecodeCheck:
         """Run ``cases`` against the batch-1 reference: every comparison runs; the reference's own findings
         (its NaN and transport failures, which make a comparison impossible; on a trained model its
         coherence, a separate finding) are added to the report, each named as the reference's."""
-        untrained = self.untrained
+        found = self.untrained
         combined = OracleReport(check, server_id=self.spec.id)
         with self._client("batch") as client:
             ref = self._reference(client)
             reference = oracles.usable_reference(ref.completions)
             for case in cases:
                 combined.merge(oracle_runs.run_batch_case(client, case, reference, self.spec.id, self.batch_tokens,
-                                                          exact=self._exact(), judge_coherence=untrained is None))
+                                                          exact=self._exact(), judge_coherence=found is None))
         combined.add(replace(f, message=f"bs=1 reference: {f.message}") for f in ref.findings)
         note = (f"coherence of the outputs and of their bs=1 reference not judged (not applicable: "
-                f"{untrained}); each output compared with the engine's own bs=1 answer") if untrained else None
+                f"{found.reason}); each output compared with the engine's own bs=1 answer") if found else None
         return self._conclude(combined, note=note)
 
     def batch_case(self, case: BatchCase) -> DecodeCheck:
@@ -491,32 +532,48 @@ class DecodeCheck:
         return self._batch_cases(f"batch[{case.id}]", [case])
 
     def cuda_graph_sizes_covered(self) -> DecodeCheck:
-        """Run every batch case derived from the sizes the server reports it captured."""
+        """Run every batch case derived from the sizes the server reports it captured.
+
+        Graphs requested but none captured is a failure (the configuration did not run). A server that does not
+        say what it captured gets the configured sizes' batch cases, and their verdict: a failure fails, a pass
+        is kept as *unverifiable* coverage (the outputs agreed, but nothing shows that graphs ran them)."""
         if self.planning is not None:  # composition-controlled or no requests: not planned ahead
             return self
         spec = self.spec
+        check = "cuda-graph coverage"
         graphs = spec.cuda_graph is not None and spec.cuda_graph.enabled
         facts = self.server.facts()
         captured = getattr(facts, "captured_batch_sizes", None)
         if not graphs:
             if captured:
                 self.fail(f"{spec.id}: CUDA graphs are off in the configuration but the server captured "
-                          f"batch sizes {list(captured)}\n{self.server.describe()}", check="cuda-graph coverage")
+                          f"batch sizes {list(captured)}\n{self.server.describe()}", check=check)
             self.skip(f"{spec.id}: CUDA graphs are off in this configuration (the server reports "
                       f"{'none captured' if captured is not None else 'nothing about graphs'}); "
-                      "the concurrent batch cases ran as test_batch_size", check="cuda-graph coverage")
+                      "the concurrent batch cases ran as test_batch_size", check=check)
             return self
         configured = spec.cuda_graph.batch_sizes if spec.cuda_graph else None
-        if not captured:
+        if captured is not None and not captured:
+            self.fail(f"{spec.id}: CUDA graphs were requested"
+                      + (f" for batch sizes {list(configured)}" if configured else "")
+                      + " but the server reports that it captured none: the graphs this configuration exists for "
+                      f"never ran\n{self.server.describe()}", check=check)
+            return self
+        if captured is None:
             if configured is None:
                 self.skip(f"{spec.id}: unverifiable: the server did not report which batch sizes it captured "
-                          "and none were configured", check="cuda-graph coverage", unverifiable=True)
+                          "and none were configured", check=check, unverifiable=True)
+                return self
             cases = coverage_plan(None, configured)
-            source = "configured sizes (the server did not report captured sizes: unverifiable)"
-        else:
-            cases = coverage_plan(captured, configured)
-            source = f"captured sizes {list(captured)}"
-        return self._batch_cases(f"cuda-graph coverage from {source}: " + ", ".join(c.id for c in cases), cases)
+            self._batch_cases(f"{check} from the configured sizes {list(configured)}: "
+                              + ", ".join(c.id for c in cases), cases)
+            self.skip(f"{spec.id}: unverifiable: the server did not report which batch sizes it captured; the "
+                      f"configured sizes' batch cases ({', '.join(c.id for c in cases)}) agreed with batch 1, but "
+                      "nothing shows that CUDA graphs ran them", check=check, unverifiable=True)
+            return self
+        cases = coverage_plan(captured, configured)
+        return self._batch_cases(f"{check} from captured sizes {list(captured)}: " + ", ".join(c.id for c in cases),
+                                 cases)
 
     def config_is_execution(self) -> DecodeCheck:
         """Each requested option against what the server's log and metrics say ran."""
@@ -539,9 +596,10 @@ class DecodeCheck:
         if not results:
             self.skip(f"{spec.id}: nothing to verify (attached server: no log; nothing requested)",
                       check="config-is-execution", unverifiable=True)
-        if unverifiable:
+        elif unverifiable:
             self.skip(f"{spec.id}: UNVERIFIABLE (the server does not report these; not a pass): "
                       f"{', '.join(r.name for r in unverifiable)}\n{table}",
                       check="config-is-execution", unverifiable=True)
-        self.record(oracle_record("config-is-execution", "pass", detail=table))
+        else:
+            self.record(oracle_record("config-is-execution", "pass", detail=table))
         return self

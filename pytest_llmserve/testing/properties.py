@@ -131,7 +131,7 @@ def output_findings(c: Completion, ex: ApiExample, *, probe: str = "") -> list[F
         if c.finish_reason == "length" and n != ex.max_tokens:
             out.append(_finding(f"finish_reason 'length' after {n} tokens, but max_tokens = {ex.max_tokens}",
                                 c, probe))
-        if c.tokens and len(c.tokens) != n:  # none at all: transport_findings warns that logprobs are missing
+        if c.tokens and len(c.tokens) != n:  # none at all: transport_findings fails them for missing logprobs
             last = max(0, len(c.tokens) - 3)
             out.append(_finding(f"usage counts {n} completion tokens but {len(c.tokens)} came back with "
                                 "logprobs (one entry per generated token expected)", c, probe,

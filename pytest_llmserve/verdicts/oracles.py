@@ -1,4 +1,4 @@
-"""Correctness oracles: NaN evidence, known answers, determinism and the differential rule, judged over the
+"""Correctness oracles: NaN evidence, transport failures and known answers, judged over the
 answers a server gave; and the probe prompts they are asked with.
 
 Everything here works on plain :class:`~pytest_llmserve.evidence.completion.Completion` records, so each
@@ -8,9 +8,10 @@ and asks for logprobs (``logprobs=5`` by default): logprobs are the only channel
 while the text still looks normal, and the top-k alternatives are what the differential rule needs.
 
 The other oracle modules beside this one: :mod:`~pytest_llmserve.verdicts.findings` (what every oracle reports),
-:mod:`~pytest_llmserve.verdicts.coherence` (decode collapse), :mod:`~pytest_llmserve.verdicts.batch_sizes`
-(the CUDA-graph batch sizes to exercise) and :mod:`~pytest_llmserve.verdicts.divergence` (a differential's
-per-request table).
+:mod:`~pytest_llmserve.verdicts.differential` (two answers to one request compared: the differential rule, exact
+equality, determinism), :mod:`~pytest_llmserve.verdicts.coherence` (decode collapse),
+:mod:`~pytest_llmserve.verdicts.batch_sizes` (the CUDA-graph batch sizes to exercise) and
+:mod:`~pytest_llmserve.verdicts.divergence` (a differential's per-request table).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from pytest_llmserve.evidence.completion import Completion, TokenLogprob
 from pytest_llmserve.evidence.facts import NanLogPattern
 from pytest_llmserve.evidence.prometheus import counter_total
 from pytest_llmserve.evidence.prometheus import parse as parse_prometheus
-from pytest_llmserve.verdicts.findings import Finding, OracleReport, TokenAt, format_logprob, make_finding
+from pytest_llmserve.verdicts.findings import Finding, TokenAt, make_finding
 
 DEFAULT_LOGPROBS = 5
 
@@ -224,8 +225,9 @@ def transport_findings(c: Completion, *, probe: str = "") -> list[Finding]:
                                      "failed inside the engine)", c, probe=probe))
     wants_logprobs = bool(c.request.get("logprobs")) or bool(c.request.get("top_logprobs"))
     if wants_logprobs and not c.tokens and (c.text or c.completion_tokens):
-        findings.append(make_finding("transport", "warning", "logprobs were requested but none came back: NaN "
-                                     "evidence is limited to the text", c, probe=probe))
+        # An error, not a warning: without them NaN shows only in the text, and no differential can be judged.
+        findings.append(make_finding("transport", "error", "logprobs were requested but none came back: NaN "
+                                     "evidence is limited to the text and no answer can be compared", c, probe=probe))
     return findings
 
 
@@ -281,7 +283,7 @@ def is_nan_http_error(c: Completion) -> bool:
 
 
 # --------------------------------------------------------------------------------------------------
-# known answers, determinism, differential
+# known answers
 # --------------------------------------------------------------------------------------------------
 
 @dataclass(frozen=True, slots=True)
@@ -370,151 +372,6 @@ def known_answer_findings(probe: KnownAnswer, c: Completion) -> list[Finding]:
     return [make_finding("known-answer", "error", message, c, evidence, f"known-answer[{probe.label}]")]
 
 
-def first_difference(a: Sequence[TokenLogprob], b: Sequence[TokenLogprob]) -> int | None:
-    for i, (x, y) in enumerate(zip(a, b, strict=False)):
-        if x.token != y.token:
-            return i
-    return None
-
-
-# The differential's bound on max |Δlogprob| of the chosen tokens before the first divergence, for two
-# configurations of one engine on the same weights (backend A vs backend B, graphs on vs off). Measured on an
-# H200 (SGLang 0.5.15, tiny random DeepSeek-V3.2, greedy, 32 tokens, against flashmla_sparse with graphs):
-# flashmla_sparse without graphs 0.016, tilelang 0.016, flashmla_kv with its FP8 KV cache 0.047. 0.25 is
-# five times the worst healthy figure (FP8 rounding of K/V), and far below what a broken kernel gives
-# (a wrong or scrambled attention moves the chosen token's logprob by whole units). On vLLM 0.32 CPU with
-# SmolLM2-135M (bf16), compiled against eager gave up to 0.135 over the same 9 prompts (e2e, 2026-12-02).
-DEFAULT_MAX_LOGPROB_DELTA = 0.25
-
-
-def max_logprob_delta(ref: Completion, cand: Completion) -> tuple[float, int | None]:
-    """The largest |Δlogprob| of the chosen tokens where both sides chose the same token, up to the first
-    divergence (after it the two sides condition on different text), and its position; positions whose
-    logprob is missing or not finite on either side are left out (the NaN oracles report those)."""
-    worst, at = 0.0, None
-    end = first_difference(ref.tokens, cand.tokens)
-    for i, (r, c) in enumerate(zip(ref.tokens, cand.tokens, strict=False)):
-        if end is not None and i >= end:
-            break
-        if r.logprob is None or c.logprob is None or not (math.isfinite(r.logprob) and math.isfinite(c.logprob)):
-            continue
-        delta = abs(r.logprob - c.logprob)
-        if at is None or delta > worst:
-            worst, at = delta, i
-    return worst, at
-
-
-def check_logprobs_close(ref: Completion, cand: Completion, *, name_ref: str = "reference",
-                         name_cand: str = "candidate", oracle: str = "differential",
-                         probe: str = "", max_delta: float | None = None) -> list[Finding]:
-    """vLLM's ``check_logprobs_close`` rule for two greedy outputs of the same prompt.
-
-    Walk the generated tokens; at the first position where they differ, each side's token must be among
-    the other side's top-k alternatives (a near-tie that batching or kernels may legitimately flip), and
-    then stop, because the sequences diverge from there. A divergence inside the top-k is a warning; a
-    token outside the other's top-k is an error.
-
-    ``max_delta`` (None: not checked, vLLM's rule alone) also bounds the largest |Δlogprob| of the chosen
-    tokens before the divergence (:func:`max_logprob_delta`): over it is an error, however the tokens agree.
-    """
-    findings = _logprobs_close(ref, cand, name_ref=name_ref, name_cand=name_cand, oracle=oracle, probe=probe)
-    if max_delta is not None and ref.ok and cand.ok and ref.tokens and cand.tokens:
-        delta, at = max_logprob_delta(ref, cand)
-        if at is not None and delta > max_delta:
-            r, c = ref.tokens[at], cand.tokens[at]
-            findings.append(make_finding(oracle, "error", f"{name_cand} vs {name_ref}: max |Δlogprob| {delta:.3f} "
-                                         f"before the first divergence exceeds the tolerance {max_delta:g}, at "
-                                         f"position {at} ({r.token!r}: {name_ref} {format_logprob(r.logprob)}, "
-                                         f"{name_cand} {format_logprob(c.logprob)})", cand,
-                                         (TokenAt.of(at, r, 5), TokenAt.of(at, c, 5)), probe))
-    return findings
-
-
-def _logprobs_close(ref: Completion, cand: Completion, *, name_ref: str, name_cand: str, oracle: str,
-                    probe: str) -> list[Finding]:
-    who = f"{name_cand} vs {name_ref}"
-    if not ref.ok or not cand.ok:
-        bad = name_ref if not ref.ok else name_cand
-        which = ref if not ref.ok else cand
-        return [make_finding(oracle, "error", f"cannot compare {who}: {bad} failed (HTTP {which.status})", which,
-                             probe=probe)]
-    if not ref.tokens or not cand.tokens:
-        if ref.text != cand.text:
-            return [make_finding(oracle, "warning", f"{who}: texts differ and there are no logprobs to judge the "
-                                 f"divergence ({name_ref}: {ref.text[:120]!r}; {name_cand}: {cand.text[:120]!r})",
-                                 cand, probe=probe)]
-        return []
-    i = first_difference(ref.tokens, cand.tokens)
-    if i is None:
-        if len(ref.tokens) != len(cand.tokens):
-            ref_shorter = len(ref.tokens) < len(cand.tokens)
-            shorter, longer = (name_ref, name_cand) if ref_shorter else (name_cand, name_ref)
-            n = min(len(ref.tokens), len(cand.tokens))
-            return [make_finding(oracle, "warning", f"{who}: identical for {n} tokens, then {shorter} stopped "
-                                 f"and {longer} went on", cand, probe=probe)]
-        return []
-    r, k = ref.tokens[i], cand.tokens[i]
-    evidence = (TokenAt.of(i, r, top_n=5), TokenAt.of(i, k, top_n=5))
-    if not r.top or not k.top:
-        return [make_finding(oracle, "error", f"{who}: first divergence at position {i} ({name_ref} "
-                             f"{r.token!r}, {name_cand} {k.token!r}) and no top-k alternatives to judge it",
-                             cand, evidence, probe)]
-    cand_in_ref, ref_in_cand = k.token in r.top, r.token in k.top
-    prefix = "".join(t.token for t in ref.tokens[:i])[-80:]
-    where = f"position {i} after {prefix!r}"
-    if cand_in_ref and ref_in_cand:
-        return [make_finding(oracle, "warning", f"{who}: diverge at {where}: {name_ref} {r.token!r} "
-                             f"({format_logprob(r.logprob)}) vs {name_cand} {k.token!r} "
-                             f"({format_logprob(k.logprob)}), each inside the other's top-k (a near-tie; allowed)",
-                             cand, evidence, probe)]
-    order = f"offending tokens: {name_ref}'s first, then {name_cand}'s"
-    missing = []
-    if not cand_in_ref:
-        missing.append(f"{name_cand}'s {k.token!r} is not in {name_ref}'s top-{len(r.top)}")
-    if not ref_in_cand:
-        missing.append(f"{name_ref}'s {r.token!r} is not in {name_cand}'s top-{len(k.top)}")
-    return [make_finding(oracle, "error", f"{who}: diverge at {where}: " + "; ".join(missing)
-                         + f" (texts: {name_ref} {ref.text[:100]!r}; {name_cand} {cand.text[:100]!r}; {order})",
-                         cand, evidence, probe)]
-
-
-def exact_equal_findings(ref: Completion, cand: Completion, *, name_ref: str = "reference",
-                         name_cand: str = "candidate", compare_logprobs: bool = False,
-                         oracle: str = "differential", probe: str = "") -> list[Finding]:
-    """Exact equality of tokens and text (and logprob values when asked): for deterministic /
-    batch-invariant modes (vLLM VLLM_BATCH_INVARIANT=1, SGLang --enable-deterministic-inference)."""
-    who = f"{name_cand} vs {name_ref}"
-    if not ref.ok or not cand.ok:
-        which = ref if not ref.ok else cand
-        return [make_finding(oracle, "error", f"cannot compare {who}: a request failed (HTTP {which.status})",
-                             which, probe=probe)]
-    i = first_difference(ref.tokens, cand.tokens)
-    if i is not None:
-        return [make_finding(oracle, "error", f"{who}: deterministic mode, but the tokens differ at position "
-                             f"{i}: {ref.tokens[i].token!r} vs {cand.tokens[i].token!r}", cand,
-                             (TokenAt.of(i, ref.tokens[i], 5), TokenAt.of(i, cand.tokens[i], 5)), probe)]
-    if len(ref.tokens) != len(cand.tokens) or ref.text != cand.text:
-        return [make_finding(oracle, "error", f"{who}: deterministic mode, but the outputs differ: "
-                             f"{ref.text[:120]!r} vs {cand.text[:120]!r}", cand, probe=probe)]
-    if compare_logprobs:
-        for j, (x, y) in enumerate(zip(ref.tokens, cand.tokens, strict=True)):
-            if x.logprob != y.logprob:
-                return [make_finding(oracle, "error", f"{who}: same tokens, but the logprob at position {j} "
-                                     f"differs: {format_logprob(x.logprob)} vs {format_logprob(y.logprob)} "
-                                     "(bitwise equality expected)", cand,
-                                     (TokenAt.of(j, x), TokenAt.of(j, y)), probe)]
-    return []
-
-
-def determinism_findings(a: Completion, b: Completion, *, exact: bool = False,
-                         probe: str = "") -> list[Finding]:
-    """Two greedy runs of the same request: identical when ``exact``, else judged by the
-    check_logprobs_close rule (a divergence inside each other's top-k is only a warning)."""
-    if exact:
-        return exact_equal_findings(a, b, name_ref="run 1", name_cand="run 2", oracle="determinism",
-                                    probe=probe)
-    return check_logprobs_close(a, b, name_ref="run 1", name_cand="run 2", oracle="determinism", probe=probe)
-
 # --------------------------------------------------------------------------------------------------
 # probe prompts
 # --------------------------------------------------------------------------------------------------
@@ -581,26 +438,3 @@ def usable_reference(completions: Sequence[Completion]) -> list[Completion | Non
     model."""
     return [c if c.ok and not any(f.severity == "error" for f in response_findings(c)) else None
             for c in completions]
-
-
-def compare_runs(reference: Sequence[Completion], candidate: Sequence[Completion], *, name_ref: str,
-                 name_cand: str, exact: bool = False, probes: Sequence[str] | None = None,
-                 max_delta: float | None = None) -> OracleReport:
-    """Differential check of two servers' answers to the same prompts (e.g. eager vs CUDA graphs).
-
-    ``reference[i]`` and ``candidate[i]`` answer the same request; ``probes[i]`` names it in findings.
-    Each pair is judged by the check_logprobs_close rule (with ``max_delta``, the bound on |Δlogprob|
-    before the first divergence), or by exact equality when ``exact`` (deterministic mode on both sides)."""
-    report = OracleReport(f"differential[{name_cand} vs {name_ref}]")
-    report.completions.extend(candidate)
-    for i, (r, c) in enumerate(zip(reference, candidate, strict=False)):
-        probe = probes[i] if probes is not None and i < len(probes) else f"prompt {i + 1}"
-        if exact:
-            report.add(exact_equal_findings(r, c, name_ref=name_ref, name_cand=name_cand, probe=probe))
-        else:
-            report.add(check_logprobs_close(r, c, name_ref=name_ref, name_cand=name_cand, probe=probe,
-                                            max_delta=max_delta))
-    if len(reference) != len(candidate):
-        report.add([Finding("differential", "error", f"{len(reference)} reference answers but "
-                            f"{len(candidate)} candidate answers")])
-    return report

@@ -49,14 +49,15 @@ def test_reference_recorded_then_replayed_against_each_combination(pytester: pyt
     assert str(rows[REFERENCE]["detail"]).startswith(f"recorded: {REFERENCE} on command")
     healthy = str(rows["s[args=--skew near-tie]"]["detail"]).splitlines()
     assert healthy[0].startswith(f"s[args=--skew near-tie] vs {REFERENCE} on command, recorded ")
-    assert "max |Δlogprob| before (tolerance 0.25)" in healthy[1]
-    assert len(healthy) == 2 + 9 and all("token 3:" in line and "0.020 @0" in line for line in healthy[2:])
+    assert "max |Δlogprob| (<= 0.25)" in healthy[1] and "near-tie gap (<= 0.5)" in healthy[1]
+    assert len(healthy) == 2 + 9 and all("token 6:" in line and "0.020 @0" in line and "0.050" in line
+                                         for line in healthy[2:])
     broken = rows["s[args=--skew broken]"]
     first = str(broken["first_finding"])
     assert first.startswith(f"s[args=--skew broken] disagrees with reference {REFERENCE}: worst request "
                             "differential[")
-    assert "token 1:" in first and "candidate's token in the reference's top-k: NO" in first
-    assert "cand in ref top-k" in str(broken["detail"])
+    assert "token 1:" in first and "near-tie gap: reference >= 2.000 (not in top-k)" in first
+    assert "near-tie gap (<= 0.5)" in str(broken["detail"])
     result.stdout.fnmatch_lines(["*s[[]args=--skew broken[]] disagrees with reference*"])
     recorded = pytester.path / "llmserve-results" / "latest" / "reference-answers" / "s.json"
     saved = json.loads(recorded.read_text())

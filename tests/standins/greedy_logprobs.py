@@ -1,8 +1,9 @@
 """Stand-in: greedy answers with logprobs and top-k alternatives, the same for a prompt on every launch.
 
 For the reference differential (``test_matches_reference``): a matrix over ``args`` launches this server with
-``--skew none`` (the reference), ``--skew near-tie`` (at token 3 it takes the runner-up, which is in the
-other's top-k, with logprobs 0.02 off before it: a healthy kernel difference) or ``--skew broken`` (from
+``--skew none`` (the reference), ``--skew near-tie`` (at token 6 it takes the runner-up, 0.05 nats below on both
+sides, with logprobs 0.02 off before it: a healthy kernel difference; past the differential's first 4 tokens, where
+a near-tie in every answer would be a pattern, not chance) or ``--skew broken`` (from
 token 1 a token outside the reference's top-k: a broken kernel). No CPU engine can be made to break one
 configuration's numerics on purpose, which is why this is a stand-in.
 """
@@ -32,9 +33,9 @@ def answer(prompt: str, n: int, skew: str) -> list[tuple[str, float, dict[str, f
         first, second = WORDS[(seed + i) % len(WORDS)], WORDS[(seed + i + 7) % len(WORDS)]
         lp = -1.0 - 0.1 * (i % 3)
         top = {first: lp, second: lp - 0.05, " and": lp - 2.0}
-        if skew == "near-tie" and i < 3:
+        if skew == "near-tie" and i < 6:
             lp = top[first] = lp + 0.02
-        elif skew == "near-tie" and i == 3:
+        elif skew == "near-tie" and i == 6:
             first, lp, top = second, lp - 0.04, {second: lp - 0.04, first: lp - 0.05, " and": lp - 2.0}
         elif skew == "broken" and i >= 1:
             first, lp, top = " zzz", -0.1, {" zzz": -0.1, " qqq": -3.0}

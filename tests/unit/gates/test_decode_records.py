@@ -84,10 +84,29 @@ def test_a_failure_is_concise_and_its_record_holds_everything() -> None:
 
 def test_skips_say_whether_the_evidence_is_missing_or_the_check_does_not_apply() -> None:
     check, records = checker(FakeServer())
-    with pytest.raises(Skipped, match="CUDA graphs are off"):
-        check.cuda_graph_sizes_covered()
+    check.cuda_graph_sizes_covered()  # kept, not raised: the chain goes on
     assert records[-1]["verdict"] == "skipped" and records[-1]["check"] == "cuda-graph coverage"
-    with pytest.raises(Skipped):
-        check.skip("the server does not report its attention backend", unverifiable=True)
+    check.skip("the server does not report its attention backend", unverifiable=True)
     assert records[-1]["verdict"] == "unverifiable"
     assert records[-1]["first_finding"] == "the server does not report its attention backend"
+    # finish() reports them once the chain is done: the unverifiable one first, the other named after it.
+    with pytest.raises(Skipped) as raised:
+        check.finish()
+    lines = str(raised.value).splitlines()
+    assert lines[0] == "the server does not report its attention backend"
+    assert lines[1].startswith("  also skipped: nan: CUDA graphs are off")
+    check.finish()  # nothing kept any more: nothing raised
+
+
+def test_a_skip_in_a_chain_never_hides_the_checks_after_it() -> None:
+    # Graphs off: the coverage check cannot apply, and the NaN check after it still runs and still fails.
+    check, records = checker(FakeServer(nan_prompts=NAN_EVERYWHERE))
+    with pytest.raises(Failed, match="nan-check FAILED"):
+        check.cuda_graph_sizes_covered().no_nan()
+    assert [(r["check"], r["verdict"]) for r in records] == [("cuda-graph coverage", "skipped"), ("nan-check", "fail")]
+    # The same chain on a healthy server: both ran; the skip is reported when the test's body is done.
+    check, records = checker(FakeServer())
+    check.cuda_graph_sizes_covered().no_nan()
+    assert [(r["check"], r["verdict"]) for r in records] == [("cuda-graph coverage", "skipped"), ("nan-check", "pass")]
+    with pytest.raises(Skipped, match="CUDA graphs are off"):
+        check.finish()

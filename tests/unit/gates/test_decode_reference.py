@@ -58,8 +58,9 @@ def test_reference_records_then_a_healthy_combination_passes_and_a_broken_one_fa
     message = str(info.value)
     first = message.splitlines()[0]
     assert first.startswith(f"{BROKEN.id} disagrees with reference {REF.id}: worst request differential[")
-    assert "token 0:" in first and "(tolerance 0.25)" in first
-    assert "cand in ref top-k" in message and " NO " in message
+    assert "token 0:" in first and "(1 token(s) compared)" in first
+    assert "near-tie gap: reference >= 2.000 (not in top-k), candidate >= 2.000 (not in top-k)" in first
+    assert "near-tie gap (<= 0.5)" in message and "tokens compared" in message
     assert records[-1]["verdict"] == "fail" and records[-1]["first_finding"] == first
     assert path.read_text() == json.dumps(saved, indent=1)  # the recording is untouched
 
@@ -98,6 +99,8 @@ def test_a_given_recording_is_refused_for_another_model_with_the_fields(tmp_path
 
 
 def test_no_declared_reference_is_a_skip_with_the_key_to_set(tmp_path: Path) -> None:
+    check = _check(KV, FakeServer(), None, [])
+    check.matches_reference()
     with pytest.raises(Skipped, match=r"no reference combination declared for server 'dsa' \(reference = "
                                       r"\"<combination id>\" in \[tool.llmserve.matrix.dsa\]\)"):
-        _check(KV, FakeServer(), None, []).matches_reference()
+        check.finish()

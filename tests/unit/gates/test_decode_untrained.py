@@ -31,12 +31,23 @@ def checker(spec: ServerSpec, server: FakeServer) -> tuple[DecodeCheck, list[dic
 def test_trained_model_oracles_are_not_applicable_and_send_nothing(method: str, check: str) -> None:
     server = FakeServer(garbage=True)  # random weights' text: would fail both on a trained model
     decode, records = checker(UNTRAINED, server)
+    getattr(decode, method)()
     with pytest.raises(Skipped) as skipped:
-        getattr(decode, method)()
+        decode.finish()
     assert str(skipped.value).startswith(f"not applicable: {check} on tiny: ")
     assert "random_weights = true declared in llmserve.toml for server 'tiny'" in str(skipped.value)
-    assert [(r["check"], r["verdict"]) for r in records] == [(check, "not-applicable")]
+    assert [(r["check"], r["verdict"], r["declared"]) for r in records] == [(check, "not-applicable", True)]
     assert server.requests == []
+
+
+def test_a_not_applicable_check_in_a_chain_does_not_hide_the_next_one() -> None:
+    # The issue's chain: coherent() is not applicable untrained; the batch coverage after it still runs and
+    # still catches a divergence.
+    decode, records = checker(UNTRAINED, FakeServer(garbage=True, flip_concurrent=True))
+    with pytest.raises(Failed):
+        decode.coherent().batch_case(CASE)
+    assert [(r["check"], r["verdict"]) for r in records] == [("long-decode", "not-applicable"),
+                                                             (f"batch[{CASE.id}]", "fail")]
 
 
 def test_on_a_trained_model_the_same_output_still_fails() -> None:

@@ -23,13 +23,13 @@ from pytest_llmserve.gates.oracle_runs import (
     run_nan_check,
 )
 from pytest_llmserve.verdicts.batch_sizes import BatchCase
+from pytest_llmserve.verdicts.differential import compare_runs
 from pytest_llmserve.verdicts.oracles import (
     DEFAULT_BATCH_PROMPTS,
     DEFAULT_DIFFERENTIAL_PROMPTS,
     DEFAULT_KNOWN_ANSWERS,
     DEFAULT_NAN_PROMPTS,
     ProbePrompt,
-    compare_runs,
 )
 from tests.unit.verdicts.test_oracles import HEALTHY_PARAGRAPH, VLLM_NAN_400
 
@@ -38,13 +38,15 @@ class FakeServer:
     """Answers /v1/completions and /v1/chat/completions like vLLM, from a prompt -> behaviour table."""
 
     def __init__(self, *, nan_prompts: tuple[str, ...] = (), answer: str = "The capital of France is Paris.",
-                 corrupted_after: float = 0.0, garbage: bool = False, flip_concurrent: bool = False) -> None:
+                 corrupted_after: float = 0.0, garbage: bool = False, flip_concurrent: bool = False,
+                 stop_after: int | None = None) -> None:
         self.nan_prompts = nan_prompts
         self.answer = answer
         self.corrupted = 0.0
         self.corrupted_after = corrupted_after
         self.garbage = garbage
         self.flip_concurrent = flip_concurrent
+        self.stop_after = stop_after  # every answer stops (finish_reason "stop") after this many tokens
         self.requests: list[dict[str, Any]] = []
 
     def pieces(self, prompt: str, n: int) -> list[str]:
@@ -74,6 +76,9 @@ class FakeServer:
                                                            "completion_tokens": body["max_tokens"]}})
             return httpx.Response(400, text=VLLM_NAN_400)
         pieces = self.pieces(prompt, body["max_tokens"])
+        finish = "length"
+        if self.stop_after is not None and len(pieces) > self.stop_after:
+            pieces, finish = pieces[:self.stop_after], "stop"
         if self.flip_concurrent and len(self.requests) > len(DEFAULT_BATCH_PROMPTS) and len(pieces) > 2:
             pieces[2] = " zebra"
         lps = [-0.3 - (i % 3) * 0.1 for i in range(len(pieces))]
@@ -82,9 +87,9 @@ class FakeServer:
                                                                     {"token": " the", "logprob": lp - 2}]}
                        for p, lp in zip(pieces, lps, strict=True)]
             choice: dict[str, Any] = {"message": {"role": "assistant", "content": "".join(pieces)},
-                                      "logprobs": {"content": content}, "finish_reason": "length"}
+                                      "logprobs": {"content": content}, "finish_reason": finish}
         else:
-            choice = {"text": "".join(pieces), "finish_reason": "length",
+            choice = {"text": "".join(pieces), "finish_reason": finish,
                       "logprobs": {"tokens": pieces, "token_logprobs": lps,
                                    "top_logprobs": [{p: lp, " the": lp - 2} for p, lp in zip(pieces, lps,
                                                                                                strict=True)]}}
@@ -152,7 +157,7 @@ def test_run_differential_agrees_and_catches_a_divergence_and_a_broken_reference
     message = report.message(limit=2)
     assert "candidate all 9 at once" in message
     assert "[differential] error in differential[chat-capital]: scrambled vs healthy: diverge at position 0" in message
-    assert "scrambled's ' piece' is not in healthy's top-2" in message
+    assert "scrambled's ' piece' is not in healthy's top-k (at least 2.000 nats below healthy's choice)" in message
 
     one = client_for(FakeServer(flip_concurrent=True))  # batch 9 against batch 1 on one server
     report = run_differential(one, one, name_ref="x", name_cand="x", concurrent=True)
@@ -183,9 +188,30 @@ def test_run_long_decode() -> None:
     broken = run_long_decode(client_for(FakeServer(garbage=True)), "scrambled", max_tokens=200)
     assert not broken.ok
     assert "coherence" in broken.message("scrambled")
-    short = run_long_decode(client_for(FakeServer()), "default", max_tokens=600)
-    assert short.ok
-    assert any("stopped after" in f.message for f in short.warnings)
+    capped = run_long_decode(client_for(FakeServer()), "default", max_tokens=600)  # finish_reason "length"
+    assert capped.ok
+    assert any("ran to the engine's length cap after 246 of 600" in f.message for f in capped.warnings)
+    # A wrong EOS id: every answer stops after 5 tokens. Truncation is an error, not coverage to note.
+    truncated = run_long_decode(client_for(FakeServer(stop_after=5)), "wrong-eos", max_tokens=200)
+    assert not truncated.ok
+    assert "the decode stopped after 5 of 200 tokens (finish_reason='stop')" in truncated.message("wrong-eos")
+
+
+def test_truncation_fails_the_differential_and_the_batch_cases() -> None:
+    reference = client_for(FakeServer())
+    report = run_differential(reference, client_for(FakeServer(stop_after=5)), name_ref="healthy",
+                              name_cand="wrong-eos")
+    assert not report.ok
+    assert "identical for 5 token(s), then wrong-eos stopped (finish_reason='stop') while healthy ran to length " \
+           "(32 tokens): truncated" in report.message(full=True)
+    # batch 3 on a server whose batched answers stop early, against its healthy batch-1 answers
+    server = FakeServer()
+    client = client_for(server)
+    ref = run_batch_reference(client, "default").completions
+    server.stop_after = 4
+    case = run_batch_case(client, BatchCase(3, "padded", 4, 8), ref, "default")
+    assert not case.ok
+    assert "then bs=3-padded-to-4 #1 stopped" in case.message(full=True)
 
 
 def test_run_long_decode_transport_failure_stops() -> None:
@@ -225,7 +251,7 @@ def test_run_batch_case_flags_divergence_and_nan() -> None:
     assert not report.ok
     assert "bs=3-padded-to-4 request 2/3" in message
     assert "HTTP 400" in message
-    assert "' zebra' is not in bs=1 reference's top-2" in message
+    assert "' zebra' is not in bs=1 reference's top-k" in message
 
 
 def test_run_batch_case_without_reference_compares_duplicates() -> None:

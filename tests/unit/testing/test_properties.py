@@ -182,11 +182,12 @@ def test_usage_in_the_stream_is_counted_against_streamed_tokens() -> None:
     assert {f.probe for f in report.errors} == {"non-streamed", "streamed"}
 
 
-def test_a_server_without_logprobs_gets_a_warning_not_a_count_mismatch() -> None:
+def test_a_server_without_logprobs_fails_for_the_missing_logprobs_not_a_count_mismatch() -> None:
     report = check_api_example(client_for(FakeApi(no_logprobs=True)), GREEDY)
-    assert report.ok, report.message()
-    assert [(f.probe, f.message) for f in report.warnings] == [
-        (probe, "logprobs were requested but none came back: NaN evidence is limited to the text")
+    assert not report.ok
+    assert [(f.probe, f.message) for f in report.errors] == [
+        (probe, "logprobs were requested but none came back: NaN evidence is limited to the text and no answer "
+                "can be compared")
         for probe in ("non-streamed", "streamed")]
 
 
