@@ -86,6 +86,9 @@ def header_lines(settings: Settings) -> list[str]:
     if attached:
         lines.append("llmserve: attached, not launched by this run: "
                      + ", ".join(f"{s.id} at {s.url}" for s in attached))
+    if settings.strict:
+        lines.append("llmserve: strict mode: unverifiable, undeclared not applicable, no baseline, inconclusive and "
+                     "confounded fail")
     return lines
 
 

@@ -129,6 +129,9 @@ OPTIONS: tuple[Option, ...] = (
                                           "in this run; refused for another model or other prompts"),
     Option("inconclusive", "string", "what a benchmark verdict still inconclusive after max_rounds does: "
                                      "warn (default: reported, the test passes with a warning) or fail"),
+    Option("strict", "flag", "for CI: fail every test that verified nothing: an unverifiable check, a check not "
+                             "applicable without random_weights = true declared, and a benchmark without baseline, "
+                             "inconclusive or confounded by a busy host (a plain skip stays a skip; default off)"),
 )
 OPTIONS_BY_NAME = {option.name: option for option in OPTIONS}
 

@@ -91,6 +91,7 @@ SPEC_KEY = pytest.StashKey["ServerSpec"]()
 DECODE_CHECK_KEY = pytest.StashKey["DecodeCheck"]()  # the test's decode_check, finished when its body returns
 SIGTERM_KEY = pytest.StashKey[Any]()  # the SIGTERM handler ours replaced
 RUN_DIR_NAME_KEY = pytest.StashKey[Path]()  # the run directory's name, handed to xdist workers before use
+SESSION_KEY = pytest.StashKey[pytest.Session]()  # the ended session, for the terminal summary (how much of it ran)
 
 
 # ---------------------------------------------------------------------------- options
@@ -384,7 +385,6 @@ def pytest_runtest_call(item: pytest.Item) -> Generator[None, None, None]:
         check.finish()
 
 
-
 @pytest.fixture
 def llm_client(llm_server: RunningServer, request: pytest.FixtureRequest) -> Iterator[LLMClient]:
     """A :class:`pytest_llmserve.evidence.client.LLMClient` for this test's server."""
@@ -547,8 +547,10 @@ def pytest_runtest_makereport(item: pytest.Item,
     death = report_hooks.blame_server_death(call, server)
     report = yield
     spec = item.stash.get(SPEC_KEY, None) or _item_spec(item)
-    report_hooks.record_verdict(item, call, report, spec.id if spec else None, SUITE_DIR)
-    if report.failed and death is None and call.when == "call":
+    failed_by_strict = report_hooks.record_verdict(item, call, report, spec.id if spec else None, SUITE_DIR,
+                                                   strict=item.config.stash[SETTINGS_KEY].strict)
+    # A test strict mode failed verified nothing; its server did nothing wrong, and its log would say nothing.
+    if report.failed and death is None and call.when == "call" and not failed_by_strict:
         server = _item_server(item)
         if server is not None and server.log_path is not None:
             # The server is up: its last lines often say why a request failed.
@@ -567,15 +569,21 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, exitstatu
     reports = [report for category in terminalreporter.stats.values() for report in category]
     outcomes, checks = report_hooks.session_verdicts(reports, state.outcomes)
     workers = xdist_hooks.workers_accounting(config)  # under xdist the servers were used in the workers
+    session = config.stash.get(SESSION_KEY, None)
+    completeness = None if session is None else report_hooks.run_completeness(
+        reports, collected=session.testscollected, exitstatus=exitstatus, shouldfail=session.shouldfail,
+        shouldstop=session.shouldstop, maxfail=config.option.maxfail)
     report_hooks.write_summary(terminalreporter, config.stash[SETTINGS_KEY], run_dir=state.run_dir,
                                host_reports=xdist_hooks.host_reports(config), outcomes=outcomes, checks=checks,
                                accounting=state.accounting if state.pool is not None or workers else None,
-                               workers=workers, session_start=state.session_start)
+                               workers=workers, session_start=state.session_start, completeness=completeness)
 
 
 @pytest.hookimpl(tryfirst=True)  # before the worker's report home is written
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     config = session.config
+    # The terminal summary comes after this hook and is not handed the session: whether it stopped early is there.
+    config.stash[SESSION_KEY] = session
     state = config.stash.get(STATE_KEY, None)
     if state is not None:
         state.stop_servers(worker=_is_worker(config), say=lambda msg: _say(config, msg))

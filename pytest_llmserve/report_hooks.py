@@ -12,10 +12,17 @@ benchmark whose gate recorded a measurement is reported by that record (a
 :class:`~pytest_llmserve.report.outcome.BenchOutcome`, carried as its JSON in the ``llmserve_benchmark`` user
 property); the row is for a benchmark test that ended without one (it failed before measuring, or was skipped).
 
+In strict mode (``--llmserve-strict``) a test that verified nothing and did not fail is failed here, in its
+report (:func:`~pytest_llmserve.report.checks.strict_failure` decides; the report's outcome becomes ``failed``
+with "strict mode: ..." and the original reason as its failure, so the exit status, xdist's controller, junit and
+``-x`` all see a failure); its row records ``fail`` with ``strict_from`` (a benchmark gets such a row beside its
+record) and junit's ``llmserve_verdict`` says ``fail``, with ``llmserve_strict_from``.
+
 A test whose server died under it fails with the death's report (:func:`blame_server_death`); a failed
 test whose server is up gets the server log's last lines (:func:`server_log_section`). At the end,
 :func:`write_summary` writes the run's llmserve section of the terminal summary: configurations by host,
-boots and attached servers, where the time went, and the session's report.
+boots and attached servers, where the time went, and the session's report, whose headline says first when the
+run stopped before its items ran (:func:`run_completeness`).
 """
 
 from __future__ import annotations
@@ -30,7 +37,16 @@ import pytest
 
 from pytest_llmserve.gates.accounting import Accounting, format_report
 from pytest_llmserve.gates.accounting import report as time_report
-from pytest_llmserve.report.checks import NOT_APPLICABLE, CheckOutcome, CheckVerdict, one_line
+from pytest_llmserve.report.checks import (
+    NOT_APPLICABLE,
+    CheckOutcome,
+    CheckVerdict,
+    RunCompleteness,
+    StopKind,
+    failed_by_strict_mode,
+    one_line,
+    strict_failure,
+)
 from pytest_llmserve.report.outcome import BenchOutcome
 from pytest_llmserve.report.session import render_session
 from pytest_llmserve.server.handle import LOG_TAIL_LINES, ServerHandle, read_tail, redact_text, secret_values
@@ -102,11 +118,14 @@ def _verdict(item: pytest.Item, report: pytest.TestReport, message: str,
         return "pass"
     if report.failed:
         return "fail" if report.when == "call" else "error"
-    # Skipped: unverifiable when the check said its evidence does not exist; not applicable when the oracle
-    # needs a trained model and this one is not; else it did not apply here.
-    said: CheckVerdict | None = records[-1]["verdict"] if records else None
-    if said in ("unverifiable", "not-applicable"):
-        return said
+    # Skipped: unverifiable when a check said its evidence does not exist; not applicable when an oracle
+    # needs a trained model and this one is not; else it did not apply here. Any record counts, the most telling
+    # first, as DecodeCheck orders its skip reasons: the chain goes on past a check that reached no verdict.
+    said = {record["verdict"] for record in records}
+    if "unverifiable" in said:
+        return "unverifiable"
+    if "not-applicable" in said:
+        return "not-applicable"
     if message.lstrip().lower().startswith(NOT_APPLICABLE):
         return "not-applicable"
     return "unverifiable" if "unverifiable" in message.lower() else "skipped"
@@ -128,7 +147,16 @@ def check_row(item: pytest.Item, call: pytest.CallInfo[None], report: pytest.Tes
         message=message or None, detail=(failing or {}).get("detail") or message or _passed_detail(verdict, records),
         oracles=[{"check": r["check"], "verdict": r["verdict"], "findings": len(r.get("findings") or [])}
                  for r in records],
-        duration_s=round(report.duration, 3))
+        duration_s=round(report.duration, 3),
+        untrained_declared=untrained_declared(records) if verdict == "not-applicable" else None)
+
+
+def untrained_declared(records: list[dict[str, Any]]) -> bool:
+    """Whether every not-applicable oracle record says the configuration declared the model untrained
+    (``"declared": true``, :func:`pytest_llmserve.gates.decode.oracle_record`); a record without the key, or a
+    test that was not applicable by its skip reason alone, is not declared."""
+    said = [record for record in records if record["verdict"] == "not-applicable"]
+    return bool(said) and all(record.get("declared") is True for record in said)
 
 
 def _passed_detail(verdict: str, records: list[dict[str, Any]]) -> str | None:
@@ -155,25 +183,60 @@ def _bench_properties(o: BenchOutcome) -> list[tuple[str, object]]:
 
 
 def record_verdict(item: pytest.Item, call: pytest.CallInfo[None], report: pytest.TestReport,
-                   server_id: str | None, suite_dir: Path) -> None:
-    """Give the report of the phase that decided ``item``'s outcome its row and its junit properties."""
+                   server_id: str | None, suite_dir: Path, *, strict: bool = False) -> bool:
+    """Give the report of the phase that decided ``item``'s outcome its row and its junit properties; in
+    ``strict`` mode, fail a report that verified nothing (module docstring). True when strict mode failed it."""
     decided = report.when == "call" or (report.when == "setup" and not report.passed)
     if not decided:
-        return
+        return False
+    # A test that failed already, or one the user expects to fail (xfail), is left as it is.
+    promotable = strict and not report.failed and not hasattr(report, "wasxfail")
     bench_records = [str(value) for name, value in item.user_properties if name == BENCH_PROPERTY]
     if bench_records:
         # The gate's own record is this benchmark's row; junit gets its figures.
-        item.user_properties.extend(_bench_properties(BenchOutcome.from_json(bench_records[-1])))
-        return
+        records = [BenchOutcome.from_json(text) for text in bench_records]
+        properties = _bench_properties(records[-1])
+        failures = [f for f in map(strict_failure, records) if f is not None] if promotable else []
+        if failures:
+            message = "\n".join(failure.message for failure in failures)
+            _fail_report(item, report, message)
+            row = CheckOutcome(test_id=item.nodeid, check=check_name(item, server_id),
+                               server_id=server_id or records[-1].server_id, verdict="fail", kind="benchmark",
+                               first_finding=one_line(message), message=message, detail=records[-1].note,
+                               duration_s=round(report.duration, 3), strict_from=failures[0].was)
+            setattr(report, ROW_ATTR, row.to_dict())
+            properties = [(name, "fail" if name == "llmserve_verdict" else value) for name, value in properties
+                          if name != "llmserve_first_finding"]
+            properties += [("llmserve_strict_from", failures[0].was), ("llmserve_first_finding", row.first_finding)]
+        item.user_properties.extend(properties)
+        return bool(failures)
     if not (is_check(item, suite_dir) or is_benchmark(item)):
-        return
+        return False
     row = check_row(item, call, report, server_id)
+    failure = strict_failure(row) if promotable else None
+    if failure is not None:
+        row = failed_by_strict_mode(row, failure)
+        _fail_report(item, report, failure.message)
     setattr(report, ROW_ATTR, row.to_dict())
     # The teardown report copies item.user_properties, and junitxml writes that report's properties.
     item.user_properties += [("llmserve_check", row.check), ("llmserve_server", row.server_id),
                              ("llmserve_verdict", row.verdict)]
+    if row.strict_from is not None:
+        item.user_properties.append(("llmserve_strict_from", row.strict_from))
     if row.first_finding:
         item.user_properties.append(("llmserve_first_finding", row.first_finding))
+    return failure is not None
+
+
+def _fail_report(item: pytest.Item, report: pytest.TestReport, message: str) -> None:
+    """``report`` failed with ``message``, as ``pytest.fail(message, pytrace=False)`` in the test would have
+    left it (the same failure text, and the one-line reason in pytest's short summary)."""
+    try:
+        pytest.fail(message, pytrace=False)
+    except pytest.fail.Exception:
+        excinfo = pytest.ExceptionInfo.from_current()
+    report.outcome = "failed"
+    report.longrepr = item.repr_failure(excinfo)
 
 
 def collected(reports: Iterable[Any]) -> tuple[list[BenchOutcome], list[CheckOutcome]]:
@@ -241,15 +304,20 @@ def server_log_section(server: ServerHandle) -> tuple[str, str]:
 
 def write_summary(terminalreporter: pytest.TerminalReporter, settings: Settings, *, run_dir: Path,
                   host_reports: dict[str, HostReport], outcomes: list[BenchOutcome], checks: list[CheckOutcome],
-                  accounting: Accounting | None, workers: list[dict[str, Any]], session_start: float) -> None:
+                  accounting: Accounting | None, workers: list[dict[str, Any]], session_start: float,
+                  completeness: RunCompleteness | None = None) -> None:
     """The llmserve section of the controller's terminal summary (none when the run booted, attached,
-    measured and checked nothing). ``accounting``: this process's time, None where no server was used
-    here or in a worker (``workers``: the workers' snapshots)."""
+    measured and checked nothing, and was not stopped while it used a server). ``accounting``: this process's
+    time, None where no server was used here or in a worker (``workers``: the workers' snapshots).
+    ``completeness``: how much of the run ran (:func:`run_completeness`)."""
     # Across hosts the boots were recorded in each host's own run directory and came home with its report.
     boots = read_boots(run_dir) + [boot for r in host_reports.values() for boot in r.boots
                                    if boot not in read_boots(run_dir)]
     by_host = _rows_by_host(terminalreporter, settings, host_reports) if host_reports else []
-    if not boots and not outcomes and not checks and not by_host:
+    # A run stopped during its first boot has no row yet: its reports still say it stopped, so that `latest`
+    # does not go on pointing at an earlier run's.
+    stopped_in_use = completeness is not None and completeness.stopped is not None and accounting is not None
+    if not boots and not outcomes and not checks and not by_host and not stopped_in_use:
         return
     terminalreporter.section("llmserve")
     if by_host:
@@ -283,8 +351,44 @@ def write_summary(terminalreporter: pytest.TerminalReporter, settings: Settings,
     recorded = sorted((run_dir / DIR_NAME).glob("*.json")) if (run_dir / DIR_NAME).is_dir() else []
     for line in render_session(outcomes, checks, settings.results_dir, bench_json=settings.bench_json,
                                wall_s=wall, boot_s=boot_s,
-                               files=[(f"{DIR_NAME}/{path.name}", path) for path in recorded]).splitlines():
+                               files=[(f"{DIR_NAME}/{path.name}", path) for path in recorded],
+                               strict=settings.strict, completeness=completeness).splitlines():
         terminalreporter.write_line(line)
+
+
+def _ran_to_an_outcome(report: Any) -> bool:
+    """A report that decides its test: the call, a set-up that failed or skipped, or pytest-xdist's "???" for
+    the test a worker was running when it went down."""
+    when = getattr(report, "when", None)
+    return when in ("call", "???") or (when == "setup" and not getattr(report, "passed", True))
+
+
+def run_completeness(reports: Iterable[Any], *, collected: int, exitstatus: int, shouldfail: bool | str,
+                     shouldstop: bool | str, maxfail: int) -> RunCompleteness:
+    """How much of the session ran: ``reports`` are the terminal reporter's (every worker's under xdist), the rest
+    what the session knew at its end (its ``testscollected``, exit status, ``shouldfail``/``shouldstop``) and
+    ``--maxfail`` (``-x`` is 1). Ctrl-C and SIGTERM (which the plugin turns into KeyboardInterrupt) end it
+    ``interrupted``; ``-x``/``--maxfail`` (pytest's ``shouldfail``; pytest-xdist's controller stops the same way
+    but ends with the interrupted exit status, so there the failures are counted against ``maxfail``) and a
+    plugin's ``shouldstop`` end it ``stopped-early``."""
+    ran: set[str] = set()
+    failures = 0
+    for report in reports:
+        if _ran_to_an_outcome(report):
+            ran.add(str(getattr(report, "nodeid", "")))
+        if getattr(report, "when", None) is not None and getattr(report, "outcome", None) == "failed":
+            failures += 1
+    stopped: StopKind | None = None
+    why: str | None = None
+    if shouldfail:
+        stopped, why = "stopped-early", shouldfail if isinstance(shouldfail, str) else None
+    elif exitstatus == pytest.ExitCode.INTERRUPTED and maxfail and failures >= maxfail:
+        stopped, why = "stopped-early", f"stopping after {failures} failures"
+    elif exitstatus == pytest.ExitCode.INTERRUPTED:
+        stopped = "interrupted"
+    elif shouldstop:
+        stopped, why = "stopped-early", shouldstop if isinstance(shouldstop, str) else None
+    return RunCompleteness(collected=collected, ran=len(ran), stopped=stopped, why=why)
 
 
 def _rows_by_host(terminalreporter: pytest.TerminalReporter, settings: Settings,

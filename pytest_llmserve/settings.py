@@ -89,6 +89,8 @@ class Settings:
     #: A configuration file or any llmserve setting was given: the plugin is in use before collection
     #: (see :mod:`pytest_llmserve.plugin` for what it does only then).
     configured: bool
+    #: Strict mode (CI): a test that verified nothing fails (:func:`pytest_llmserve.report.checks.strict_failure`).
+    strict: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -200,6 +202,7 @@ def resolve_settings(rootdir: Path, sources: Sources,
         probe_concurrency=parse_positive_int(*probe_concurrency) if probe_concurrency else None,
         reference_answers=(rootdir / Path(str(reference_answers[0])).expanduser()) if reference_answers else None,
         configured=from_file or any(sources.lookup(option) is not None for option in OPTIONS),
+        strict=_flag(get("strict")),
     )
 
 

@@ -23,7 +23,12 @@
      "checks": [{"test_id", "check", "server_id", "verdict": "pass|fail|error|unverifiable|not-applicable|skipped",
                  "kind": "correctness|benchmark", "first_finding", "findings": [...], "message", "detail",
                  "oracles": [...], "duration_s"}, ...],
-     "summary": {"headline": "3 FAILED (2 correctness, 1 benchmark) · 12 passed · ...", "counts": {...}}}
+     "summary": {"headline": "verified 12 of 17 checks · 3 FAILED (2 correctness, 1 benchmark) · 9 passed · ...",
+                 "counts": {"failed": {"correctness", "benchmark"}, "strict_failed", "passed", "unverifiable",
+                            "not-applicable", "skipped", "benchmarks": {status: n}, "verified", "total"},
+                 "strict": bool,
+                 "interrupted": {"stopped": "interrupted|stopped-early", "why", "collected", "ran",
+                                 "never_ran"} | null}}
 
 ``spread`` is the between-round spread of the gated metric in this run: ``cv`` (sample stdev / mean of the
 values) and ``log_sd`` (sample stdev of their natural logs, what the sequential rule's t test works on), each
@@ -35,7 +40,15 @@ resolves at the measured noise and the rounds the tolerance needs, ``line`` as t
 (the rounds ``extend_to_resolve`` added) are later additions, null where there is none.
 
 ``checks`` holds every check that is not a measured benchmark (see :mod:`pytest_llmserve.report.checks`);
-a file without it (written before checks were reported) reads as having none.
+a file without it (written before checks were reported) reads as having none. A check row's ``untrained_declared``
+and ``strict_from`` (a test strict mode failed, and the verdict or benchmark status it had) are later additions.
+
+``summary.counts.verified`` of ``summary.counts.total``: the checks and benchmarks whose verdict was reached from
+evidence (:func:`pytest_llmserve.report.checks.is_verified`). ``summary.strict``: the run was in strict mode.
+``summary.interrupted``: null for a run that ran to its end; for one stopped by Ctrl-C or SIGTERM
+(``interrupted``) or by ``-x`` / ``--maxfail`` (``stopped-early``, ``why`` as pytest said it), how many of the
+collected items ran to an outcome (:class:`~pytest_llmserve.report.checks.RunCompleteness`). These are additions
+to schema 1 as well.
 
 A bare JSON list of outcomes is read as well (``"format": "gate-outcomes"``): entries as above, or in the shape the
 benchmark gate recorded before it filled a :class:`BenchOutcome` (``test``, ``server``, ``verdict``,
@@ -55,7 +68,7 @@ from typing import Any
 
 from pytest_llmserve.errors import BaselineError
 from pytest_llmserve.metrics import higher_is_better
-from pytest_llmserve.report.checks import CheckOutcome, headline, headline_counts
+from pytest_llmserve.report.checks import CheckOutcome, RunCompleteness, headline, headline_counts
 from pytest_llmserve.report.outcome import BenchOutcome
 from pytest_llmserve.store.baselines import BenchKey, atomic_write_text, utc_timestamp
 from pytest_llmserve.verdicts.comparability import Comparability
@@ -67,14 +80,18 @@ RESULTS_SCHEMA = 1
 
 
 def results_document(outcomes: Sequence[BenchOutcome], checks: Sequence[CheckOutcome] = (), *,
-                     run_id: str | None = None) -> dict[str, Any]:
+                     run_id: str | None = None, strict: bool = False,
+                     completeness: RunCompleteness | None = None) -> dict[str, Any]:
+    stopped = completeness is not None and completeness.stopped is not None
     return {
         "format": RESULTS_FORMAT,
         "schema": RESULTS_SCHEMA,
         "created_at": utc_timestamp(),
         "run_id": run_id or uuid.uuid4().hex[:12],
         "plugin_version": __version__,
-        "summary": {"headline": headline(checks, outcomes), "counts": headline_counts(checks, outcomes)},
+        "summary": {"headline": headline(checks, outcomes, strict=strict, completeness=completeness),
+                    "counts": headline_counts(checks, outcomes), "strict": strict,
+                    "interrupted": completeness.to_dict() if completeness is not None and stopped else None},
         "benchmarks": [o.to_dict() for o in outcomes],
         "checks": [c.to_dict() for c in checks],
     }
@@ -82,12 +99,12 @@ def results_document(outcomes: Sequence[BenchOutcome], checks: Sequence[CheckOut
 
 def write_results_json(
     path: str | os.PathLike[str], outcomes: Sequence[BenchOutcome], checks: Sequence[CheckOutcome] = (), *,
-    run_id: str | None = None
+    run_id: str | None = None, strict: bool = False, completeness: RunCompleteness | None = None
 ) -> Path:
     """Write the results of a session (atomically); ``llmserve baselines accept`` reads this file."""
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
-    doc = finite_json(results_document(outcomes, checks, run_id=run_id))
+    doc = finite_json(results_document(outcomes, checks, run_id=run_id, strict=strict, completeness=completeness))
     atomic_write_text(p, json.dumps(doc, indent=2, allow_nan=False) + "\n")
     return p
 

@@ -18,7 +18,13 @@ from pathlib import Path
 from typing import Any
 
 from pytest_llmserve.report.benchmark_json import write_pytest_benchmark_json
-from pytest_llmserve.report.checks import CheckOutcome, as_checks, headline
+from pytest_llmserve.report.checks import (
+    CheckOutcome,
+    RunCompleteness,
+    as_checks,
+    headline,
+    strict_failed_benchmarks,
+)
 from pytest_llmserve.report.json import write_results_json
 from pytest_llmserve.report.outcome import BenchOutcome
 from pytest_llmserve.report.plots import matplotlib_missing, write_plots
@@ -27,14 +33,16 @@ from pytest_llmserve.report.text import format_check_lines, format_markdown, for
 GITHUB_STEP_SUMMARY = "GITHUB_STEP_SUMMARY"
 
 
-def format_text_summary(outcomes: Iterable[BenchOutcome], checks: Iterable[CheckOutcome] = ()) -> str:
-    """summary.txt and the terminal's llmserve section: the headline, each check that did not pass
-    (with its first finding), then the benchmark table."""
+def format_text_summary(outcomes: Iterable[BenchOutcome], checks: Iterable[CheckOutcome] = (), *,
+                        strict: bool = False, completeness: RunCompleteness | None = None) -> str:
+    """summary.txt and the terminal's llmserve section: the headline (``strict`` and ``completeness`` as
+    :func:`~pytest_llmserve.report.checks.headline` takes them), each check that did not pass (with its first
+    finding), then the benchmark table."""
     benches, rows = list(outcomes), list(checks)
-    lines = [f"llmserve: {headline(rows, benches)}"]
+    lines = [f"llmserve: {headline(rows, benches, strict=strict, completeness=completeness)}"]
     lines += format_check_lines(rows)
     if benches:
-        lines.append(format_table(benches))
+        lines.append(format_table(benches, strict_failed_benchmarks(rows)))
     return "\n".join(lines)
 
 
@@ -47,22 +55,27 @@ def write_all(
     plots: bool = True,
     github_summary: bool = False,
     run_id: str | None = None,
+    strict: bool = False,
+    completeness: RunCompleteness | None = None,
 ) -> list[Path]:
     """Every report of a session under ``results_dir``; returns the paths written.
 
     ``results.json`` (the format ``llmserve baselines accept`` reads; one row per check and per
     benchmark), ``summary.md``, ``summary.txt``, PNG plots under ``plots/``, pytest-benchmark JSON at
     ``bench_json`` when given, and the Markdown appended (never overwritten: earlier steps wrote there
-    too) to ``$GITHUB_STEP_SUMMARY`` when ``github_summary`` is set and that variable is.
+    too) to ``$GITHUB_STEP_SUMMARY`` when ``github_summary`` is set and that variable is. ``strict``: the run was
+    in strict mode; ``completeness``: how much of it ran (an interrupted run says so first in every report).
     """
     items = list(outcomes)
     rows = as_checks(checks)
     out = Path(results_dir)
     out.mkdir(parents=True, exist_ok=True)
-    written = [write_results_json(out / "results.json", items, rows, run_id=run_id)]
-    markdown = format_markdown(items, rows)
+    written = [write_results_json(out / "results.json", items, rows, run_id=run_id, strict=strict,
+                                  completeness=completeness)]
+    markdown = format_markdown(items, rows, strict=strict, completeness=completeness)
     (out / "summary.md").write_text(markdown, encoding="utf-8")
-    (out / "summary.txt").write_text(format_text_summary(items, rows) + "\n", encoding="utf-8")
+    text = format_text_summary(items, rows, strict=strict, completeness=completeness)
+    (out / "summary.txt").write_text(text + "\n", encoding="utf-8")
     written += [out / "summary.md", out / "summary.txt"]
     if bench_json is not None and items:
         written.append(write_pytest_benchmark_json(bench_json, items))
@@ -131,23 +144,25 @@ def latest_run_dir(results_dir: str | os.PathLike[str]) -> Path | None:
 def render_session(outcomes: Iterable[BenchOutcome],
                    checks: Iterable[CheckOutcome | Mapping[str, Any]], results_dir: Path, *,
                    bench_json: Path | None, wall_s: float, boot_s: float, run_id: str | None = None,
-                   files: Sequence[tuple[str, Path]] = ()) -> str:
+                   files: Sequence[tuple[str, Path]] = (), strict: bool = False,
+                   completeness: RunCompleteness | None = None) -> str:
     """Write every report of the session (the job summary included) and return the terminal's lines:
     the headline, the checks that did not pass, the benchmark table, the paths written. ``files``: other
     records of the run, copied into its report directory under their relative names (e.g. a matrix
-    reference's answers, ``reference-answers/<server>.json``)."""
+    reference's answers, ``reference-answers/<server>.json``). ``strict`` and ``completeness``: as
+    :func:`write_all` takes them."""
     items, rows = list(outcomes), as_checks(checks)
     no_plots = matplotlib_missing() if items else None
     run_dir = new_run_dir(results_dir)  # never over an earlier run's reports
     paths = write_all(items, run_dir, checks=rows, bench_json=bench_json, plots=no_plots is None,
-                      github_summary=True, run_id=run_id or run_dir.name)
+                      github_summary=True, run_id=run_id or run_dir.name, strict=strict, completeness=completeness)
     for relative, source in files:
         target = run_dir / relative
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(source, target)  # the run directory is new: nothing there to overwrite
         paths.append(target)
     latest = point_latest(results_dir, run_dir)
-    lines = [format_text_summary(items, rows)]
+    lines = [format_text_summary(items, rows, strict=strict, completeness=completeness)]
     lines += [f"report: {p}" for p in paths]
     lines.append(f"report: {latest} -> {run_dir.name}")
     if no_plots:

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
-from pytest_llmserve.report.checks import CheckOutcome, headline
+from pytest_llmserve.report.checks import CheckOutcome, RunCompleteness, headline, strict_failed_benchmarks
 from pytest_llmserve.report.outcome import BenchOutcome
 from pytest_llmserve.verdicts.stats import Summary
 
@@ -76,7 +76,11 @@ def _change_cell(o: BenchOutcome) -> str:
     return "-"
 
 
-def _verdict_cell(o: BenchOutcome) -> str:
+#: Beside a benchmark's own status when strict mode failed its test (its record keeps what was measured).
+STRICT_FAILED_LABEL = " -> FAILED (strict)"
+
+
+def _verdict_cell(o: BenchOutcome, failed_by_strict: Collection[str] = ()) -> str:
     label = STATUS_LABELS.get(o.status, o.status)
     comp = o.comparability
     if comp is not None and comp.status == "forced":
@@ -87,7 +91,13 @@ def _verdict_cell(o: BenchOutcome) -> str:
         label += " (across hosts)"
     if o.status == "inconclusive" and o.resolution is not None and o.resolution.get("short"):
         label += f" ({o.resolution['short']})"  # what this noise resolves; the details say which setting to change
+    if o.test_id in failed_by_strict:
+        label += STRICT_FAILED_LABEL
     return label
+
+
+def _status_icon(o: BenchOutcome, failed_by_strict: Collection[str]) -> str:
+    return STATUS_ICONS["regressed"] if o.test_id in failed_by_strict else STATUS_ICONS.get(o.status, "")
 
 
 def _rounds_cell(o: BenchOutcome) -> str:
@@ -121,7 +131,7 @@ def _p_cell(o: BenchOutcome) -> str:
     return f"{o.verdict.p_value:.3g}" if o.verdict is not None else "-"
 
 
-def _rows(outcomes: Sequence[BenchOutcome]) -> list[list[str]]:
+def _rows(outcomes: Sequence[BenchOutcome], failed_by_strict: Collection[str]) -> list[list[str]]:
     return [
         [
             o.name,
@@ -131,7 +141,7 @@ def _rows(outcomes: Sequence[BenchOutcome]) -> list[list[str]]:
             _summary_cell(o.current),
             _change_cell(o),
             _p_cell(o),
-            _verdict_cell(o),
+            _verdict_cell(o, failed_by_strict),
             _rounds_cell(o),
             _spread_cell(o),
             _contention_cell(o),
@@ -164,11 +174,12 @@ def aligned_columns(rows: Sequence[Sequence[str]], *, rule: bool = False) -> lis
     return lines
 
 
-def format_table(outcomes: Sequence[BenchOutcome]) -> str:
-    """Plain-text table, one line per benchmark, then the reasons behind non-passing verdicts."""
+def format_table(outcomes: Sequence[BenchOutcome], failed_by_strict: Collection[str] = ()) -> str:
+    """Plain-text table, one line per benchmark, then the reasons behind non-passing verdicts.
+    ``failed_by_strict``: the test ids of benchmarks strict mode failed (their verdict cell says so)."""
     if not outcomes:
         return "no benchmarks ran"
-    lines = aligned_columns([_HEADER, *_rows(outcomes)], rule=True)
+    lines = aligned_columns([_HEADER, *_rows(outcomes, failed_by_strict)], rule=True)
     notes = []
     for o in outcomes:
         for line in _explain(o):
@@ -208,10 +219,12 @@ def format_check_lines(checks: Sequence[CheckOutcome]) -> list[str]:
 
 
 def format_markdown(outcomes: Sequence[BenchOutcome], checks: Sequence[CheckOutcome] = (), *,
-                    title: str = "pytest-llmserve") -> str:
+                    title: str = "pytest-llmserve", strict: bool = False,
+                    completeness: RunCompleteness | None = None) -> str:
     """Markdown for a CI job summary (e.g. appended to ``$GITHUB_STEP_SUMMARY``): the headline that counts
-    every verdict on the first line, then one row per check and one per benchmark."""
-    lines = [f"### {title}: {headline(checks, outcomes)}", ""]
+    every verdict on the first line (an interrupted run's first of all: see :func:`headline`), then one row per
+    check and one per benchmark."""
+    lines = [f"### {title}: {headline(checks, outcomes, strict=strict, completeness=completeness)}", ""]
     if checks:
         lines += ["#### Checks", "", "| | check | server | verdict | first finding |", "|---|---|---|---|---|"]
         for c in sorted(checks, key=_check_order):
@@ -227,13 +240,13 @@ def format_markdown(outcomes: Sequence[BenchOutcome], checks: Sequence[CheckOutc
             lines.append("</details>")
         lines.append("")
     if outcomes:
-        lines += ["#### Benchmarks", ""] + _benchmarks_markdown(outcomes)
+        lines += ["#### Benchmarks", ""] + _benchmarks_markdown(outcomes, strict_failed_benchmarks(checks))
     elif not checks:
         lines.append("Nothing ran.")
     return "\n".join(lines).rstrip("\n") + "\n"
 
 
-def _benchmarks_markdown(outcomes: Sequence[BenchOutcome]) -> list[str]:
+def _benchmarks_markdown(outcomes: Sequence[BenchOutcome], failed_by_strict: Collection[str]) -> list[str]:
     # The counts are in the headline; the table holds each benchmark's figures.
     lines = [
         "| | benchmark | server | workload | metric | baseline | now | change | 95% CI | p | verdict "
@@ -243,7 +256,7 @@ def _benchmarks_markdown(outcomes: Sequence[BenchOutcome]) -> list[str]:
     for o in outcomes:
         ci = f"{o.verdict.ci_low * 100:+.1f}%..{o.verdict.ci_high * 100:+.1f}%" if o.verdict else "-"
         cells = [
-            STATUS_ICONS.get(o.status, ""),
+            _status_icon(o, failed_by_strict),
             f"`{o.test_id.rsplit('::', 1)[-1]}`",
             o.server_id,
             o.workload,
@@ -253,7 +266,7 @@ def _benchmarks_markdown(outcomes: Sequence[BenchOutcome]) -> list[str]:
             _change_cell(o),
             ci,
             _p_cell(o),
-            _verdict_cell(o),
+            _verdict_cell(o, failed_by_strict),
             _rounds_cell(o),
             _spread_cell(o),
             _contention_cell(o),

@@ -74,7 +74,8 @@ def test_the_suite_on_the_nan_checkpoint_reports_every_failure(
     assert first_line.startswith("### pytest-llmserve: "), first_line
     headline = first_line.removeprefix("### pytest-llmserve: ")
     assert headline == doc["summary"]["headline"]
-    assert re.match(rf"\d+ FAILED \({len(failed)} correctness", headline), (headline, [r["check"] for r in failed])
+    assert re.match(rf"verified \d+ of \d+ checks · \d+ FAILED \({len(failed)} correctness", headline), \
+        (headline, [r["check"] for r in failed])
     for row in failed:
         assert f"`{row['check']}` | nan |" in summary, row["check"]
     # The benchmark is reported too: measured (a row among the benchmarks) or ended early (a check row).

@@ -68,7 +68,7 @@ def test_every_verdict_is_in_each_report(pytester: pytest.Pytester, monkeypatch:
     assert rows["test_finds_nan"]["first_finding"] == "[nan] error in probe: HTTP 400 reports NaN"
     assert rows["test_finds_nan"]["message"].count("\n") >= 50
     assert rows["test_never_ran"]["first_finding"] == "setup: the server did not come up"
-    headline = "2 FAILED (2 correctness) · 1 passed · 1 unverifiable · 1 skipped"
+    headline = "verified 2 of 5 checks · 2 FAILED (2 correctness) · 1 passed · 1 unverifiable · 1 skipped"
     assert doc["summary"]["headline"] == headline
 
     summary = (pytester.path / "llmserve-results" / "latest" / "summary.md").read_text()

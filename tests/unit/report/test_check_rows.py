@@ -36,19 +36,21 @@ RUN = [
 def test_headline_counts_every_verdict_failures_first() -> None:
     benches = [outcome(), outcome("test_new", baseline=[]), outcome("test_same", current=[100.0, 100.2, 99.8])]
     text = headline(RUN, benches)
-    assert text == ("4 FAILED (2 correctness, 2 benchmark) · 2 passed · 1 unverifiable · 1 skipped · "
-                    "1 benchmark without baseline")
+    # Verified: the pass and the two failures of the checks, the regressed and the passed benchmark.
+    assert text == ("verified 5 of 9 checks · 4 FAILED (2 correctness, 2 benchmark) · 2 passed · 1 unverifiable · "
+                    "1 skipped · 1 benchmark without baseline")
     counts = headline_counts(RUN, benches)
     assert counts["failed"] == {"correctness": 2, "benchmark": 2} and counts["total"] == 9
-    assert headline([check("a", "pass")], []) == "1 passed"
+    assert counts["verified"] == 5
+    assert headline([check("a", "pass")], []) == "verified 1 of 1 check · 1 passed"
     assert headline([], []) == "no checks or benchmarks ran"
 
 
 def test_markdown_first_line_is_the_headline_and_each_check_has_a_row() -> None:
     md = format_markdown([outcome()], RUN)
     lines = md.splitlines()
-    assert lines[0] == "### pytest-llmserve: 4 FAILED (2 correctness, 2 benchmark) · 1 passed · 1 unverifiable · " \
-                       "1 skipped"
+    assert lines[0] == "### pytest-llmserve: verified 4 of 7 checks · 4 FAILED (2 correctness, 2 benchmark) · " \
+                       "1 passed · 1 unverifiable · 1 skipped"
     rows = [line for line in lines if line.startswith("| ") and "`test_" in line]
     assert len(rows) == len(RUN) + 1  # every check, and the benchmark
     # Failures first, then what could not be verified; a passing check is listed too.
@@ -61,12 +63,14 @@ def test_markdown_first_line_is_the_headline_and_each_check_has_a_row() -> None:
 def test_results_json_rows_round_trip_and_old_files_have_no_checks(tmp_path: Path) -> None:
     paths = write_all([outcome()], tmp_path, checks=RUN, plots=False)
     doc = json.loads((tmp_path / "results.json").read_text())
-    assert doc["summary"]["headline"].startswith("4 FAILED (2 correctness, 2 benchmark)")
+    assert doc["summary"]["headline"].startswith("verified 4 of 7 checks · 4 FAILED (2 correctness, 2 benchmark)")
+    assert (doc["summary"]["counts"]["verified"], doc["summary"]["counts"]["total"]) == (4, 7)
+    assert doc["summary"]["strict"] is False and doc["summary"]["interrupted"] is None
     assert [row["verdict"] for row in doc["checks"]] == [c.verdict for c in RUN]
     assert read_check_outcomes(tmp_path / "results.json") == RUN
     _, benches = read_results_json(tmp_path / "results.json")  # what `llmserve baselines accept` reads
     assert len(benches) == 1
-    assert (tmp_path / "summary.txt").read_text().startswith("llmserve: 4 FAILED")
+    assert (tmp_path / "summary.txt").read_text().startswith("llmserve: verified 4 of 7 checks · 4 FAILED")
     assert {p.name for p in paths} == {"results.json", "summary.md", "summary.txt"}
     old = tmp_path / "old.json"
     del doc["checks"]
@@ -87,14 +91,15 @@ def test_a_run_without_benchmarks_still_gets_its_reports(tmp_path: Path, monkeyp
     text = step.read_text()
     assert text.startswith("earlier step\n")  # appended, never overwritten
     assert text.count("### pytest-llmserve:") == 2
-    assert "1 FAILED (1 correctness) · 1 passed" in text
+    assert "verified 2 of 2 checks · 1 FAILED (1 correctness) · 1 passed" in text
     assert not (tmp_path / "bench.json").exists()  # no benchmarks: no empty pytest-benchmark file
 
 
 def test_text_summary_lists_what_did_not_pass() -> None:
     text = format_text_summary([], RUN)
     lines = text.splitlines()
-    assert lines[0] == "llmserve: 3 FAILED (2 correctness, 1 benchmark) · 1 passed · 1 unverifiable · 1 skipped"
+    assert lines[0] == ("llmserve: verified 3 of 6 checks · 3 FAILED (2 correctness, 1 benchmark) · 1 passed · "
+                        "1 unverifiable · 1 skipped")
     assert lines[1].split() [:3] == ["FAIL", "test_no_nan", "nan"]
     assert "test_boots_and_generates" not in text
 
@@ -112,11 +117,12 @@ def test_not_applicable_is_counted_on_its_own_in_every_report() -> None:
                  check("test_long_decode_is_coherent", "not-applicable", server="tiny",
                        first="not applicable: long-decode on tiny: random weights"),
                  check("test_captured_batch_sizes_covered", "skipped", server="tiny", first="CUDA graphs are off")]
-    assert headline(untrained, []) == "1 passed · 2 not applicable · 1 skipped"
+    assert headline(untrained, []) == "verified 1 of 4 checks · 1 passed · 2 not applicable · 1 skipped"
     counts = headline_counts(untrained, [])
     assert (counts["passed"], counts["not-applicable"], counts["skipped"], counts["unverifiable"]) == (1, 2, 1, 0)
     markdown = format_markdown([], untrained)
-    assert markdown.splitlines()[0] == "### pytest-llmserve: 1 passed · 2 not applicable · 1 skipped"
+    assert markdown.splitlines()[0] == ("### pytest-llmserve: verified 1 of 4 checks · 1 passed · 2 not applicable · "
+                                        "1 skipped")
     assert "| ➖ | `test_known_answers` | tiny | not applicable | not applicable: known-answers" in markdown
     assert CheckOutcome.from_dict(untrained[1].to_dict()).verdict == "not-applicable"
 

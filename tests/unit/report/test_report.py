@@ -126,7 +126,8 @@ def test_terminal_table() -> None:
 def test_markdown_summary() -> None:
     refused = comparability(context(), context(mem_fraction=0.5), None, False)
     md = format_markdown([outcome(), outcome("test_p[a|b]", comparability=refused, verdict=None)])
-    assert md.startswith("### pytest-llmserve: 1 FAILED (1 benchmark) · 1 benchmark comparison refused\n")
+    assert md.startswith("### pytest-llmserve: verified 1 of 2 checks · 1 FAILED (1 benchmark) · "
+                         "1 benchmark comparison refused\n")
     assert "| ❌ | `test_throughput` | srv | smoke | output_throughput ↑ |" in md
     assert "test_p[a\\|b]" in md  # pipes escaped
     assert "⛔" in md
@@ -369,7 +370,7 @@ def test_without_matplotlib_the_other_reports_are_written_and_the_extra_is_named
     assert "install the plots extra: pip install 'pytest-llmserve[plots]'" in text
     latest = tmp_path / "results" / "latest"  # this run's own directory, by the latest pointer
     assert (latest / "results.json").exists() and not (latest / "plots").exists()
-    assert text.splitlines()[0] == "llmserve: 1 FAILED (1 benchmark)"
+    assert text.splitlines()[0] == "llmserve: verified 1 of 1 check · 1 FAILED (1 benchmark)"
     assert text.splitlines()[3].startswith("test_throughput[srv]  smoke") and "REGRESSED" in text
     with pytest.raises(ImportError, match=r"pytest-llmserve\[plots\]"):
         write_plots([outcome()], tmp_path / "plots")
