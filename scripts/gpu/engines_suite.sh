@@ -18,6 +18,9 @@
 #   c5  no carry                            unconfigured ngram speculation caught; the eager baseline compared at
 #                                           another memory fraction (refused with the diff); the suite on PIECEWISE
 #   c6  no carry (if the lease allows)      graph use per batch size on vLLM's V1 model runner
+# The A/B tests (scripts/gpu/test_gpu_engines.py) assert a verdict each: graphs "improved" at concurrency 1 (measured
+# on SGLang: +792 %), a decided one (not inconclusive) at 64 at once, where the direction is not known; every verdict
+# from valid rounds.
 # What comes back ($OUT, 8 files at most): run.log (this call's whole output), results.tar.gz (server logs,
 # /metrics and /server_info captured at the end of each run, results.json, summary.md, junit XML, the configs).
 set -uo pipefail

@@ -44,3 +44,18 @@ run_pytest() {
   [ $rc -eq 0 ] || status=1
   return $rc
 }
+
+# check_fault_run NAME DIR SERVER BACKENDS: a fault run's failing tests are what it is for, so pytest's exit code
+# cannot judge it: scripts/gpu/check_fault_results.py reads the run's results.json and checks, per decode backend in
+# BACKENDS (comma-separated), which check fails and with which oracle, and that the others pass. A missing row (a boot
+# cut by the limit) or a run that wrote no report is a failure. Sets status=1 when an expectation does not hold.
+check_fault_run() {
+  local name=$1 dir=$2 server=$3 backends=$4
+  local results="$dir/results-$name"
+  say "checking fault run $name ($server on $backends): the latest report under $results"
+  if "$py" "$repo/scripts/gpu/check_fault_results.py" "$results" --server "$server" --backends "$backends"; then
+    say "EXPECTED: fault run $name caught its fault where it must, and only there"
+  else
+    say "UNEXPECTED: fault run $name did not show what its fault must (above)"; status=1
+  fi
+}
