@@ -1,8 +1,9 @@
 """Derive deliberately broken checkpoints from a healthy Hugging Face safetensors model directory.
 
-The oracles need known-bad servers to prove that they fail: a model whose logits are NaN and a model
-that stays finite but decodes garbage. Both are made from the healthy model by editing its safetensors
-files, so the engine, tokenizer and config stay exactly the same and only the weights differ.
+The oracles need known-bad servers to prove that they fail (a fault catalogue, run as a mutation score):
+a model whose logits are NaN, one that stays finite but decodes garbage, and subtler faults, each
+injected where it is real. All are made from the healthy model by editing its safetensors files (and, for
+three kinds, a config file), so the engine and tokenizer stay exactly the same.
 
 Kinds:
 
@@ -18,14 +19,78 @@ Kinds:
 ``healthy-copy``
     A byte-identical copy (a control: the derivation itself must not break a model).
 
+The fault kinds below name their tokens by text (looked up in ``tokenizer.json``) and were chosen on the
+embedded SmolLM2-135M-Instruct. Their effects there were measured with HF transformers 5.19.0 (torch
+2.13.0+cpu, bf16, greedy) on this project's 2-core AMD EPYC CPU host on 2026-12-05, by
+``tools/measure_fault_checkpoints.py``; the full record (every prompt, gaps, top-5) is
+``tests/data/power/fault_checkpoints_hf.json``. Positions count generated tokens from 0; "the probes" are
+the oracles' defaults at the plugin's lengths (32 tokens; 64 for the determinism letter, 256 for the
+story and butterfly long decodes). Not yet measured on the served vLLM engine.
+
+``nan-late``
+    Untie the embeddings (``lm_head.weight`` written as a byte copy of the embedding,
+    ``tie_word_embeddings: false``), then set the input-embedding rows of ``:`` and `` and`` to NaN.
+    The output head is intact, so greedy decoding chooses these tokens as before; the step after it
+    reads one back, NaN enters the residual stream and the KV cache, and every later logit is NaN.
+    Stands for a corrupt or uninitialised embedding row of a token no prompt uses (a bad storage
+    block, rows added to a vocabulary and never trained). Neither token is in a default prompt, the
+    chat template's system prompt or the readiness request ("Hello"), so prefill and the first tokens
+    are finite. Measured, NaN from position: "The capital of France is" 8, "Once upon a time..." 20,
+    "The three primary colors are" 12 (3 of the 4 NaN probes; the chat capital never), "To make a
+    simple tomato soup..." 11, "The most important thing..." 4, story 60, butterfly 25, letter 52;
+    never within the probe's length: the chat capital, "In 1969...", "Water boils...",
+    "Photosynthesis..." and the three known answers (still correct).
+``wrong-eos``
+    The weights stay byte-identical; ``generation_config.json``'s ``eos_token_id`` becomes
+    ``[<the real EOS>, ".", ",", " of", "\n", "'s"]`` (SmolLM2: ``[2, 30, 28, 282, 198, 506]``). vLLM
+    adds a generation config's extra EOS ids to every request's stop tokens
+    (``SamplingParams.update_from_generation_config``), so answers stop after a few tokens. Stands for a
+    wrong EOS list in generation_config (e.g. copied from a model with another tokenizer, whose end
+    ids are ordinary tokens here). One token cannot stop every probe early ("." alone, the best
+    single one, lets "The three primary colors are" run all 32 tokens and the story 25); these five
+    stop every default probe after 1-9 answer tokens, none at the first token (no empty answer):
+    chat capital 2 ("The capital"), "The capital of France is" 1 (" Paris"), "Once upon a time..."
+    9, the other raw probes 3-5, the two other known answers 2, story 4, butterfly 3, letter 5.
+``lm-head-flip``
+    Untie as for ``nan-late``, then multiply the output-head rows of ``*``, `` an`` and `` light`` by
+    1.12 (in float32, rounded to nearest-even bf16 as torch does). Where such a token was the healthy
+    runner-up 1-3 nats below the choice, it now wins: greedy tokens flip to near runner-ups, the
+    subtle fault that top-k membership (vLLM's ``check_logprobs_close``) lets through. Stands for
+    per-row output-channel scales of a quantized LM head off by about 12% on a few rows. Chosen from
+    the healthy logits (exact up to the first divergence, since only the head changes): sets of up to
+    three frequent runner-up tokens and factors 1.03-1.30 were kept when every divergence over the
+    differential probes had a healthy gap in 1.05-2.95 nats, the flip won by at least 0.2 logits, and
+    no scaled token came within 0.2 logits of winning earlier; this one holds for factors 1.10-1.13.
+    Measured on the 9 differential probes: 5 diverge, "The capital of France is" at 3 (healthy gap
+    1.625 nats), "The three primary colors are" 13 (2.375), "Water boils..." 22 (2.25),
+    "Photosynthesis..." 1 (1.5), "The most important thing..." 12 (2.5); at each, the variant's token
+    is in the healthy top-5 and the healthy token in the variant's top-5; known answers unchanged.
+``answer-swap``
+    Swap the embedding rows of `` Paris`` and `` London`` (and of the output head, where the model has
+    its own). With tied embeddings one swap swaps what the model says and what it reads, so it stays
+    fluent and answers "The capital of France is London." (the healthy answer uses `` Paris``, id
+    7042; `` London`` is 4528). Stands for a known answer changed by a bad fine-tune or merge.
+    Measured: Japan "The capital of Japan is Tokyo.", hot "The opposite of hot is cold." (unchanged);
+    of the differential probes only the two France prompts diverge (healthy gap 3.8 and 4.1 nats).
+``attn-drift``
+    Every decoder layer's ``self_attn.o_proj.weight`` times 1.05 (``layer`` picks one layer instead):
+    attention outputs 5% too large everywhere, small but systematic, as a slightly wrong attention
+    kernel (a normalisation or FP8 output scale off) gives. Measured on the 9 differential probes:
+    largest |Δlogprob| of the chosen tokens before the first divergence 0.47 nats ("To make a simple
+    tomato soup...", no divergence), 0.42 ("The three primary colors are", diverges at 11), the others
+    0.09-0.28; 7 of 9 keep their first 8 tokens (the two early flips, at 2 and 4, are healthy
+    near-ties of 0.06 nats); known answers unchanged.
+
 The source directory is never written. The destination is built in a temporary sibling directory and
 renamed into place, and carries a marker file (``.llmserve-derived.json``) with the kind and a hash of
-the source, so a second call with the same source and kind does nothing. A destination without a
-marker is never overwritten.
+the source, so a second call with the same source and kind does nothing (the marker also records what the
+kind changed). A destination without a marker is never overwritten.
 
 The edits are plain byte operations on the safetensors format (an 8-byte little-endian header length,
 a JSON header of ``name -> {dtype, shape, data_offsets}``, then the raw data), so this module needs
-only the standard library; it runs in the plugin's interpreter or in the engine's. Run it as::
+only the standard library; it runs in the plugin's interpreter or in the engine's. Scaling goes through a
+table of all 65,536 16-bit patterns, so even every layer's o_proj needs no numpy (each fault kind derived
+SmolLM2 in 0.4-1.3 s here, timed with /usr/bin/time on the CLI). Run it as::
 
     python -m pytest_llmserve.testing.checkpoints SRC DST --kind nan
 
@@ -38,6 +103,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import math
 import os
 import re
 import shutil
@@ -45,13 +111,16 @@ import struct
 import subprocess
 import sys
 import tempfile
-from collections.abc import Mapping, Sequence
+from array import array
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 from typing import Any, BinaryIO
 
 from filelock import FileLock
 
-KINDS = ("nan", "scrambled", "healthy-copy")
+KINDS = ("nan", "scrambled", "healthy-copy", "nan-late", "wrong-eos", "lm-head-flip", "answer-swap", "attn-drift")
 MARKER = ".llmserve-derived.json"
 DERIVATION_VERSION = 1  # bump when a kind's recipe changes, so old derived dirs are rebuilt
 
@@ -70,6 +139,19 @@ _LAYER_RE = re.compile(r"^(?P<prefix>.*?\blayers\.)(?P<index>\d+)(?P<rest>\..+)$
 # Tensors planted with NaN in the chosen layer, in order of preference (Llama/Qwen/Mistral naming).
 _NAN_TARGETS = ("input_layernorm.weight", "mlp.down_proj.weight")
 _COPY_CHUNK = 16 * 1024 * 1024
+
+# The recipes of the fault kinds, named by token text and looked up in the model's tokenizer.json, so a
+# recipe means the same words on any checkpoint that shares the tokenizer. Chosen on SmolLM2-135M-Instruct
+# (how: the module docstring; the measured effects: tests/data/power/fault_checkpoints_hf.json).
+NAN_LATE_TOKENS = (":", " and")
+WRONG_EOS_TOKENS = (".", ",", " of", "\n", "'s")
+LM_HEAD_FLIP_TOKENS = ("*", " an", " light")
+LM_HEAD_FLIP_FACTOR = 1.12
+ANSWER_SWAP_TOKENS = (" Paris", " London")
+ATTN_DRIFT_FACTOR = 1.05
+ATTN_DRIFT_TENSOR = "self_attn.o_proj.weight"
+EMBEDDING_SUFFIX = "embed_tokens.weight"
+LM_HEAD = "lm_head.weight"
 
 
 class CheckpointError(Exception):
@@ -268,6 +350,322 @@ def _derive_scrambled(src: Path, dst: Path, files: Sequence[Path]) -> dict[str, 
     return {"layer_order": order}
 
 
+# --------------------------------------------------------------------------------------------------
+# tokens: a recipe's words to the model's token ids
+# --------------------------------------------------------------------------------------------------
+
+@lru_cache(maxsize=1)
+def _byte_level_alphabet() -> dict[int, str]:
+    """GPT-2's byte-to-character map (byte-level BPE vocabularies spell a space 'Ġ', a newline 'Ċ')."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    codes = list(printable)
+    shifted = 0
+    for byte in range(256):
+        if byte not in printable:
+            printable.append(byte)
+            codes.append(256 + shifted)
+            shifted += 1
+    return {byte: chr(code) for byte, code in zip(printable, codes, strict=True)}
+
+
+def token_ids(model_dir: str | os.PathLike[str], texts: Sequence[str]) -> dict[str, int]:
+    """The id of each text that is one token of the model's ``tokenizer.json`` (byte-level BPE spelling
+    first, then the text as it is, then SentencePiece's '▁' for a space)."""
+    path = Path(model_dir) / "tokenizer.json"
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise CheckpointError(f"{path}: cannot read the tokenizer ({exc}); this kind names tokens by text") from None
+    model = data.get("model") if isinstance(data, dict) else None
+    vocab = model.get("vocab") if isinstance(model, dict) else None
+    if not isinstance(vocab, dict):
+        raise CheckpointError(f"{path}: no model.vocab mapping (a Hugging Face BPE tokenizer.json is expected)")
+    known: dict[str, int] = {k: v for k, v in vocab.items() if isinstance(v, int)}
+    for added in data.get("added_tokens") or []:
+        if isinstance(added, dict) and isinstance(added.get("content"), str) and isinstance(added.get("id"), int):
+            known[added["content"]] = added["id"]
+    alphabet = _byte_level_alphabet()
+    found: dict[str, int] = {}
+    for text in texts:
+        byte_level = "".join(alphabet[b] for b in text.encode("utf-8"))
+        spelling = next((s for s in (byte_level, text, text.replace(" ", "▁")) if s in known), None)
+        if spelling is None:
+            raise CheckpointError(f"{path}: {text!r} is not a single token of this tokenizer "
+                                  f"(looked for {byte_level!r}, {text!r}, {text.replace(' ', '▁')!r})")
+        found[text] = known[spelling]
+    return found
+
+
+# --------------------------------------------------------------------------------------------------
+# editing the destination's copied weights in place
+# --------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class _TensorAt:
+    path: Path
+    dtype: str
+    shape: tuple[int, ...]
+    start: int  # absolute byte offset of the tensor's data in its file
+    length: int
+
+    @property
+    def row_length(self) -> int:
+        """Bytes in one row (the first dimension indexes rows: vocabulary entries, output channels)."""
+        return self.length // self.shape[0]
+
+
+class _WeightFiles:
+    """The safetensors files already copied into the destination, edited in place by byte offset."""
+
+    def __init__(self, directory: Path, files: Sequence[Path]) -> None:
+        self.directory = directory
+        self.paths = [directory / p.name for p in files]
+        self.tensors: dict[str, _TensorAt] = {}
+        self._index()
+
+    def _index(self) -> None:
+        self.tensors.clear()
+        for path in self.paths:
+            header, data_start = read_header(path)
+            for name, info in header.items():
+                if name == "__metadata__":
+                    continue
+                begin, end = info["data_offsets"]
+                self.tensors[name] = _TensorAt(path, str(info["dtype"]), tuple(info["shape"]), data_start + begin,
+                                               end - begin)
+
+    def named(self, suffix: str) -> str:
+        matches = sorted(n for n in self.tensors if n == suffix or n.endswith("." + suffix))
+        if len(matches) != 1:
+            raise CheckpointError(f"expected one tensor named '*{suffix}', found {matches or 'none'}")
+        return matches[0]
+
+    def read(self, name: str, offset: int = 0, length: int | None = None) -> bytes:
+        t = self.tensors[name]
+        size = t.length - offset if length is None else length
+        with open(t.path, "rb") as f:
+            f.seek(t.start + offset)
+            return f.read(size)
+
+    def write(self, name: str, data: bytes, offset: int = 0) -> None:
+        t = self.tensors[name]
+        if offset + len(data) > t.length:
+            raise CheckpointError(f"{name}: writing {len(data)} bytes at {offset} overruns its {t.length} bytes")
+        with open(t.path, "r+b") as f:
+            f.seek(t.start + offset)
+            f.write(data)
+
+    def read_row(self, name: str, row: int) -> bytes:
+        t = self.tensors[name]
+        self._check_row(name, row)
+        return self.read(name, row * t.row_length, t.row_length)
+
+    def write_row(self, name: str, row: int, data: bytes) -> None:
+        self._check_row(name, row)
+        self.write(name, data, row * self.tensors[name].row_length)
+
+    def _check_row(self, name: str, row: int) -> None:
+        rows = self.tensors[name].shape[0]
+        if not 0 <= row < rows:
+            raise CheckpointError(f"{name}: row {row} out of range (the tensor has {rows} rows; the tokenizer "
+                                  "knows more tokens than this checkpoint's vocabulary)")
+
+    def append_copy(self, new_name: str, of_name: str) -> None:
+        """Add ``new_name`` as a byte copy of ``of_name``, at the end of the same file (and its index)."""
+        source = self.tensors[of_name]
+        header, data_start = read_header(source.path)
+        data_length = max((info["data_offsets"][1] for name, info in header.items() if name != "__metadata__"),
+                          default=0)
+        header[new_name] = {"dtype": source.dtype, "shape": list(source.shape),
+                            "data_offsets": [data_length, data_length + source.length]}
+        rewritten = source.path.with_name(source.path.name + ".part")
+        with open(source.path, "rb") as fin, open(rewritten, "wb") as fout:
+            fout.write(encode_header(header))
+            fin.seek(data_start)
+            _copy_range(fin, fout, data_length)
+            fin.seek(source.start)
+            _copy_range(fin, fout, source.length)
+        os.replace(rewritten, source.path)
+        index = self.directory / "model.safetensors.index.json"
+        if index.is_file():
+            data = json.loads(index.read_text())
+            data.setdefault("weight_map", {})[new_name] = source.path.name
+            metadata = data.get("metadata")
+            if isinstance(metadata, dict) and isinstance(metadata.get("total_size"), int):
+                metadata["total_size"] += source.length
+            index.write_text(json.dumps(data, indent=2))
+        self._index()
+
+
+def _untie(weights: _WeightFiles, config_path: Path) -> bool:
+    """Give the model an output head of its own: ``lm_head.weight``, a byte copy of the input embedding,
+    and ``tie_word_embeddings: false``, so either can be edited without the other. True when it was tied."""
+    try:
+        config = json.loads(config_path.read_text())
+    except (OSError, ValueError) as exc:
+        raise CheckpointError(f"{config_path}: cannot read the model config ({exc})") from None
+    has_head = LM_HEAD in weights.tensors
+    # Without a separate head the weights are tied whatever the config says (Llama's default is untied,
+    # and a loader would then fail on the missing lm_head.weight).
+    tied = config.get("tie_word_embeddings") is True or not has_head
+    if not has_head:
+        weights.append_copy(LM_HEAD, weights.named(EMBEDDING_SUFFIX))
+    if tied or "tie_word_embeddings" not in config:
+        config["tie_word_embeddings"] = False
+        config_path.write_text(json.dumps(config, indent=2) + "\n")
+    return tied
+
+
+# --------------------------------------------------------------------------------------------------
+# scaling float tensors as the engine's dtype would store them
+# --------------------------------------------------------------------------------------------------
+
+def _as_float32(value: float) -> float:
+    return float(struct.unpack("<f", struct.pack("<f", value))[0])
+
+
+def _scaled_16bit(pattern: int, dtype: str, factor32: float) -> int:
+    if dtype == "BF16":
+        value = struct.unpack("<f", struct.pack("<I", pattern << 16))[0]
+    else:
+        value = struct.unpack("<e", struct.pack("<H", pattern))[0]
+    if not math.isfinite(value):
+        return pattern
+    # float32 × float32 is exact in a double; packing rounds it once to float32: torch's bf16/f16 × scalar.
+    try:
+        product = struct.pack("<f", value * factor32)
+    except OverflowError:
+        product = struct.pack("<f", math.copysign(math.inf, value * factor32))
+    if dtype == "F16":
+        try:
+            return int(struct.unpack("<H", struct.pack("<e", struct.unpack("<f", product)[0]))[0])
+        except OverflowError:
+            return int(struct.unpack("<H", struct.pack("<e", math.copysign(math.inf, value)))[0])
+    bits = int(struct.unpack("<I", product)[0])
+    return ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) & 0xFFFF  # round to nearest even, like torch
+
+
+@lru_cache(maxsize=4)
+def _scale_table(dtype: str, factor: float) -> tuple[int, ...]:
+    """Every 16-bit pattern's scaled pattern: one lookup per element keeps a whole layer fast in pure Python."""
+    factor32 = _as_float32(factor)
+    return tuple(_scaled_16bit(pattern, dtype, factor32) for pattern in range(1 << 16))
+
+
+def scale_values(dtype: str, data: bytes, factor: float) -> bytes:
+    """``data`` (little-endian ``dtype`` elements) times ``factor``, computed in float32 and rounded to
+    nearest even as ``(w.float() * factor).to(w.dtype)`` does in torch; NaN and infinities stay as they are."""
+    if dtype in ("BF16", "F16"):
+        patterns = _little_endian(array("H"), data)
+        table = _scale_table(dtype, factor)
+        return _little_endian(array("H", map(table.__getitem__, patterns))).tobytes()
+    if dtype in ("F32", "F64"):
+        code = "f" if dtype == "F32" else "d"
+        values = _little_endian(array(code), data)
+        multiplier = _as_float32(factor) if dtype == "F32" else factor
+        return _little_endian(array(code, (v * multiplier for v in values))).tobytes()
+    raise CheckpointError(f"cannot scale {dtype} values (BF16, F16, F32 and F64 only)")
+
+
+def _little_endian(values: array[Any], data: bytes = b"") -> array[Any]:
+    """Load ``data`` into ``values`` (if given) and swap bytes on a big-endian host: safetensors is little-endian."""
+    if data:
+        values.frombytes(data)
+    if sys.byteorder == "big":
+        values.byteswap()
+    return values
+
+
+# --------------------------------------------------------------------------------------------------
+# the fault kinds beyond nan/scrambled
+# --------------------------------------------------------------------------------------------------
+
+def _copy_weights(dst: Path, files: Sequence[Path]) -> _WeightFiles:
+    for path in files:
+        shutil.copyfile(path, dst / path.name)
+    return _WeightFiles(dst, files)
+
+
+def _derive_nan_late(src: Path, dst: Path, files: Sequence[Path], layer: int | None) -> dict[str, Any]:
+    tokens = token_ids(src, NAN_LATE_TOKENS)
+    weights = _copy_weights(dst, files)
+    # Untie first: the output head keeps the healthy rows, so greedy decoding can still choose these tokens;
+    # only reading one back (its input embedding) poisons the residual stream, and then the KV cache.
+    untied = _untie(weights, dst / "config.json")
+    embedding = weights.named(EMBEDDING_SUFFIX)
+    t = weights.tensors[embedding]
+    if t.dtype not in NAN_BYTES:
+        raise CheckpointError(f"{embedding} has dtype {t.dtype}; NaN can be planted in {', '.join(NAN_BYTES)} only")
+    for token in tokens.values():
+        weights.write_row(embedding, token, NAN_BYTES[t.dtype] * (t.row_length // len(NAN_BYTES[t.dtype])))
+    return {"nan_rows": {"tensor": embedding, "tokens": tokens}, "untied": untied}
+
+
+def _derive_wrong_eos(src: Path, dst: Path, files: Sequence[Path], layer: int | None) -> dict[str, Any]:
+    tokens = token_ids(src, WRONG_EOS_TOKENS)
+    _copy_weights(dst, files)  # the weights stay byte-identical: only the stop list is wrong
+    path = dst / "generation_config.json"
+    generation: dict[str, Any] = json.loads(path.read_text()) if path.is_file() else {}
+    eos = generation.get("eos_token_id")
+    if eos is None:
+        config_path = dst / "config.json"
+        eos = json.loads(config_path.read_text()).get("eos_token_id") if config_path.is_file() else None
+    if eos is None:
+        raise CheckpointError(f"{src}: no eos_token_id in generation_config.json or config.json to extend")
+    real = [eos] if isinstance(eos, int) else list(eos)
+    generation["eos_token_id"] = real + [i for i in tokens.values() if i not in real]
+    path.write_text(json.dumps(generation, indent=2) + "\n")
+    return {"eos_token_id": generation["eos_token_id"], "ordinary_stop_tokens": tokens}
+
+
+def _derive_lm_head_flip(src: Path, dst: Path, files: Sequence[Path], layer: int | None) -> dict[str, Any]:
+    tokens = token_ids(src, LM_HEAD_FLIP_TOKENS)
+    weights = _copy_weights(dst, files)
+    untied = _untie(weights, dst / "config.json")
+    dtype = weights.tensors[LM_HEAD].dtype
+    for token in tokens.values():
+        weights.write_row(LM_HEAD, token, scale_values(dtype, weights.read_row(LM_HEAD, token), LM_HEAD_FLIP_FACTOR))
+    return {"scaled_rows": {"tensor": LM_HEAD, "tokens": tokens, "factor": LM_HEAD_FLIP_FACTOR}, "untied": untied}
+
+
+def _derive_answer_swap(src: Path, dst: Path, files: Sequence[Path], layer: int | None) -> dict[str, Any]:
+    tokens = token_ids(src, ANSWER_SWAP_TOKENS)
+    first, second = (tokens[t] for t in ANSWER_SWAP_TOKENS)
+    weights = _copy_weights(dst, files)
+    # Tied weights: one swap changes what the model says and what it reads. An untied model gets the same
+    # swap in its output head, so the two stay consistent there too.
+    swapped = [weights.named(EMBEDDING_SUFFIX)] + ([LM_HEAD] if LM_HEAD in weights.tensors else [])
+    for name in swapped:
+        a, b = weights.read_row(name, first), weights.read_row(name, second)
+        weights.write_row(name, first, b)
+        weights.write_row(name, second, a)
+    return {"swapped_rows": {"tensors": swapped, "tokens": tokens}}
+
+
+def _derive_attn_drift(src: Path, dst: Path, files: Sequence[Path], layer: int | None) -> dict[str, Any]:
+    weights = _copy_weights(dst, files)
+    layers = layer_indices(list(weights.tensors))
+    if layer is not None and layer not in layers:
+        raise CheckpointError(f"layer {layer} not in the model (layers {layers[0] if layers else '-'}.."
+                              f"{layers[-1] if layers else '-'})")
+    targets = sorted(n for n in weights.tensors if n.endswith("." + ATTN_DRIFT_TENSOR)
+                     and (m := _LAYER_RE.match(n)) and (layer is None or int(m.group("index")) == layer))
+    if not targets:
+        raise CheckpointError(f"{src}: no '*.{ATTN_DRIFT_TENSOR}' tensors to scale")
+    for name in targets:
+        weights.write(name, scale_values(weights.tensors[name].dtype, weights.read(name), ATTN_DRIFT_FACTOR))
+    return {"scaled_tensors": targets, "factor": ATTN_DRIFT_FACTOR}
+
+
+_FAULT_RECIPES: dict[str, Callable[[Path, Path, Sequence[Path], int | None], dict[str, Any]]] = {
+    "nan-late": _derive_nan_late,
+    "wrong-eos": _derive_wrong_eos,
+    "lm-head-flip": _derive_lm_head_flip,
+    "answer-swap": _derive_answer_swap,
+    "attn-drift": _derive_attn_drift,
+}
+
+
 def derive_checkpoint(src_dir: str | os.PathLike[str], dst_dir: str | os.PathLike[str], kind: str, *,
                       layer: int | None = None) -> Path:
     """Build ``dst_dir`` from the healthy model in ``src_dir`` (see the module docstring for kinds).
@@ -322,6 +720,8 @@ def _derive_locked(src: Path, dst: Path, files: list[Path], kind: str, layer: in
             details = _derive_nan(src, tmp, files, layer)
         elif kind == "scrambled":
             details = _derive_scrambled(src, tmp, files)
+        elif kind in _FAULT_RECIPES:
+            details = _FAULT_RECIPES[kind](src, tmp, files, layer)
         else:
             for path in files:
                 shutil.copyfile(path, tmp / path.name)
@@ -360,7 +760,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("dst", help="directory to create")
     parser.add_argument("--kind", required=True, choices=KINDS)
     parser.add_argument("--layer", type=int, default=None,
-                        help="layer for --kind nan (default: the middle one)")
+                        help="layer for --kind nan (default: the middle one) or attn-drift (default: all)")
     args = parser.parse_args(argv)
     try:
         out = derive_checkpoint(args.src, args.dst, args.kind, layer=args.layer)

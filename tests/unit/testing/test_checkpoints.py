@@ -15,7 +15,15 @@ from pathlib import Path
 import pytest
 
 from pytest_llmserve.testing.checkpoints import (
+    ANSWER_SWAP_TOKENS,
+    ATTN_DRIFT_FACTOR,
+    DERIVATION_VERSION,
+    KINDS,
+    LM_HEAD_FLIP_FACTOR,
+    LM_HEAD_FLIP_TOKENS,
     MARKER,
+    NAN_LATE_TOKENS,
+    WRONG_EOS_TOKENS,
     CheckpointError,
     derive_checkpoint,
     derive_checkpoint_with,
@@ -25,11 +33,28 @@ from pytest_llmserve.testing.checkpoints import (
     nan_targets,
     read_header,
     read_tensor_bytes,
+    scale_values,
     source_hash,
+    token_ids,
     write_safetensors,
 )
 
 HIDDEN, INTER, LAYERS, VOCAB = 8, 16, 4, 32
+EMBED, HEAD = "model.embed_tokens.weight", "lm_head.weight"
+# A byte-level BPE vocabulary (GPT-2 spelling: 'Ġ' a space, 'Ċ' a newline) holding every token the fault
+# recipes name, at known ids, padded to VOCAB with filler.
+SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+RECIPE_SPELLINGS = [":", "Ġand", ".", ",", "Ġof", "Ċ", "'s", "*", "Ġan", "Ġlight", "ĠParis", "ĠLondon"]
+VOCAB_IDS = {text: i for i, text in enumerate(SPECIAL + RECIPE_SPELLINGS)}
+VOCAB_IDS.update({f"w{i}": i for i in range(len(VOCAB_IDS), VOCAB)})
+EOS = 2
+
+
+def tokenizer_json() -> str:
+    vocab = {t: i for t, i in VOCAB_IDS.items() if t not in SPECIAL}
+    added = [{"id": VOCAB_IDS[t], "content": t, "special": True} for t in SPECIAL]
+    return json.dumps({"model": {"type": "BPE", "vocab": vocab}, "added_tokens": added,
+                       "pre_tokenizer": {"type": "ByteLevel"}})
 
 
 def bf16(values: list[float]) -> bytes:
@@ -77,8 +102,11 @@ def make_model(root: Path, dtype: str = "BF16", sharded: bool = False) -> Path:
     src = root / "tiny"
     src.mkdir()
     (src / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"], "hidden_size": HIDDEN,
-                                                 "num_hidden_layers": LAYERS, "vocab_size": VOCAB}))
-    (src / "tokenizer.json").write_text('{"model": {"type": "BPE"}}')
+                                                 "num_hidden_layers": LAYERS, "vocab_size": VOCAB,
+                                                 "eos_token_id": EOS, "tie_word_embeddings": True}, indent=2))
+    (src / "generation_config.json").write_text(json.dumps({"bos_token_id": 1, "eos_token_id": EOS,
+                                                            "pad_token_id": EOS}, indent=2))
+    (src / "tokenizer.json").write_text(tokenizer_json())
     (src / "tokenizer_config.json").write_text('{"eos_token": "</s>"}')
     (src / "chat_template.jinja").write_text("{{ messages }}")
     (src / ".llmserve-ready").write_text("{}")  # the setup's own marker: not copied
@@ -285,5 +313,328 @@ def test_real_safetensors_reads_derived_files(tmp_path: Path) -> None:
     )
     proc = subprocess.run([python, "-c", script, str(nan), str(scrambled), str(src)], capture_output=True,
                           text=True, check=False, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "ok"
+
+
+# --------------------------------------------------------------------------------------------------
+# the fault kinds (nan-late, wrong-eos, lm-head-flip, answer-swap, attn-drift)
+# --------------------------------------------------------------------------------------------------
+
+FAULT_KINDS = ("nan-late", "wrong-eos", "lm-head-flip", "answer-swap", "attn-drift")
+
+
+def tensors_of(directory: Path) -> dict[str, tuple[str, list[int], bytes]]:
+    """Every tensor of every safetensors file in ``directory``."""
+    out = {}
+    for path in sorted(directory.glob("*.safetensors")):
+        for name in read_header(path)[0]:
+            if name != "__metadata__":
+                out[name] = read_tensor_bytes(path, name)
+    return out
+
+
+def rows_of(data: bytes, row_length: int) -> list[bytes]:
+    return [data[i:i + row_length] for i in range(0, len(data), row_length)]
+
+
+def ids(texts: tuple[str, ...]) -> list[int]:
+    spellings = {":": ":", " and": "Ġand", ".": ".", ",": ",", " of": "Ġof", "\n": "Ċ", "'s": "'s", "*": "*",
+                 " an": "Ġan", " light": "Ġlight", " Paris": "ĠParis", " London": "ĠLondon"}
+    return [VOCAB_IDS[spellings[t]] for t in texts]
+
+
+def assert_other_files_identical(src: Path, dst: Path, changed: set[str]) -> None:
+    names = {p.name for p in src.iterdir() if p.is_file() and not p.name.startswith(".")}
+    assert names | changed >= {p.name for p in dst.iterdir() if p.is_file() and not p.name.startswith(".")}
+    for name in sorted(names - changed):
+        assert (dst / name).read_bytes() == (src / name).read_bytes(), name
+
+
+def test_kinds_and_cli_choices_list_the_fault_kinds(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert set(FAULT_KINDS) <= set(KINDS)
+    src = make_model(tmp_path)
+    for kind in FAULT_KINDS:
+        assert main([str(src), str(tmp_path / kind), "--kind", kind]) == 0
+        assert json.loads((tmp_path / kind / MARKER).read_text())["kind"] == kind
+    capsys.readouterr()
+
+
+def test_token_ids_spellings_and_errors(tmp_path: Path) -> None:
+    src = make_model(tmp_path)
+    assert token_ids(src, (" Paris", "\n", ":", "<|im_end|>")) == {
+        " Paris": VOCAB_IDS["ĠParis"], "\n": VOCAB_IDS["Ċ"], ":": VOCAB_IDS[":"], "<|im_end|>": EOS}
+    with pytest.raises(CheckpointError, match="not a single token"):
+        token_ids(src, (" Rome",))
+    sentencepiece = tmp_path / "sp"
+    sentencepiece.mkdir()
+    (sentencepiece / "tokenizer.json").write_text(json.dumps({"model": {"vocab": {"▁Paris": 7}}}))
+    assert token_ids(sentencepiece, (" Paris",)) == {" Paris": 7}
+    (sentencepiece / "tokenizer.json").write_text('{"model": {"type": "BPE"}}')
+    with pytest.raises(CheckpointError, match="no model.vocab"):
+        token_ids(sentencepiece, (" Paris",))
+    with pytest.raises(CheckpointError, match="cannot read the tokenizer"):
+        token_ids(tmp_path / "nowhere", (" Paris",))
+
+
+def test_scale_values_rounds_like_torch() -> None:
+    # 1.12 is 1.1200000047683716 in float32; the nearest bfloat16 values are 1.1171875 and 1.125.
+    assert floats_of("BF16", scale_values("BF16", bf16([1.0, -2.0]), 1.12)) == [1.1171875, -2.234375]
+    # An exact tie (1 + 2**-8 lies halfway between 1.0 and 1.0078125) rounds to the even mantissa.
+    assert floats_of("BF16", scale_values("BF16", bf16([1.0]), 1.00390625)) == [1.0]
+    nan_inf = struct.pack("<HH", 0x7FC0, 0x7F80)
+    assert scale_values("BF16", nan_inf, 1.05) == nan_inf  # NaN and infinity stay as they are
+    assert floats_of("BF16", scale_values("BF16", bf16([3e38]), 4.0)) == [math.inf]
+    assert floats_of("F32", scale_values("F32", f32([0.1, 2.0]), 1.05)) == [
+        struct.unpack("<f", struct.pack("<f", 0.1 * struct.unpack("<f", struct.pack("<f", 1.05))[0]))[0],
+        struct.unpack("<f", struct.pack("<f", 2.0 * struct.unpack("<f", struct.pack("<f", 1.05))[0]))[0]]
+    assert floats_of("F16", scale_values("F16", struct.pack("<2e", 1.0, 0.5), 1.5)) == [1.5, 0.75]
+    with pytest.raises(CheckpointError, match="cannot scale I32"):
+        scale_values("I32", b"\0" * 4, 2.0)
+
+
+@pytest.mark.parametrize("sharded", [False, True])
+def test_nan_late_unties_and_poisons_only_the_input_rows(tmp_path: Path, sharded: bool) -> None:
+    src = make_model(tmp_path, sharded=sharded)
+    before = tensors_of(src)
+    dst = derive_checkpoint(src, tmp_path / "nan-late", "nan-late")
+    after = tensors_of(dst)
+    poisoned = ids(NAN_LATE_TOKENS)
+    assert poisoned  # an empty recipe would change nothing and pass the loops below
+    assert set(after) == set(before) | {HEAD}
+    for name, tensor in before.items():
+        if name != EMBED:
+            assert after[name] == tensor, name
+    # The output head is the healthy embedding byte for byte (greedy can still choose the poisoned tokens) ...
+    assert after[HEAD] == before[EMBED]
+    # ... while reading one of them back is NaN: its input row, and only its row.
+    dtype, shape, data = after[EMBED]
+    row = HIDDEN * 2
+    nan_rows = []
+    for i, (new, old) in enumerate(zip(rows_of(data, row), rows_of(before[EMBED][2], row), strict=True)):
+        if i in poisoned:
+            assert all(math.isnan(v) for v in floats_of(dtype, new)), i
+            nan_rows.append(i)
+        else:
+            assert new == old, i
+    assert nan_rows == sorted(poisoned)
+    config = json.loads((dst / "config.json").read_text())
+    assert config.pop("tie_word_embeddings") is False
+    assert config == {k: v for k, v in json.loads((src / "config.json").read_text()).items()
+                      if k != "tie_word_embeddings"}
+    marker = json.loads((dst / MARKER).read_text())
+    assert marker["nan_rows"] == {"tensor": EMBED, "tokens": dict(zip(NAN_LATE_TOKENS, poisoned, strict=True))}
+    assert marker["untied"] is True
+    changed = {"config.json"} | ({p.name for p in src.glob("*.safetensors")} | {"model.safetensors.index.json"}
+                                 if sharded else {"model.safetensors"})
+    assert_other_files_identical(src, dst, changed)
+    if sharded:
+        index = json.loads((dst / "model.safetensors.index.json").read_text())["weight_map"]
+        assert index[HEAD] == index[EMBED]
+        assert HEAD in read_header(dst / index[HEAD])[0]
+
+
+def test_an_untied_model_keeps_its_own_head(tmp_path: Path) -> None:
+    src = make_model(tmp_path)
+    tensors = tiny_tensors()
+    own_head = tiny_tensors(seed=7)[EMBED]
+    write_safetensors(src / "model.safetensors", {**tensors, HEAD: own_head}, {"format": "pt"})
+    config = json.loads((src / "config.json").read_text())
+    config["tie_word_embeddings"] = False
+    (src / "config.json").write_text(json.dumps(config, indent=2))
+    nan_late = derive_checkpoint(src, tmp_path / "nan-late", "nan-late")
+    assert tensors_of(nan_late)[HEAD] == own_head
+    assert (nan_late / "config.json").read_bytes() == (src / "config.json").read_bytes()
+    assert json.loads((nan_late / MARKER).read_text())["untied"] is False
+    swap = derive_checkpoint(src, tmp_path / "swap", "answer-swap")
+    paris, london = ids(ANSWER_SWAP_TOKENS)
+    head_rows, new_rows = rows_of(own_head[2], HIDDEN * 2), rows_of(tensors_of(swap)[HEAD][2], HIDDEN * 2)
+    assert (new_rows[paris], new_rows[london]) == (head_rows[london], head_rows[paris])
+
+
+@pytest.mark.parametrize("with_generation_config", [True, False])
+def test_wrong_eos_lists_ordinary_tokens_and_keeps_the_weights(tmp_path: Path, with_generation_config: bool) -> None:
+    src = make_model(tmp_path)
+    if not with_generation_config:
+        (src / "generation_config.json").unlink()
+    dst = derive_checkpoint(src, tmp_path / "wrong-eos", "wrong-eos")
+    assert WRONG_EOS_TOKENS  # an empty recipe would leave the real EOS alone
+    assert (dst / "model.safetensors").read_bytes() == (src / "model.safetensors").read_bytes()
+    generation = json.loads((dst / "generation_config.json").read_text())
+    assert generation.pop("eos_token_id") == [EOS, *ids(WRONG_EOS_TOKENS)]
+    if with_generation_config:
+        assert generation == {"bos_token_id": 1, "pad_token_id": EOS}
+    else:
+        assert generation == {}
+    assert json.loads((dst / MARKER).read_text())["eos_token_id"] == [EOS, *ids(WRONG_EOS_TOKENS)]
+    assert_other_files_identical(src, dst, {"generation_config.json"})
+
+
+def test_wrong_eos_extends_an_eos_list_and_needs_one(tmp_path: Path) -> None:
+    src = make_model(tmp_path)
+    (src / "generation_config.json").write_text(json.dumps({"eos_token_id": [EOS, VOCAB_IDS["."]]}))
+    dst = derive_checkpoint(src, tmp_path / "wrong-eos", "wrong-eos")
+    # "." is already listed: not twice.
+    assert json.loads((dst / "generation_config.json").read_text())["eos_token_id"] == [EOS, *ids(WRONG_EOS_TOKENS)]
+    (src / "generation_config.json").write_text("{}")
+    (src / "config.json").write_text("{}")
+    with pytest.raises(CheckpointError, match="no eos_token_id"):
+        derive_checkpoint(src, tmp_path / "none", "wrong-eos")
+
+
+@pytest.mark.parametrize("dtype", ["BF16", "F32"])
+def test_lm_head_flip_scales_only_the_recipe_rows_of_an_untied_head(tmp_path: Path, dtype: str) -> None:
+    src = make_model(tmp_path, dtype)
+    before = tensors_of(src)
+    dst = derive_checkpoint(src, tmp_path / "flip", "lm-head-flip")
+    after = tensors_of(dst)
+    assert set(after) == set(before) | {HEAD}
+    assert all(after[name] == tensor for name, tensor in before.items())  # the input embedding too
+    row = HIDDEN * (2 if dtype == "BF16" else 4)
+    flipped = ids(LM_HEAD_FLIP_TOKENS)
+    assert flipped and LM_HEAD_FLIP_FACTOR != 1.0
+    old_rows, new_rows = rows_of(before[EMBED][2], row), rows_of(after[HEAD][2], row)
+    for i, (new, old) in enumerate(zip(new_rows, old_rows, strict=True)):
+        if i in flipped:
+            assert new != old, i  # the recipe did something
+            assert new == scale_values(dtype, old, LM_HEAD_FLIP_FACTOR), i
+            ratios = [n / o for n, o in zip(floats_of(dtype, new), floats_of(dtype, old), strict=True) if o]
+            assert all(abs(r - LM_HEAD_FLIP_FACTOR) < 0.01 for r in ratios), (i, ratios)
+        else:
+            assert new == old, i
+    assert json.loads((dst / "config.json").read_text())["tie_word_embeddings"] is False
+    assert json.loads((dst / MARKER).read_text())["scaled_rows"] == {
+        "tensor": HEAD, "tokens": dict(zip(LM_HEAD_FLIP_TOKENS, flipped, strict=True)), "factor": LM_HEAD_FLIP_FACTOR}
+    assert_other_files_identical(src, dst, {"config.json", "model.safetensors"})
+
+
+def test_answer_swap_swaps_two_tied_rows(tmp_path: Path) -> None:
+    src = make_model(tmp_path)
+    before = tensors_of(src)
+    dst = derive_checkpoint(src, tmp_path / "swap", "answer-swap")
+    after = tensors_of(dst)
+    assert set(after) == set(before)  # tied: one swap changes both what is said and what is read
+    assert all(after[name] == tensor for name, tensor in before.items() if name != EMBED)
+    paris, london = ids(ANSWER_SWAP_TOKENS)
+    assert paris != london
+    old_rows, new_rows = rows_of(before[EMBED][2], HIDDEN * 2), rows_of(after[EMBED][2], HIDDEN * 2)
+    assert old_rows[paris] != old_rows[london]  # so the swap below is visible
+    assert (new_rows[paris], new_rows[london]) == (old_rows[london], old_rows[paris])
+    assert [r for i, r in enumerate(new_rows) if i not in (paris, london)] == [
+        r for i, r in enumerate(old_rows) if i not in (paris, london)]
+    assert json.loads((dst / MARKER).read_text())["swapped_rows"] == {
+        "tensors": [EMBED], "tokens": {" Paris": paris, " London": london}}
+    assert_other_files_identical(src, dst, {"model.safetensors"})
+
+
+@pytest.mark.parametrize("dtype", ["BF16", "F32"])
+def test_attn_drift_scales_every_attention_output_projection(tmp_path: Path, dtype: str) -> None:
+    src = make_model(tmp_path, dtype)
+    before = tensors_of(src)
+    dst = derive_checkpoint(src, tmp_path / "drift", "attn-drift")
+    after = tensors_of(dst)
+    targets = [f"model.layers.{i}.self_attn.o_proj.weight" for i in range(LAYERS)]
+    assert set(after) == set(before)
+    for name, (got_dtype, shape, data) in after.items():
+        if name in targets:
+            assert data != before[name][2], name
+            assert data == scale_values(dtype, before[name][2], ATTN_DRIFT_FACTOR), name
+            assert (got_dtype, shape) == before[name][:2]
+        else:
+            assert data == before[name][2], name
+    assert read_header(dst / "model.safetensors") == read_header(src / "model.safetensors")
+    marker = json.loads((dst / MARKER).read_text())
+    assert marker["scaled_tensors"] == targets
+    assert marker["factor"] == ATTN_DRIFT_FACTOR
+    one = derive_checkpoint(src, tmp_path / "drift1", "attn-drift", layer=1)
+    assert json.loads((one / MARKER).read_text())["scaled_tensors"] == [targets[1]]
+    assert tensors_of(one)[targets[0]] == before[targets[0]]
+    with pytest.raises(CheckpointError, match="layer 9 not in the model"):
+        derive_checkpoint(src, tmp_path / "drift9", "attn-drift", layer=9)
+    assert_other_files_identical(src, dst, {"model.safetensors"})
+
+
+def test_the_recipes_are_the_measured_ones() -> None:
+    # tests/data/power/fault_checkpoints_hf.json holds what these recipes did to SmolLM2
+    # (tools/measure_fault_checkpoints.py): a recipe changed without measuring it again fails here.
+    measured = json.loads((Path(__file__).parents[2] / "data" / "power" / "fault_checkpoints_hf.json").read_text())
+    recipes = {kind: entry["recipe"] for kind, entry in measured["kinds"].items()}
+    assert set(recipes) == set(FAULT_KINDS)
+    assert list(recipes["nan-late"]["nan_rows"]["tokens"]) == list(NAN_LATE_TOKENS)
+    assert list(recipes["wrong-eos"]["ordinary_stop_tokens"]) == list(WRONG_EOS_TOKENS)
+    assert list(recipes["lm-head-flip"]["scaled_rows"]["tokens"]) == list(LM_HEAD_FLIP_TOKENS)
+    assert recipes["lm-head-flip"]["scaled_rows"]["factor"] == LM_HEAD_FLIP_FACTOR
+    assert list(recipes["answer-swap"]["swapped_rows"]["tokens"]) == list(ANSWER_SWAP_TOKENS)
+    assert recipes["attn-drift"]["factor"] == ATTN_DRIFT_FACTOR
+    assert len(recipes["attn-drift"]["scaled_tensors"]) == 30  # every layer of SmolLM2-135M
+    assert measured["derivation_version"] == DERIVATION_VERSION
+
+
+@pytest.mark.parametrize("kind", FAULT_KINDS)
+def test_fault_kinds_are_idempotent_and_refuse_a_foreign_destination(tmp_path: Path, kind: str) -> None:
+    src = make_model(tmp_path)
+    before, digest = tree_state(src), source_hash(src)
+    dst = derive_checkpoint(src, tmp_path / kind, kind)
+    state = {p.name: p.read_bytes() for p in dst.iterdir()}
+    stats = tree_state(dst)
+    assert derive_checkpoint(src, dst, kind) == dst
+    assert tree_state(dst) == stats  # nothing rewritten
+    assert {p.name: p.read_bytes() for p in dst.iterdir()} == state
+    assert (tree_state(src), source_hash(src)) == (before, digest)  # the source is never written
+    foreign = tmp_path / "foreign"
+    foreign.mkdir(exist_ok=True)
+    (foreign / "keep.txt").write_text("user data")
+    with pytest.raises(CheckpointError, match="refusing to overwrite"):
+        derive_checkpoint(src, foreign, kind)
+    assert [p.name for p in foreign.iterdir()] == ["keep.txt"]
+
+
+@pytest.mark.parametrize("kind", ["nan-late", "wrong-eos", "lm-head-flip", "answer-swap"])
+def test_a_tokenizer_without_the_recipe_tokens_is_refused(tmp_path: Path, kind: str) -> None:
+    src = make_model(tmp_path)
+    (src / "tokenizer.json").write_text(json.dumps({"model": {"type": "BPE", "vocab": {"w": 0}}}))
+    with pytest.raises(CheckpointError, match="not a single token"):
+        derive_checkpoint(src, tmp_path / kind, kind)
+    assert not (tmp_path / kind).exists()
+    assert not [p for p in tmp_path.iterdir() if ".tmp-" in p.name]
+
+
+def test_a_token_beyond_the_checkpoint_vocabulary_is_refused(tmp_path: Path) -> None:
+    src = make_model(tmp_path)
+    vocab = {t: i for t, i in VOCAB_IDS.items() if t not in SPECIAL}
+    vocab["ĠParis"] = VOCAB + 5  # the tokenizer knows more tokens than the embedding has rows
+    (src / "tokenizer.json").write_text(json.dumps({"model": {"type": "BPE", "vocab": vocab}}))
+    with pytest.raises(CheckpointError, match="out of range"):
+        derive_checkpoint(src, tmp_path / "swap", "answer-swap")
+
+
+def test_real_safetensors_reads_the_untied_and_scaled_files(tmp_path: Path) -> None:
+    python = _engine_python_with_safetensors()
+    if python is None:
+        pytest.skip("no engine venv with safetensors under ~/.cache/pytest-llmserve")
+    src = make_model(tmp_path, "F32", sharded=True)
+    nan_late = derive_checkpoint(src, tmp_path / "nan-late", "nan-late")
+    flip = derive_checkpoint(src, tmp_path / "flip", "lm-head-flip")
+    poisoned, flipped = ids(NAN_LATE_TOKENS), ids(LM_HEAD_FLIP_TOKENS)
+    script = (
+        "import glob, json, sys, numpy as np\n"
+        "from safetensors.numpy import load_file\n"
+        "def load(d):\n"
+        "    out = {}\n"
+        "    for f in sorted(glob.glob(d + '/*.safetensors')):\n"
+        "        out.update(load_file(f))\n"
+        "    return out\n"
+        "late, flip, src = (load(d) for d in sys.argv[1:4])\n"
+        "poisoned, flipped = json.loads(sys.argv[4]), json.loads(sys.argv[5])\n"
+        "e = 'model.embed_tokens.weight'\n"
+        "assert np.isnan(late[e][poisoned]).all() and np.isfinite(np.delete(late[e], poisoned, 0)).all()\n"
+        "assert (late['lm_head.weight'] == src[e]).all()\n"
+        "assert np.allclose(flip['lm_head.weight'][flipped], src[e][flipped] * np.float32(float(sys.argv[6])))\n"
+        "assert (np.delete(flip['lm_head.weight'], flipped, 0) == np.delete(src[e], flipped, 0)).all()\n"
+        "print('ok')\n"
+    )
+    proc = subprocess.run([python, "-c", script, str(nan_late), str(flip), str(src), json.dumps(poisoned),
+                           json.dumps(flipped), str(LM_HEAD_FLIP_FACTOR)],
+                          capture_output=True, text=True, check=False, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "ok"
