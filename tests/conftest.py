@@ -21,12 +21,13 @@ pytest_plugins = ["pytester", "tests.standins.fixtures"]  # the fault tests' pri
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """This repository's default ``pytest tests`` leaves out the long real-engine runs: the ``builds`` tests
-    (real installs, tens of minutes) and the ``multihost`` tests (real boots over ssh); any ``-m`` expression
-    takes over (``-m builds``, ``-m multihost``, tox -e builds / multihost). Here, not in addopts: the plugin
+    (real installs, tens of minutes), the ``multihost`` tests (real boots over ssh) and the fault catalogue's
+    real-engine part (``power``: a dozen boots); any ``-m`` expression takes over (``-m builds``, ``-m multihost``,
+    ``-m power``, tox -e builds / multihost / power). Here, not in addopts: the plugin
     registers no such rule for its users."""
     if config.option.markexpr:
         return
-    long_runs = ("builds", "multihost")
+    long_runs = ("builds", "multihost", "power")
     kept = [item for item in items if not any(item.get_closest_marker(m) for m in long_runs)]
     if len(kept) != len(items):
         config.hook.pytest_deselected(items=[item for item in items if item not in kept])
