@@ -184,19 +184,11 @@ def test_a_broken_marker_is_an_error_naming_the_file(tmp_path: Path, marker: obj
 
 
 def test_the_marker_is_verified_once_per_weights_version(tmp_path: Path, private_cache: Path,
-                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+                                                         hashings: list[Path]) -> None:
     folder = _model(tmp_path, {"random_weights": True, weights.SHA_KEY: WEIGHTS_SHA})
-    seen: list[Path] = []
-    real = weights.file_sha256
-
-    def counting(path: Path) -> str:
-        seen.append(path)
-        return real(path)
-
-    monkeypatch.setattr(weights, "file_sha256", counting)
     spec = _spec({"model": str(folder)})
     assert untrained(spec) == untrained(spec) == untrained(spec)
-    assert seen == [(folder / weights.WEIGHTS_FILE).resolve()]
+    assert hashings == [(folder / weights.WEIGHTS_FILE).resolve()]
     assert (private_cache / weights.DIGEST_CACHE_FILE).is_file()
 
 

@@ -26,20 +26,6 @@ def _weights(folder: Path, fill: int = 1, count: int = 64) -> Path:
     return path
 
 
-@pytest.fixture
-def hashings(monkeypatch: pytest.MonkeyPatch) -> list[Path]:
-    """Every file :func:`weights.file_sha256` reads, in order (it still hashes)."""
-    seen: list[Path] = []
-    real = weights.file_sha256
-
-    def counting(path: Path) -> str:
-        seen.append(path)
-        return real(path)
-
-    monkeypatch.setattr(weights, "file_sha256", counting)
-    return seen
-
-
 def _bump_mtime(path: Path, seconds: int = 5) -> None:
     st = path.stat()
     os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + seconds * 1_000_000_000))
