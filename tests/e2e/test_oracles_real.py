@@ -125,7 +125,7 @@ def test_nan_and_scrambled_checkpoints_are_caught_by_the_right_oracle(
     message = failure("test_matches_the_scrambled_reference[healthy]")
     assert "differential[healthy vs reference scrambled" in message
     assert "healthy vs scrambled: diverge at position 0" in message
-    assert "is not in scrambled's top-5" in message
+    assert "is not in scrambled's top-k" in message
     assert "offending tokens: scrambled's first, then healthy's" in message
     assert "reference: attached server scrambled at " + servers["scrambled"].url in message, message
 
