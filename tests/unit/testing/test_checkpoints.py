@@ -290,31 +290,40 @@ def _engine_python_with_safetensors() -> str | None:
     return None
 
 
-def test_real_safetensors_reads_derived_files(tmp_path: Path) -> None:
+# Read back by the real safetensors library (in the engine's venv, which has it), not by our own reader.
+_LOAD_WITH_SAFETENSORS = (
+    "import glob, json, sys, numpy as np\n"
+    "from safetensors.numpy import load_file\n"
+    "def load(d):\n"
+    "    out = {}\n"
+    "    for f in sorted(glob.glob(d + '/*.safetensors')):\n"
+    "        out.update(load_file(f))\n"
+    "    return out\n"
+)
+
+
+def _assert_in_engine_python(checks: str, *args: str) -> None:
+    """Run ``checks`` (after the loader above) in the engine's python; skip where no engine venv has safetensors."""
     python = _engine_python_with_safetensors()
     if python is None:
         pytest.skip("no engine venv with safetensors under ~/.cache/pytest-llmserve")
+    proc = subprocess.run([python, "-c", _LOAD_WITH_SAFETENSORS + checks + "print('ok')\n", *args],
+                          capture_output=True, text=True, check=False, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "ok"
+
+
+def test_real_safetensors_reads_derived_files(tmp_path: Path) -> None:
     src = make_model(tmp_path, "F32", sharded=True)
     nan = derive_checkpoint(src, tmp_path / "nan", "nan")
     scrambled = derive_checkpoint(src, tmp_path / "scrambled", "scrambled")
-    script = (
-        "import glob, sys, numpy as np\n"
-        "from safetensors.numpy import load_file\n"
-        "def load(d):\n"
-        "    out = {}\n"
-        "    for f in sorted(glob.glob(d + '/*.safetensors')):\n"
-        "        out.update(load_file(f))\n"
-        "    return out\n"
+    _assert_in_engine_python(
         "a, s, o = (load(d) for d in sys.argv[1:4])\n"
         "assert np.isnan(a['model.layers.2.mlp.down_proj.weight']).all()\n"
         "assert np.isfinite(a['model.layers.1.mlp.down_proj.weight']).all()\n"
-        "assert (s['model.layers.3.mlp.up_proj.weight'] == o['model.layers.0.mlp.up_proj.weight']).all()\n"
-        "print('ok')\n"
+        "assert (s['model.layers.3.mlp.up_proj.weight'] == o['model.layers.0.mlp.up_proj.weight']).all()\n",
+        str(nan), str(scrambled), str(src),
     )
-    proc = subprocess.run([python, "-c", script, str(nan), str(scrambled), str(src)], capture_output=True,
-                          text=True, check=False, timeout=120)
-    assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.strip() == "ok"
 
 
 # --------------------------------------------------------------------------------------------------
@@ -609,32 +618,17 @@ def test_a_token_beyond_the_checkpoint_vocabulary_is_refused(tmp_path: Path) -> 
 
 
 def test_real_safetensors_reads_the_untied_and_scaled_files(tmp_path: Path) -> None:
-    python = _engine_python_with_safetensors()
-    if python is None:
-        pytest.skip("no engine venv with safetensors under ~/.cache/pytest-llmserve")
     src = make_model(tmp_path, "F32", sharded=True)
     nan_late = derive_checkpoint(src, tmp_path / "nan-late", "nan-late")
     flip = derive_checkpoint(src, tmp_path / "flip", "lm-head-flip")
     poisoned, flipped = ids(NAN_LATE_TOKENS), ids(LM_HEAD_FLIP_TOKENS)
-    script = (
-        "import glob, json, sys, numpy as np\n"
-        "from safetensors.numpy import load_file\n"
-        "def load(d):\n"
-        "    out = {}\n"
-        "    for f in sorted(glob.glob(d + '/*.safetensors')):\n"
-        "        out.update(load_file(f))\n"
-        "    return out\n"
+    _assert_in_engine_python(
         "late, flip, src = (load(d) for d in sys.argv[1:4])\n"
         "poisoned, flipped = json.loads(sys.argv[4]), json.loads(sys.argv[5])\n"
         "e = 'model.embed_tokens.weight'\n"
         "assert np.isnan(late[e][poisoned]).all() and np.isfinite(np.delete(late[e], poisoned, 0)).all()\n"
         "assert (late['lm_head.weight'] == src[e]).all()\n"
         "assert np.allclose(flip['lm_head.weight'][flipped], src[e][flipped] * np.float32(float(sys.argv[6])))\n"
-        "assert (np.delete(flip['lm_head.weight'], flipped, 0) == np.delete(src[e], flipped, 0)).all()\n"
-        "print('ok')\n"
+        "assert (np.delete(flip['lm_head.weight'], flipped, 0) == np.delete(src[e], flipped, 0)).all()\n",
+        str(nan_late), str(flip), str(src), json.dumps(poisoned), json.dumps(flipped), str(LM_HEAD_FLIP_FACTOR),
     )
-    proc = subprocess.run([python, "-c", script, str(nan_late), str(flip), str(src), json.dumps(poisoned),
-                           json.dumps(flipped), str(LM_HEAD_FLIP_FACTOR)],
-                          capture_output=True, text=True, check=False, timeout=120)
-    assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.strip() == "ok"
