@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import glob
 import json
 import math
-import os
 import random
 import struct
 import subprocess
@@ -14,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from pytest_llmserve.engines import embedded
 from pytest_llmserve.testing.checkpoints import (
     ANSWER_SWAP_TOKENS,
     ATTN_DRIFT_FACTOR,
@@ -282,12 +281,13 @@ def test_cli_and_subprocess_runner(tmp_path: Path, capsys: pytest.CaptureFixture
 
 
 def _engine_python_with_safetensors() -> str | None:
-    pattern = os.path.expanduser("~/.cache/pytest-llmserve/venv-*/bin/python")
-    for python in sorted(glob.glob(pattern)):
-        probe = subprocess.run([python, "-c", "import safetensors.numpy"], capture_output=True, check=False)
-        if probe.returncode == 0:
-            return python
-    return None
+    """The embedded engine's interpreter (the plugin's own lookup: its cache, or $PYTEST_LLMSERVE_VLLM_PYTHON) when
+    it exists and imports safetensors."""
+    python = embedded.engine_python()
+    if not Path(python).is_file():
+        return None
+    probe = subprocess.run([python, "-c", "import safetensors.numpy"], capture_output=True, check=False)
+    return python if probe.returncode == 0 else None
 
 
 # Read back by the real safetensors library (in the engine's venv, which has it), not by our own reader.
