@@ -19,6 +19,8 @@ Shape of the file (all tables optional)::
     random_weights = false             # optional: true for an untrained model (unset: its folder's
                                        # llmserve-checkpoint.json says so, verified against the
                                        # weights' sha256); see untrained
+    long_context_probes = true         # optional: contexts past a DSA model's index_topk in the differential
+                                       # and batch cases (unset: on when config.json has index_topk)
 
     [tool.llmserve.matrix.glm5]        # one boot per combination of these logical options
     attention_backend = ["trtllm", "flashmla_kv"]
@@ -235,6 +237,9 @@ class ServerSpec:
     # The model's weights are untrained (random): oracles that need a trained model report "not applicable".
     # None: recognised from the model folder's marker file, its weights hash verified (see :func:`untrained`).
     random_weights: bool | None = None
+    # The long-context probes (contexts past a DSA model's index_topk) in the differential and the batch cases:
+    # None: on for a model whose config.json has index_topk; false: off; true: required (an error without it).
+    long_context_probes: bool | None = None
     # The suite's test_matches_reference: the bound on max |Δlogprob| of the chosen tokens before the first
     # divergence from the matrix's reference combination (None: oracles.DEFAULT_MAX_LOGPROB_DELTA).
     differential_max_logprob_delta: float | None = None

@@ -95,7 +95,7 @@ def parse_server_value(key: str, value: Any, where: str, source: str = "<built-i
         if key == "port":
             want(value < 65536, "a port number below 65536")
         return value
-    if key in ("deterministic", "eager", "flash_attention", "gpu", "random_weights"):
+    if key in ("deterministic", "eager", "flash_attention", "gpu", "random_weights", "long_context_probes"):
         want(isinstance(value, bool), "true or false")
         return value
     want(isinstance(value, str), "a string")

@@ -72,6 +72,13 @@ class ServerFacts:
     decode_attention_backend: str | None = None
     nsa_prefill_backend: str | None = None
     nsa_decode_backend: str | None = None
+    # DSA (DeepSeek Sparse Attention): a prefill whose KV length is at most this takes a dense attention kernel,
+    # not the sparse one (SGLang's threshold; 0 = every prefill is sparse). Below index_topk tokens the indexer
+    # keeps every token anyway, so only longer requests show whether selection works.
+    dsa_dense_threshold: int | None = None
+    # DSA: the index_topk the server runs with (tokens each query attends to), as the server reported it: its
+    # own line, else the model-config override args it was given (the model's config.json is not the server's word).
+    dsa_index_topk: int | None = None
     compilation_mode: str | None = None  # vLLM CompilationMode name: NONE, DYNAMO_TRACE_ONCE, VLLM_COMPILE
     cudagraph_mode: str | None = (
         None  # vLLM mode after downgrades; SGLang decode graph backend ("full", "disabled")

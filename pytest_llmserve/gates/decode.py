@@ -33,6 +33,7 @@ from pytest_llmserve.evidence.client import LLMClient
 from pytest_llmserve.gates import oracle_runs
 from pytest_llmserve.gates.failed_checks import record_correctness_failure
 from pytest_llmserve.gates.probes import AnswerBook, SentBatch, ServerProbes, plan
+from pytest_llmserve.model_config import dsa_index_topk
 from pytest_llmserve.report.checks import NOT_APPLICABLE, one_line
 from pytest_llmserve.server.handle import engine_of
 from pytest_llmserve.store import reference_answers as store
@@ -42,6 +43,7 @@ from pytest_llmserve.verdicts.coherence import CoherenceThresholds
 from pytest_llmserve.verdicts.differential import DEFAULT_TOLERANCE, DifferentialTolerance
 from pytest_llmserve.verdicts.divergence import divergence_rows, divergence_table, worst_row
 from pytest_llmserve.verdicts.findings import Finding, OracleReport
+from pytest_llmserve.verdicts.long_context import long_context_prompts, reach_of, unreached
 
 if TYPE_CHECKING:
     from pytest_llmserve.server.pool import ServerPool
@@ -78,6 +80,55 @@ OracleVerdict = Literal["pass", "fail", "unverifiable", "skipped", "not-applicab
 #: Tokens of each differential prompt recorded on a matrix's reference and replayed on its other combinations:
 #: one constant, since a recording is refused for another length (DSA's divergences came by token 6).
 REFERENCE_MAX_TOKENS = 32
+
+
+def index_topk_of(spec: ServerSpec, facts: Callable[[], Any] | None = None) -> int | None:
+    """The index_topk a probe must exceed on a DSA server: the larger of its model's config.json and the override
+    args passed to the engine (the configuration, so a recording and its replays agree without a running server,
+    and a server given a smaller topk is probed as its reference is); where the model
+    folder is not here (an attached server), what the server's log said (``facts``, read only then); None for a
+    model without one."""
+    found = dsa_index_topk(spec)
+    if found is not None:
+        return found.largest
+    if facts is None or (spec.model and (Path(spec.model).expanduser() / "config.json").is_file()):
+        return None  # the model's own config is here and has no index_topk: not a DSA model
+    told = getattr(facts(), "dsa_index_topk", None)
+    return told if isinstance(told, int) else None
+
+
+def long_context_probes(*sides: tuple[ServerSpec, Callable[[], Any] | None]) -> tuple[oracles.ProbePrompt, ...]:
+    """The long-context probes a DSA model's differential and batch cases add (:mod:`pytest_llmserve.verdicts.
+    long_context`), for the largest index_topk of ``sides`` ((spec, its facts or None) pairs: both sides of a
+    comparison must select); () where no side is a DSA model, or a side's configuration says
+    ``long_context_probes = false``."""
+    if any(spec.long_context_probes is False for spec, _facts in sides):
+        return ()
+    known = [k for k in (index_topk_of(spec, facts) for spec, facts in sides) if k is not None]
+    if not known:
+        wanted = [spec.id for spec, _facts in sides if spec.long_context_probes]
+        if wanted:
+            raise ConfigError(f"long_context_probes = true for {', '.join(wanted)}, but no index_topk is known: the "
+                              "model folder's config.json has none (not a DSA model?) and the server's log did not "
+                              "say it")
+        return ()
+    return long_context_prompts(max(known))
+
+
+def _batch_pool(long: Sequence[oracles.ProbePrompt]) -> tuple[oracles.ProbePrompt, ...]:
+    """The batch cases' prompt pool: the short prompts with the long-context probes spread through them (one
+    first), so that every batch of two or more mixes a context past index_topk with short ones, as real traffic
+    does, and a batch of 8 holds at most three of them (8,192 + 4,096 + 2,560 tokens for index_topk 2,048)."""
+    if not long:
+        return oracles.DEFAULT_BATCH_PROMPTS
+    short = list(oracles.DEFAULT_BATCH_PROMPTS)
+    step = max(1, len(short) // len(long))
+    pool: list[oracles.ProbePrompt] = []
+    for i, probe in enumerate(long):
+        pool.append(probe)
+        pool.extend(short[i * step:(i + 1) * step])
+    pool.extend(short[len(long) * step:])
+    return tuple(pool)
 
 
 @dataclass(frozen=True, slots=True)
@@ -358,16 +409,49 @@ class DecodeCheck:
         ref_spec = getattr(ref_server, "spec_for_checks", None) or ref_server.spec
         if exact is None:
             exact = self._exact() and bool(engine_of(ref_server).deterministic_flag_on(ref_spec))
+        if prompts is None:
+            long = self._long_context_probes((ref_spec, getattr(ref_server, "facts", None)),
+                                             (self.spec, getattr(self.server, "facts", None)))
+            prompts = (*oracles.DEFAULT_DIFFERENTIAL_PROMPTS, *long)
         ref_server.ensure_alive()
         with ref_server.client() as ref_client, self._client() as client:
             report = oracle_runs.run_differential(ref_client, client, name_ref=ref_spec.id,
-                                                  name_cand=self.spec.id,
-                                                  prompts=prompts or oracles.DEFAULT_DIFFERENTIAL_PROMPTS,
+                                                  name_cand=self.spec.id, prompts=prompts,
                                                   max_tokens=max_tokens or self.batch_tokens, exact=exact,
                                                   concurrent=concurrent, tolerance=tolerance)
         if not report.ok:
             ref_server.ensure_alive()
-        return self._conclude(report, extra=f"reference: {ref_server.describe()}")
+        self._conclude(report, extra=f"reference: {ref_server.describe()}")
+        return self._selection_reached(report.check, prompts, report.completions)
+
+    def _long_context_probes(self, *sides: tuple[ServerSpec, Callable[[], Any] | None]
+                             ) -> tuple[oracles.ProbePrompt, ...]:
+        """:func:`long_context_probes`, a configuration that asks for them without an index_topk failing the
+        check."""
+        try:
+            return long_context_probes(*sides)
+        except ConfigError as exc:
+            self.fail(f"{self.spec.id}: {exc}", check="long-context probes")
+            raise  # not reached: fail raises
+
+    def _selection_reached(self, check: str, prompts: Sequence[oracles.ProbePrompt],
+                           answers: Sequence[Any]) -> DecodeCheck:
+        """After a check that passed with long-context probes: each probe whose context the server counted past
+        index_topk is evidence of sparse selection; one that did not get there (a tokenizer that counts fewer
+        tokens, a prompt the server truncated) is kept as *unverifiable*, never taken for a pass."""
+        reaches = reach_of(prompts, answers)
+        if not reaches:
+            return self
+        short = unreached(reaches)
+        if short:
+            self.skip(f"{self.spec.id}: unverifiable: {len(short)} of {len(reaches)} long-context probes did not "
+                      f"reach sparse selection, so {check} says nothing about the token selection there:\n  "
+                      + "\n  ".join(r.describe() for r in reaches), check=f"{check} (sparse selection)",
+                      unverifiable=True)
+        else:
+            self.record(oracle_record(f"{check} (sparse selection)", "pass",
+                                      detail="\n".join(r.describe() for r in reaches)))
+        return self
 
     def matches_reference(self) -> DecodeCheck:
         """This combination against its matrix's declared reference combination, on the same greedy prompts
@@ -390,7 +474,7 @@ class DecodeCheck:
             self.skip(f"{spec.id}: no reference combination declared for server {spec.name!r} (reference = "
                       f"\"<combination id>\" in [tool.llmserve.matrix.{spec.name}])", check=check)
             return self
-        prompts = oracles.DEFAULT_DIFFERENTIAL_PROMPTS
+        prompts = self._reference_prompts(plan.reference)
         try:
             if plan.given is not None:
                 recorded = store.load(store.given_file(plan.given, spec.name), "--llmserve-reference-answers")
@@ -409,12 +493,19 @@ class DecodeCheck:
             raise  # not reached: fail raises
         return self._compare_with_reference(recorded, plan.tolerance)
 
+    def _reference_prompts(self, reference: ServerSpec) -> tuple[oracles.ProbePrompt, ...]:
+        """What a matrix's reference records and every combination replays: the differential prompts, and for a
+        DSA model the long-context probes of the reference's index_topk (from its configuration: a recording and
+        its replays agree without the reference running)."""
+        return (*oracles.DEFAULT_DIFFERENTIAL_PROMPTS, *self._long_context_probes((reference, None)))
+
     def _reference_answers(self, server: Any, spec: ServerSpec) -> Any:
-        """The differential prompts sent to ``server`` (one at a time), as a recording of ``spec``."""
+        """The reference prompts sent to ``server`` (one at a time), as a recording of ``spec``."""
+        prompts = self._reference_prompts(spec)
         server.ensure_alive()
         with server.client() as client:
             client.request_kind = "probes"
-            answers = oracle_runs.send_prompts(client, oracles.DEFAULT_DIFFERENTIAL_PROMPTS, REFERENCE_MAX_TOKENS,
+            answers = oracle_runs.send_prompts(client, prompts, REFERENCE_MAX_TOKENS,
                                                logprobs=oracles.DEFAULT_LOGPROBS)
         identity = store.model_identity(spec)
         version = None
@@ -426,7 +517,7 @@ class DecodeCheck:
                                       model_sha256=identity[store.SHA_KEY], engine=spec.engine,
                                       engine_version=str(version) if version else None,
                                       max_tokens=REFERENCE_MAX_TOKENS, logprobs=oracles.DEFAULT_LOGPROBS,
-                                      prompts=oracles.DEFAULT_DIFFERENTIAL_PROMPTS, answers=tuple(answers))
+                                      prompts=prompts, answers=tuple(answers))
 
     def _recorded_reference(self, plan: ReferencePlan) -> Any:
         """This run's recording of the reference: read when it exists, else recorded under a lock, so that one
@@ -494,19 +585,25 @@ class DecodeCheck:
                 worst = next((r for r in rows if r.probe in failing), worst)
             head = f"{spec.id} disagrees with reference {recorded.combination}" + (
                 f": worst request {worst.summary()}" if worst is not None else "")
-        return self._conclude(report, note=table, head=head)
+        self._conclude(report, note=table, head=head)
+        return self._selection_reached("reference differential", recorded.prompts, report.completions)
 
     def _reference(self, client: Any) -> OracleReport:
         """The engine's own batch-1 answers (sent once per server and kept), with their findings: NaN and
         transport always, coherence only on a trained model. Not judged here: a batch case compares with
         whatever the engine answered, and reports the reference's findings beside its comparisons."""
         cache = self.server.__dict__.setdefault("_llmserve_batch_reference", {})
-        key = (self.batch_tokens, self.untrained is None)
+        pool = self._batch_pool()
+        key = (self.batch_tokens, self.untrained is None, pool)
         if key not in cache:
             cache[key] = oracle_runs.run_batch_reference(client, self.spec.id, max_tokens=self.batch_tokens,
-                                                         judge_coherence=key[1])
+                                                         prompts=pool, judge_coherence=key[1])
         ref: OracleReport = cache[key]
         return ref
+
+    def _batch_pool(self) -> tuple[oracles.ProbePrompt, ...]:
+        """The batch cases' prompts: the short ones, with a DSA model's long-context probes among them."""
+        return _batch_pool(self._long_context_probes((self.spec, getattr(self.server, "facts", None))))
 
     def _batch_cases(self, check: str, cases: Sequence[BatchCase]) -> DecodeCheck:
         """Run ``cases`` against the batch-1 reference: every comparison runs; the reference's own findings
@@ -514,16 +611,20 @@ class DecodeCheck:
         coherence, a separate finding) are added to the report, each named as the reference's."""
         found = self.untrained
         combined = OracleReport(check, server_id=self.spec.id)
+        pool = self._batch_pool()
         with self._client("batch") as client:
             ref = self._reference(client)
             reference = oracles.usable_reference(ref.completions)
             for case in cases:
                 combined.merge(oracle_runs.run_batch_case(client, case, reference, self.spec.id, self.batch_tokens,
-                                                          exact=self._exact(), judge_coherence=found is None))
+                                                          prompts=pool, exact=self._exact(),
+                                                          judge_coherence=found is None))
         combined.add(replace(f, message=f"bs=1 reference: {f.message}") for f in ref.findings)
         note = (f"coherence of the outputs and of their bs=1 reference not judged (not applicable: "
                 f"{found.reason}); each output compared with the engine's own bs=1 answer") if found else None
-        return self._conclude(combined, note=note)
+        self._conclude(combined, note=note)
+        # Selection shown by the batch-1 answers of the long probes (each batch case reuses the same ones).
+        return self._selection_reached(check, pool, ref.completions)
 
     def batch_case(self, case: BatchCase) -> DecodeCheck:
         """``case.size`` concurrent greedy requests, each checked and compared with its batch-1 reference."""

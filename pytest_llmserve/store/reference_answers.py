@@ -64,7 +64,10 @@ def model_identity(spec: ServerSpec) -> dict[str, str | None]:
 
 
 def _prompt_dict(prompt: ProbePrompt) -> dict[str, Any]:
-    return {"text": prompt.text, "chat": prompt.chat, "name": prompt.name}
+    out: dict[str, Any] = {"text": prompt.text, "chat": prompt.chat, "name": prompt.name}
+    if prompt.min_context_tokens:  # only long-context probes carry it: earlier recordings stay comparable
+        out["min_context_tokens"] = prompt.min_context_tokens
+    return out
 
 
 def _number(value: float | None) -> Any:
@@ -190,7 +193,8 @@ def load(path: Path, where: str = "") -> ReferenceAnswers:
             server=str(data["server"]), combination=str(data["combination"]), model=data.get("model"),
             model_sha256=data.get(SHA_KEY), engine=str(data.get("engine")), engine_version=data.get("engine_version"),
             max_tokens=int(data["max_tokens"]), logprobs=int(data["logprobs"]),
-            prompts=tuple(ProbePrompt(str(p["text"]), bool(p.get("chat")), str(p.get("name") or ""))
+            prompts=tuple(ProbePrompt(str(p["text"]), bool(p.get("chat")), str(p.get("name") or ""),
+                                      int(p.get("min_context_tokens") or 0))
                           for p in data["prompts"]),
             answers=tuple(completion_from_dict(a) for a in data["answers"]), recorded_at=str(data.get("recorded_at")),
             path=path)

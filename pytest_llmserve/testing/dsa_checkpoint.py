@@ -214,7 +214,10 @@ def make_config(layers: int, bos: int, eos: int, *, arch: str = DEFAULT_ARCH,
         "index_topk": 2048,  # FlashMLA kv decode and TileLang assert it
         "index_head_dim": 128,  # DSATokenToKVPool asserts it
         "index_n_heads": index_n_heads,  # DeepGEMM SM90 paged MQA logits: 32 or 64
-        "max_position_embeddings": 4096,
+        # Room for the long-context probes past index_topk (verdicts/long_context.py: up to 4 x 2048 = 8,192
+        # tokens of context and the decode after it); plain RoPE has no trained length to respect. Not in the
+        # weights: model.safetensors and its sha256 are the same as with the 4,096 of 2026-12-02.
+        "max_position_embeddings": 16384,
         # Plain RoPE: transformers 5.x turns this into rope_parameters {"rope_type": "default"} and
         # deepseek_v2.py passes rope_scaling=None (no YaRN, no mscale); rope_interleave defaults to True.
         "rope_theta": 10000.0,

@@ -171,12 +171,36 @@ def check_config_is_execution(spec: ServerSpec, facts: ServerFacts) -> list[Chec
             )
         )
     results.append(_check_number("seed", spec.seed, facts.seed, facts, ("random_seed", "seed=")))
+    if spec.attention_backend in ("dsa", "nsa") or spec.nsa_prefill_backend or spec.nsa_decode_backend:
+        results.append(_check_dsa_sparse_path(facts))
     if spec.deterministic:
         reported = facts.deterministic
         results.append(check_reported(
             "deterministic", "on", None if reported is None else "on" if reported else "off",
             evidence_lines(facts, "deterministic", needles=("enable_deterministic_inference",)), passed=bool(reported)))
     return [r for r in results if r is not None]
+
+
+def _check_dsa_sparse_path(facts: ServerFacts) -> CheckResult:
+    """Where a DSA server's sparse kernels run: a prefill whose KV length is at most the dense-attention threshold
+    takes a dense kernel (SGLang: MHA_ONE_SHOT, the threshold defaulting to index_topk), every longer prefill and
+    every decode step the DSA backends, which select index_topk tokens once the context is longer. The server's
+    threshold line is the proof of which requests took the sparse path; without it, which did is unverifiable."""
+    threshold = facts.dsa_dense_threshold
+    topk = facts.dsa_index_topk
+    observed = None
+    if threshold is not None:
+        observed = (f"prefills of more than {threshold} tokens of KV (all of them)" if threshold == 0 else
+                    f"prefills of more than {threshold} tokens of KV") + " and every decode step"
+        if topk is not None:
+            observed += f"; index_topk {topk}"
+    return check_reported(
+        "dsa sparse path", "DSA sparse attention (selection past index_topk)", observed,
+        evidence_lines(facts, "dsa_dense_threshold", "dsa_index_topk", needles=("json_model_override_args",)),
+        passed=True, note="a request sees selection only with more than index_topk tokens of context: the "
+        "long-context probes' reach is judged with the differential",
+        unreported_note="the server logged no dense-attention threshold: which prefills took the sparse path is "
+        "unknown")
 
 
 def _check_number(

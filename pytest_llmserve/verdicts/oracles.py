@@ -385,6 +385,9 @@ class ProbePrompt:
     text: str
     chat: bool = False
     name: str = ""
+    # A long-context probe's purpose: its context must exceed this many tokens (a DSA model's index_topk, so
+    # that the indexer selects); the answer's prompt_tokens show whether it did. 0: no such purpose.
+    min_context_tokens: int = 0
 
     @property
     def label(self) -> str:

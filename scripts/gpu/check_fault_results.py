@@ -45,11 +45,15 @@ class Expected:
     verdict: Literal["pass", "fail"]
     oracle_run: str | None = None
     finding_oracle: str | None = None
+    # For a failure: every error finding of ``finding_oracle`` must be on a probe whose label holds this, so the
+    # fault shows where it must and nowhere else (the topk fault: on the long-context probes, never the short ones).
+    only_probes: str | None = None
 
     def describe(self) -> str:
         by = f" by {self.finding_oracle!r} findings" if self.finding_oracle else ""
+        where = f" on {self.only_probes!r} probes only" if self.only_probes else ""
         run = f" (oracle run {self.oracle_run!r}...)" if self.oracle_run else ""
-        return f"{self.verdict}{by}{run}"
+        return f"{self.verdict}{by}{where}{run}"
 
 
 @dataclass(frozen=True)
@@ -88,6 +92,14 @@ FAULTS: dict[str, FaultPlan] = {
             "flashmla_kv": (BOOTS, Expected("test_matches_reference", "fail", oracle_run="reference differential",
                                             finding_oracle="differential")),
         }),
+    # The same weights served with index_topk 1024 instead of 2048 (--json-model-override-args), replaying the
+    # healthy reference's recording: the long-context probes (past both topks) must fail the reference differential,
+    # and only they; the short prompts, under either topk, keep every token and agree.
+    "dsa-topk-fault": FaultPlan(
+        server="dsa-topk-fault", variant="index_topk 1024 (--json-model-override-args)",
+        expected={"flashmla_sparse": (BOOTS, NO_NAN_PASSES,
+                                      Expected("test_matches_reference", "fail", oracle_run="reference differential",
+                                               finding_oracle="differential", only_probes="long-"))}),
 }
 
 
@@ -172,6 +184,12 @@ def _problem(expected: Expected, rows: Sequence[CheckOutcome]) -> str | None:
                 seen = ", ".join(sorted({str(f.get("oracle")) for f in errors})) or "none"
                 return (f"failed, but with no error finding of the {expected.finding_oracle!r} oracle "
                         f"(error findings from: {seen})")
+            if expected.only_probes is not None:
+                elsewhere = sorted({str(f.get("probe")) for f in errors if f.get("oracle") == expected.finding_oracle
+                                    and expected.only_probes not in str(f.get("probe"))})
+                if elsewhere:
+                    return (f"failed, but also on probes without {expected.only_probes!r} in their label: "
+                            f"{', '.join(elsewhere)}")
     return None
 
 

@@ -23,6 +23,16 @@
 #                                              direction recorded): scripts/gpu/test_dsa_gpu.py; the saturated baseline
 #                                              saved with graphs; then compared at another mem_fraction (refused with
 #                                              the diff, before any boot)
+# Issue 34 (contexts past index_topk; same machine, same warm chain, each call checks what it expects):
+#   l1  carry .gpu-transfer/engines/call-dsa1  SGLang env; the tiny DSA checkpoint (index_topk 2048, room for 16k
+#                                              positions); the reference (flashmla_sparse + graphs) recording the
+#                                              short prompts and the long-context probes (2,560 / 4,096 / 8,192
+#                                              tokens), flashmla_kv + graphs against it; the sparse-selection fault
+#                                              (dsa-topk-fault: index_topk 1024 by --json-model-override-args) must
+#                                              fail the reference differential on the long probes only
+#   l2  carry .gpu-transfer/engines/call-dsa2  TileLang; FP8 KV caches (dsa-fp8kv: flashmla_kv, tilelang) against
+#                                              l1's bf16 reference; the fp8-kv-outlier fault on flashmla_kv
+#   l3  no carry                               the rest of the bf16 matrix (tilelang; graphs off) against l1's
 # Each fault run (fault_run) is judged by scripts/gpu/check_fault_results.py on its results.json: nan-late must fail
 # test_no_nan with NaN findings on every backend; fp8-kv-outlier must fail the reference differential on flashmla_kv
 # and pass on the bf16-KV backends (flashmla_sparse, tilelang); every backend must boot. A miss sets the call's exit.
@@ -122,6 +132,9 @@ fault_run() {
   check_fault_run "$name" "$dir" "$server" "$backends"
 }
 
+# Issue 34's calls run the checks that judge decode (no throughput, no API properties: their time goes to boots).
+L_CHECKS="boots or no_nan or deterministic or batch_size or captured or config_is_execution or matches_reference"
+
 call=${1:-}
 say "call $call on $(hostname), $(nproc) cores; repo $repo"
 case "$call" in
@@ -205,7 +218,63 @@ case "$call" in
     fi
     collect d3
     ;;
-  *) say "unknown call '$call' (d1, d2, d3b, d3)"; exit 2 ;;
+  l1)  # issue 34, call 1 of 3 (carry call-dsa1): contexts past index_topk. The reference (flashmla_sparse, graphs)
+       # records the short prompts and the long-context probes (2,560 / 4,096 / 8,192 tokens); flashmla_kv with graphs
+       # is compared with it; then the sparse-selection fault (index_topk 1024 on the same weights) must fail the
+       # reference differential on the long probes and only there.
+    eng_main stage sglang-env plugin-env || exit 1
+    plugin_env l1 "tenacity, numpy"
+    nvidia-smi --query-gpu=index,name,memory.used,memory.total,driver_version --format=csv,noheader
+    mkdir -p "$ROOT/models/hf-files"
+    [ -f "$ROOT/models/hf-files/SmolLM2-135M-Instruct/tokenizer.json" ] \
+      || eng_untar_xz "$ENG_T/SmolLM2-135M-Instruct-hf-files.tar.xz" "$ROOT/models/hf-files" || exit 1
+    dsa_env
+    build_checkpoint healthy "$ROOT/models/dsa-tiny" || { say "the DSA checkpoint was not built"; exit 5; }
+    ( build_checkpoint fp8-kv-outlier "$ROOT/models/dsa-tiny-fp8-kv-outlier" ) > "$RUN/models.log" 2>&1 &
+    models_pid=$!
+    write_config "$RUN/suite" 0.3
+    run_pytest l1 "$RUN/suite" 330 -m gpu --llmserve-suite --llmserve-server dsa \
+      -k "not off and not tilelang and ($L_CHECKS)"
+    wait "$models_pid"; say "fp8-kv-outlier variant: exit $? ($(tail -n 1 "$RUN/models.log"))"
+    ref="$(ls "$RUN"/suite/results-l1/runs/*/reference-answers/dsa.json 2>/dev/null | head -1)"
+    need "$ref" "the reference answers recorded by this call's first run"
+    cp "$ref" "$OUT/reference-answers-dsa.json"
+    fault_run l1-topk "$RUN/suite" "$(( $(left) - 25 ))" dsa-topk-fault flashmla_sparse \
+      "no_nan or matches_reference or boots" --llmserve-reference-answers "$ref"
+    collect l1
+    ;;
+  l2)  # issue 34, call 2 of 3 (carry call-dsa2: TileLang): FP8 KV caches against the bf16 reference, and the FP8
+       # backend-specific fault on flashmla_kv (its reference, flashmla_sparse on the same fault weights, in the run).
+    eng_main stage || exit 1
+    plugin_env l1 "tenacity, numpy"
+    need "$ROOT/models/dsa-tiny-fp8-kv-outlier/llmserve-checkpoint.json" "the fp8-kv-outlier variant (call l1)"
+    if [ ! -d "$TL_SITE/tilelang" ]; then
+      eng_need tilelang_site.tar.xz || exit 1
+      rm -rf "$TL_SITE.tmp" && mkdir -p "$TL_SITE.tmp" && eng_untar_xz "$ENG_T/tilelang_site.tar.xz" "$TL_SITE.tmp" \
+        && mv "$TL_SITE.tmp" "$TL_SITE" || exit 1
+    fi
+    dsa_env
+    ref="$(ls "$RUN"/suite/results-l1/runs/*/reference-answers/dsa.json 2>/dev/null | head -1)"
+    need "$ref" "the reference answers recorded in call l1"
+    write_config "$RUN/suite" 0.3
+    run_pytest l2-fp8kv "$RUN/suite" 260 -m gpu --llmserve-suite --llmserve-server dsa-fp8kv -k "$L_CHECKS" \
+      --llmserve-reference-answers "$ref"
+    fault_run l2-fp8-fault "$RUN/suite" "$(( $(left) - 25 ))" dsa-fp8-fault flashmla_sparse,flashmla_kv \
+      "no_nan or matches_reference or boots"
+    collect l2
+    ;;
+  l3)  # issue 34, call 3 of 3 (no carry): the rest of the bf16 matrix against l1's reference: tilelang with graphs
+       # on and off, and flashmla_sparse and flashmla_kv without graphs.
+    plugin_env l1 "tenacity, numpy"
+    dsa_env
+    ref="$(ls "$RUN"/suite/results-l1/runs/*/reference-answers/dsa.json 2>/dev/null | head -1)"
+    need "$ref" "the reference answers recorded in call l1"
+    write_config "$RUN/suite" 0.3
+    run_pytest l3 "$RUN/suite" "$(( $(left) - 25 ))" -m gpu --llmserve-suite --llmserve-server dsa \
+      -k "(tilelang or off) and ($L_CHECKS)" --llmserve-reference-answers "$ref"
+    collect l3
+    ;;
+  *) say "unknown call '$call' (d1, d2, d3b, d3; issue 34: l1, l2, l3)"; exit 2 ;;
 esac
 sleep 0.5
 exit $status

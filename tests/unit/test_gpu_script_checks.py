@@ -151,6 +151,37 @@ def test_fp8_fault_flagged_on_a_bf16_backend_is_a_miss() -> None:
     assert [(m.backend, m.expected.check) for m in judgement.misses] == [("tilelang", "test_matches_reference")]
 
 
+def as_topk_fault(rows: list[dict[str, Any]], failing_probes: list[str]) -> list[dict[str, Any]]:
+    """The fp8 fault's real flashmla_sparse rows relabelled as the topk fault's (that run is issue 34's), its
+    reference differential failing with one error finding per probe in ``failing_probes``."""
+    out = []
+    for original in rows:
+        if "nsa_decode_backend=flashmla_sparse]" not in original["server_id"]:
+            continue
+        r = copy.deepcopy(original)
+        r["server_id"] = r["server_id"].replace("dsa-fp8-fault", "dsa-topk-fault")
+        if r["check"] == "test_matches_reference" and failing_probes:
+            r["verdict"] = "fail"
+            r["oracles"] = [{"check": "reference differential[...]", "verdict": "fail"}]
+            r["findings"] = [{"oracle": "differential", "severity": "error", "probe": f"differential[{probe}]",
+                              "message": "diverge at position 2, not a near-tie"} for probe in failing_probes]
+        out.append(r)
+    return out
+
+
+def test_topk_fault_must_fail_on_the_long_probes_and_only_there() -> None:
+    rows = fp8_rows()
+    plan = FAULTS["dsa-topk-fault"]
+    caught = judge_fault_run(as_checks(as_topk_fault(rows, ["long-2560", "long-8192"])), plan)
+    assert caught.holds, caught.report()
+    # Failing on a short prompt too: the fault showed where it cannot (every token is kept there).
+    spread = judge_fault_run(as_checks(as_topk_fault(rows, ["long-4096", "the-capital-of-france-is"])), plan)
+    assert [m.problem for m in spread.misses] == [
+        "failed, but also on probes without 'long-' in their label: differential[the-capital-of-france-is]"]
+    missed = judge_fault_run(as_checks(as_topk_fault(rows, [])), plan)
+    assert [(m.backend, m.expected.check) for m in missed.misses] == [("flashmla_sparse", "test_matches_reference")]
+
+
 def test_a_results_directory_is_read_at_its_latest_run_and_one_without_a_report_fails(tmp_path: Path) -> None:
     # dsa_suite.sh passes the run's --llmserve-results-dir after removing its latest pointer: an earlier run's
     # report must not stand in for a run that wrote none.

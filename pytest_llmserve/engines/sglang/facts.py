@@ -4,6 +4,7 @@ Every fact keeps the lines that prove it; a fact the server did not report stays
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -59,6 +60,11 @@ _SGL_SCHED = re.compile(r"max_total_num_tokens=(\d+)")
 _SGL_SCHED_RUNNING = re.compile(r"max_running_requests=(\d+)")
 _SGL_KV_ALLOC = re.compile(r"(?:KV Cache is allocated|VA upper bound)\..*?#tokens: ([\d,]+)")
 _SGL_READY = re.compile(r"The server is fired up and ready to roll!")
+# A DSA model's dense-attention threshold, one of two lines at boot (0.5.15, 0.5.23): set by
+# SGLANG_DSA_PREFILL_DENSE_ATTN_KV_LEN_THRESHOLD, or else the model's index_topk.
+_SGL_DSA_DENSE_MANUAL = re.compile(r"Dense attention kv len threshold is manually set to (-?\d+) for DSA\.")
+_SGL_DSA_DENSE_TOPK = re.compile(
+    r"Set dense attention kv len threshold to model index_topk=(\d+) for DeepSeek with DSA\.")
 
 
 def _sgl_graph_backend_requested(args: Mapping[str, Any]) -> tuple[bool | None, str | None]:
@@ -153,6 +159,22 @@ def _sgl_server_args(
     disabled, _ = _sgl_graph_backend_requested(args)
     if disabled:
         state["graph_disabled_line"] = line
+    override_topk = _override_index_topk(args.get("json_model_override_args"))
+    if override_topk is not None:
+        state["override_topk"] = (override_topk, line)  # used at the end, where no log line said the topk
+
+
+def _override_index_topk(value: Any) -> int | None:
+    """The integer ``index_topk`` of a ``json_model_override_args`` value (a JSON object as a string), else None.
+    Malformed JSON is ignored, not an error: the server refuses it at boot, so it never ran with it."""
+    if not isinstance(value, str):
+        return None
+    try:
+        overrides = json.loads(value)
+    except (json.JSONDecodeError, RecursionError):
+        return None
+    topk = overrides.get("index_topk") if isinstance(overrides, dict) else None
+    return topk if isinstance(topk, int) and not isinstance(topk, bool) else None
 
 
 def _sgl_decode_line(facts: ServerFacts, line: str, tail: str) -> None:
@@ -271,6 +293,14 @@ def _on_capture_failed(r: _SGLangLog, line: str, m: re.Match[str]) -> None:
     r.capture_failed = True
 
 
+def _on_dsa_dense_manual(r: _SGLangLog, line: str, m: re.Match[str]) -> None:
+    r.facts.record("dsa_dense_threshold", int(m.group(1)), line)
+
+
+def _on_dsa_dense_topk(r: _SGLangLog, line: str, m: re.Match[str]) -> None:
+    r.facts.record_many(line, dsa_dense_threshold=int(m.group(1)), dsa_index_topk=int(m.group(1)))
+
+
 #: The lines of an SGLang log and what each proves; the first rule a line matches reads it.
 _SGL_RULES: tuple[LineRule[_SGLangLog], ...] = (
     (_SGL_SERVER_ARGS, lambda r, line, m: _sgl_server_args(r.facts, line, m.group(1), r.args_state)),
@@ -280,6 +310,8 @@ _SGL_RULES: tuple[LineRule[_SGLangLog], ...] = (
     (_SGL_DEFAULT_BACKEND, _on_default_backend),
     (_SGL_GRAPH_DISABLED, lambda r, line, m: r.disabled_lines.append(line)),
     (_SGL_SET_DSA, _on_dsa_backends),
+    (_SGL_DSA_DENSE_MANUAL, _on_dsa_dense_manual),
+    (_SGL_DSA_DENSE_TOPK, _on_dsa_dense_topk),
     (_SGL_CAPTURE_BS_059, _on_capture_059),
     (_SGL_CAPTURE_END_059, _on_capture_end_059),
     (_SGL_CAPTURE_BAR_059, lambda r, line, m: r.bar_sizes.add(int(m.group(1)))),
@@ -296,6 +328,10 @@ def parse_sglang_log(text: str) -> ServerFacts:
     r = _SGLangLog(ServerFacts(engine="sglang"))
     read_timed_log(r, text, _SGL_RULES)
     _sgl_backends(r)
+    if r.facts.dsa_index_topk is None and "override_topk" in r.args_state:
+        # The "Set dense ... index_topk=N" line wins over the override args: it is the topk the server computed
+        # from the config it loaded (overrides applied); the args are only what it was asked to apply.
+        r.facts.record("dsa_index_topk", *r.args_state["override_topk"])
     if r.sched_running:
         # The scheduler's max_running_requests is the effective one (capped by the KV pool).
         r.facts.record("max_batch_size", r.sched_running[0], r.sched_running[1])
@@ -408,6 +444,10 @@ def parse_sglang_server_info(info: Mapping[str, Any]) -> ServerFacts:
             )
     _record_info_values(facts, info, _INFO_STARTUP)
     _info_graphs(facts, info, state0)
+    overrides = info.get("json_model_override_args")
+    override_topk = _override_index_topk(overrides)
+    if override_topk is not None:
+        facts.record("dsa_index_topk", override_topk, _info_source("json_model_override_args", overrides))
     return facts
 
 

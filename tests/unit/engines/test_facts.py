@@ -518,6 +518,7 @@ def test_unreported_facts_are_unverifiable_never_pass() -> None:
         "max_batch_size",
         "seed",
         "deterministic",
+        "dsa sparse path",  # a DSA backend requested: where the sparse kernels ran must be shown too
     }
     assert all(r.status == "unverifiable" for r in results), [r.message for r in results]
     assert "evidence: none" in results[0].message

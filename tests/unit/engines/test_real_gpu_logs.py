@@ -252,6 +252,21 @@ def test_real_sglang_0515_dsa_flashmla_kv_with_graphs_proves_backend_and_graph_u
     assert other.status == "fail" and "decode=flashmla_kv" in other.message
 
 
+def test_the_dsa_sparse_path_is_shown_by_the_threshold_line_and_unverifiable_without_it() -> None:
+    """config-is-execution's "dsa sparse path": the real log's dense-attention threshold line (0: every prefill
+    sparse) proves where the sparse kernels ran; the same log with that line removed shows nothing, and the check is
+    unverifiable, never a pass."""
+    text = recorded("real_sglang_0.5.15_h200_dsa_flashmla_kv_graphs_suite.log")
+    spec = ServerSpec(name="dsa", engine="sglang", model="/m", attention_backend="dsa", nsa_decode_backend="flashmla_kv")
+    shown = checks("sglang", spec, parse_sglang_log(text))["dsa sparse path"]
+    assert shown.status == "pass"
+    assert shown.observed == "prefills of more than 0 tokens of KV (all of them) and every decode step"
+    assert any("Dense attention kv len threshold is manually set to 0" in line for line in shown.evidence)
+    without = "\n".join(line for line in text.splitlines() if "Dense attention kv len threshold" not in line)
+    hidden = checks("sglang", spec, parse_sglang_log(without))["dsa sparse path"]
+    assert hidden.status == "unverifiable" and "logged no dense-attention threshold" in hidden.message
+
+
 def test_real_sglang_0515_dsa_tilelang_without_graphs() -> None:
     facts = parse_sglang_log(recorded("real_sglang_0.5.15_h200_dsa_tilelang_nographs_suite.log"))
     assert (facts.nsa_decode_backend, facts.cuda_graph_enabled, facts.captured_batch_sizes) == ("tilelang", False, ())

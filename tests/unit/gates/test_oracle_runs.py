@@ -5,6 +5,7 @@ are shared with the other gates tests."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 import httpx
@@ -39,8 +40,13 @@ class FakeServer:
 
     def __init__(self, *, nan_prompts: tuple[str, ...] = (), answer: str = "The capital of France is Paris.",
                  corrupted_after: float = 0.0, garbage: bool = False, flip_concurrent: bool = False,
-                 stop_after: int | None = None) -> None:
+                 stop_after: int | None = None, count_prompt: Callable[[str], int] | None = None,
+                 diverge_on: Callable[[str], bool] | None = None) -> None:
         self.nan_prompts = nan_prompts
+        # usage.prompt_tokens of a prompt (None: 5, whatever was sent), and the prompts whose answers this server
+        # gets wrong from the third token on (a fault that shows on some prompts only)
+        self.count_prompt = count_prompt
+        self.diverge_on = diverge_on
         self.answer = answer
         self.corrupted = 0.0
         self.corrupted_after = corrupted_after
@@ -81,6 +87,8 @@ class FakeServer:
             pieces, finish = pieces[:self.stop_after], "stop"
         if self.flip_concurrent and len(self.requests) > len(DEFAULT_BATCH_PROMPTS) and len(pieces) > 2:
             pieces[2] = " zebra"
+        if self.diverge_on is not None and self.diverge_on(prompt) and len(pieces) > 2:
+            pieces[2:] = [" zebra"] * (len(pieces) - 2)
         lps = [-0.3 - (i % 3) * 0.1 for i in range(len(pieces))]
         if chat:
             content = [{"token": p, "logprob": lp, "top_logprobs": [{"token": p, "logprob": lp},
@@ -93,7 +101,8 @@ class FakeServer:
                       "logprobs": {"tokens": pieces, "token_logprobs": lps,
                                    "top_logprobs": [{p: lp, " the": lp - 2} for p, lp in zip(pieces, lps,
                                                                                                strict=True)]}}
-        return httpx.Response(200, json={"choices": [choice], "usage": {"prompt_tokens": 5,
+        counted = self.count_prompt(prompt) if self.count_prompt is not None else 5
+        return httpx.Response(200, json={"choices": [choice], "usage": {"prompt_tokens": counted,
                                                                         "completion_tokens": len(pieces)}})
 
 
