@@ -106,7 +106,8 @@ def run_round(server: RunningServer, workload: Workload, prompts: Any, what: str
                               server_counter=engine.generation_counter,
                               running_gauge=engine.running_requests_gauge,
                               untrained=untrained_reason(getattr(server, "spec_for_checks", None) or server.spec),
-                              host_contention=True, server_pid=getattr(server, "server_pid", None))
+                              host_contention=True, server_pid=getattr(server, "server_pid", None),
+                              gpu_scope=getattr(server, "gpu_scope", None))
     if not result.valid and contention_bound is not None and _busy_artefact(result, contention_bound):
         return result
     if not result.valid:

@@ -10,7 +10,9 @@ as a share of the machine::
     contention = CPU-seconds of the others / (wall seconds of the round x logical cores usable)
 
 with the processes that took most (pid, command name, share). On GPUs the other processes' SM utilisation
-and memory come from NVML's per-process accounting (:func:`pytest_llmserve.server.gpu.process_utilization`).
+and memory come from NVML's per-process accounting (:func:`pytest_llmserve.server.gpu.process_utilization`),
+counted only on the server's GPUs and never for the server's own GPU processes, which are found when it is ready
+(:class:`pytest_llmserve.server.gpu.GpuScope`: NVML may number them in another pid namespace than ours).
 
 This is *contention* (others' CPU or GPU on the host), not *contamination* (others' requests reaching the
 server, :func:`pytest_llmserve.load.runner.judge_isolation`). A round above the bound (``contention_bound``,
@@ -42,6 +44,7 @@ from urllib.parse import urlsplit
 
 import psutil
 
+from pytest_llmserve.server.gpu import GpuScope
 from pytest_llmserve.server.procs import listener_pid, tree_of
 
 __all__ = ["CONTENTION_SAMPLE_HZ", "BusyProcess", "GpuBusyProcess", "HostContention",
@@ -96,6 +99,8 @@ class HostContention:
     judged: bool = True  # False: the server's own processes may be among the others (see the module docstring)
     gpu_share: float | None = None  # the others' SM utilisation on the busiest GPU; None: no GPU accounting
     gpu_top: list[GpuBusyProcess] = field(default_factory=list)
+    # Which GPUs were watched and which GPU processes were the server's, in words ("" with no GPU accounting).
+    gpu_scope: str = ""
     # The others by command name (name, share, processes), largest first: many short processes (a test run's
     # subprocesses, a compiler's jobs) each take little, together much.
     by_command: list[tuple[str, float, int]] = field(default_factory=list)
@@ -111,7 +116,7 @@ class HostContention:
         text = f"host contention {self.share:.1%} of the machine ({self.cores} cores, {self.seconds:.1f} s): {who}"
         if self.gpu_share is not None:
             gpu_who = ", ".join(p.describe() for p in self.gpu_top) or "none"
-            text += f"; other GPU processes {self.gpu_share:.1%} SM: {gpu_who}"
+            text += f"; other GPU processes {self.gpu_share:.1%} SM: {gpu_who} (watched: {self.gpu_scope})"
         return text
 
     def to_dict(self) -> dict[str, Any]:
@@ -236,11 +241,16 @@ class HostContentionSampler:
     workers late); ``server_url``: used to find a local server's process when no pid is known. Stand-ins for
     tests: ``process_table`` (objects with psutil's ``info`` dict: pid, name, cpu_times, create_time),
     ``excluded`` (a callable giving the pids not to count), ``gpu_reader`` (the GPU probe's per-process
-    readings), ``clock``/``wall`` and ``cores``."""
+    readings), ``clock``/``wall`` and ``cores``.
+
+    ``gpu_scope``: the server's GPUs and its GPU pids as NVML lists them
+    (:class:`~pytest_llmserve.server.gpu.GpuScope`); only other processes on the server's GPUs count, and the
+    server's own GPU processes never do, even when NVML numbers them in another pid namespace. Without it (a
+    server reached by URL) every GPU counts, and the record says so."""
 
     def __init__(self, server_pid: int | None, server_url: str | None = None, *, hz: float = CONTENTION_SAMPLE_HZ,
                  process_table: ProcessTable = _process_table, excluded: Callable[[], set[int]] | None = None,
-                 gpu_reader: GpuReader | None = None, cores: int | None = None,
+                 gpu_reader: GpuReader | None = None, gpu_scope: GpuScope | None = None, cores: int | None = None,
                  clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time) -> None:
         self.interval_s = 1.0 / hz
         self.process_table = process_table
@@ -248,6 +258,7 @@ class HostContentionSampler:
         self.clock = clock
         self.wall = wall
         self.gpu_reader = gpu_reader
+        self.gpu_scope = gpu_scope
         self.judged = True
         own = f"the load generator (pid {os.getpid()}, its threads and client processes)"
         if server_pid is None and server_url is not None and _is_local(server_url):
@@ -305,8 +316,20 @@ class HostContentionSampler:
                 if readings is not None:  # None: no GPU accounting on this host
                     self._gpu_read = True
                     for reading in readings:
-                        if int(reading.pid) not in skip:
+                        if self._gpu_counts(reading, skip):
                             self._gpu.setdefault((int(reading.pid), int(reading.gpu_index)), []).append(reading)
+
+    def _gpu_counts(self, reading: Any, skip: set[int]) -> bool:
+        """Whether a GPU reading is another process's use of a GPU the round depends on."""
+        pid = int(reading.pid)
+        if self.gpu_scope is not None:
+            return pid not in skip and self.gpu_scope.counts(int(reading.gpu_index), pid)
+        return pid not in skip
+
+    def _gpu_scope_words(self) -> str:
+        if self.gpu_scope is not None:
+            return self.gpu_scope.describe()
+        return "every GPU: the server's GPUs are not known here"
 
     def begin(self) -> None:
         """The round starts now: the first read of the process table (:meth:`start` then samples on a thread)."""
@@ -365,4 +388,4 @@ class HostContentionSampler:
             gpu_top = gpu_top[:TOP_PROCESSES]
         return HostContention(share=share, seconds=seconds, cores=self.cores, samples=self._samples, top=top,
                               excluded=self.excluded, judged=self.judged, gpu_share=gpu_share, gpu_top=gpu_top,
-                              by_command=by_command)
+                              gpu_scope=self._gpu_scope_words() if self._gpu_read else "", by_command=by_command)

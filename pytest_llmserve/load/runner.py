@@ -39,7 +39,7 @@ from pytest_llmserve.load.transport import (
     parser_for,
     request_body,
 )
-from pytest_llmserve.server.gpu import process_utilization
+from pytest_llmserve.server.gpu import GpuScope, process_utilization
 
 __all__ = ["GAUGE_SAMPLE_HZ", "LOOP_ENV", "GaugeReading", "Progress", "RunningGaugeSampler", "arrival_offsets",
            "contamination", "event_loop_name", "judge_contention", "judge_isolation", "merge_records",
@@ -358,7 +358,7 @@ async def run_workload_async(base_url: str, model: str, workload: Workload, *,
                              allow_multi_token_chunks: bool = False,
                              cross_check_bound: float = 0.03, running_gauge: str | None = None,
                              untrained: str | None = None, host_contention: bool = False,
-                             server_pid: int | None = None) -> RunResult:
+                             server_pid: int | None = None, gpu_scope: GpuScope | None = None) -> RunResult:
     """Run ``workload`` against ``base_url`` (the server root, e.g. ``http://127.0.0.1:8000``).
 
     ``prompts`` (from :func:`build_prompts`) are built here when not given. ``server_counter`` (e.g.
@@ -368,15 +368,16 @@ async def run_workload_async(base_url: str, model: str, workload: Workload, *,
     exceeded the round's concurrency is invalid (see :func:`judge_isolation`). ``untrained``: why the
     model is untrained, if it is (see :func:`pytest_llmserve.load.metrics.evaluate`). ``host_contention``:
     sample what other processes than the server's (``server_pid`` and its descendants; found from the URL's
-    port when None) and this load generator's took of the host during the timed phase, into
-    ``result.host_contention`` (:mod:`pytest_llmserve.load.contention`; judged by the caller).
+    port when None) and this load generator's took of the host during the timed phase (on GPUs, only the
+    server's GPUs, ``gpu_scope``, count), into ``result.host_contention``
+    (:mod:`pytest_llmserve.load.contention`; judged by the caller).
     """
     plist = list(prompts) if prompts is not None else build_prompts(workload, tokenize, detokenize)
     n_timed = sum(1 for p in plist if not p.warmup)
     bar = Progress(n_timed, workload.name, progress)
     scrapes: list[str | None] = []
     sampler = RunningGaugeSampler(base_url, api_key, running_gauge) if running_gauge else None
-    contention = _contention_sampler(base_url, server_pid) if host_contention else None
+    contention = _contention_sampler(base_url, server_pid, gpu_scope) if host_contention else None
 
     async def between() -> None:
         if server_counter is not None:
@@ -413,9 +414,9 @@ async def run_workload_async(base_url: str, model: str, workload: Workload, *,
     return result
 
 
-def _contention_sampler(base_url: str, server_pid: int | None) -> HostContentionSampler:
-    """The round's host-contention sampler, with the GPU probe's per-process accounting."""
-    return HostContentionSampler(server_pid, base_url, gpu_reader=process_utilization)
+def _contention_sampler(base_url: str, server_pid: int | None, gpu_scope: GpuScope | None) -> HostContentionSampler:
+    """The round's host-contention sampler, with the GPU probe's per-process accounting on the server's GPUs."""
+    return HostContentionSampler(server_pid, base_url, gpu_reader=process_utilization, gpu_scope=gpu_scope)
 
 
 def _counter_delta(before: str | None, after: str | None, counter: str) -> float | None:
@@ -431,7 +432,7 @@ def run_workload(base_url: str, model: str, workload: Workload, *, prompts: Sequ
                  timeout_s: float = DEFAULT_TIMEOUT_S, server_counter: str | None = None,
                  allow_multi_token_chunks: bool = False, cross_check_bound: float = 0.03,
                  running_gauge: str | None = None, untrained: str | None = None, host_contention: bool = False,
-                 server_pid: int | None = None) -> RunResult:
+                 server_pid: int | None = None, gpu_scope: GpuScope | None = None) -> RunResult:
     """Synchronous :func:`run_workload_async` (in a helper thread when an event loop is already running)."""
     def coro() -> Awaitable[RunResult]:
         return run_workload_async(base_url, model, workload, prompts=prompts, tokenize=tokenize,
@@ -440,7 +441,8 @@ def run_workload(base_url: str, model: str, workload: Workload, *, prompts: Sequ
                                   timeout_s=timeout_s, server_counter=server_counter,
                                   allow_multi_token_chunks=allow_multi_token_chunks,
                                   cross_check_bound=cross_check_bound, running_gauge=running_gauge,
-                                  untrained=untrained, host_contention=host_contention, server_pid=server_pid)
+                                  untrained=untrained, host_contention=host_contention, server_pid=server_pid,
+                                  gpu_scope=gpu_scope)
     return _run_sync(coro)
 
 

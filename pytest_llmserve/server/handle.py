@@ -196,6 +196,9 @@ class ServerHandle:
         self.accounting: TimeAccount | None = None  # set by the pool: request time is accounted there
         # The GPU preflight result of a ``gpu = true`` server, for the teardown check.
         self.gpu_pre: PreflightResult | None = None
+        # Its GPUs and its processes there as NVML lists them (found when ready): what a round's GPU contention
+        # leaves out, and what must be gone at teardown.
+        self.gpu_scope: gpu.GpuScope | None = None
 
     # ------------------------------------------------------------------ identity
     @property
@@ -262,6 +265,9 @@ class ServerHandle:
             self.stop()
             raise
         self.boot.boot_s = time.monotonic() - start
+        if self.gpu_pre is not None and self.proc is not None:
+            self.gpu_scope = gpu.server_gpu_scope(self.gpu_pre.devices, self.gpu_pre.baseline_pids, gpu.snapshot(),
+                                                  [p.pid for p in procs.tree_of(self.proc.pid)])
         self.say(f"{self.spec.id} ready in {self.boot.boot_s:.1f} s at {self.plan.base_url}"
                  + (f", log {self.log_path}" if self.log_path else ""))
         return self
@@ -419,6 +425,10 @@ class ServerHandle:
             return str(exc)
         return None
 
+    def _server_gpu_pids(self) -> frozenset[int]:
+        """The server's GPU processes as NVML lists them (another pid namespace's numbers in a container)."""
+        return self.gpu_scope.server_pids if self.gpu_scope is not None else frozenset()
+
     def stop(self) -> procs.TeardownReport | None:
         """Kill the whole process tree (SIGTERM, then SIGKILL) and check nothing is left."""
         report = None
@@ -441,7 +451,8 @@ class ServerHandle:
                 unregister_running(self)  # else the record stays, so the next run finds what is left
             if self.gpu_pre is not None:
                 back = gpu.wait_memory_returned(self.gpu_pre.baseline_used_mib, self.gpu_pre.devices, 30,
-                                                server_pids=report.pids, baseline_pids=self.gpu_pre.baseline_pids)
+                                                server_pids={*report.pids, *self._server_gpu_pids()},
+                                                baseline_pids=self.gpu_pre.baseline_pids)
                 self.boot.teardown["gpu_memory"] = back.to_dict()
                 if not back.ok:
                     raise ServerError(f"teardown of {self.spec.id}: {back.message()}")
