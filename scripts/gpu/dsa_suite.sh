@@ -30,9 +30,15 @@
 #                                              tokens), flashmla_kv + graphs against it; the sparse-selection fault
 #                                              (dsa-topk-fault: index_topk 1024 by --json-model-override-args) must
 #                                              fail the reference differential on the long probes only
+#   l1b no carry (after l1, same machine)      SGLang's fused top-k asserts index_topk == 2048 (seen 2026-12-06): the
+#                                              topk fault on the torch top-k backend beside its control (same backend,
+#                                              topk 2048, must agree with the reference); the GPU contention test;
+#                                              tilelang with graphs against l1's reference
 #   l2  carry .gpu-transfer/engines/call-dsa2  TileLang; FP8 KV caches (dsa-fp8kv: flashmla_kv, tilelang) against
 #                                              l1's bf16 reference; the fp8-kv-outlier fault on flashmla_kv
-#   l3  no carry                               the rest of the bf16 matrix (tilelang; graphs off) against l1's
+#   l3  no carry                               the GPU side of host contention (scripts/gpu/test_gpu_contention.py:
+#                                              a quiet round; a round and a benchmark beside a matmul loop on the
+#                                              same GPU); the rest of the bf16 matrix (tilelang; graphs off) against l1's reference
 # Each fault run (fault_run) is judged by scripts/gpu/check_fault_results.py on its results.json: nan-late must fail
 # test_no_nan with NaN findings on every backend; fp8-kv-outlier must fail the reference differential on flashmla_kv
 # and pass on the bf16-KV backends (flashmla_sparse, tilelang); every backend must boot. A miss sets the call's exit.
@@ -243,6 +249,24 @@ case "$call" in
       "no_nan or matches_reference or boots" --llmserve-reference-answers "$ref"
     collect l1
     ;;
+  l1b)  # issue 34, after l1 on the same warm machine: SGLang's fused top-k asserts index_topk == 2048, so the
+        # sparse-selection fault runs on its torch top-k backend, beside a control (same backend, topk 2048) that
+        # must agree with the reference; then the GPU contention test and what is left of the matrix.
+    plugin_env l1 "tenacity, numpy"
+    dsa_env
+    ref="$(ls "$RUN"/suite/results-l1/runs/*/reference-answers/dsa.json 2>/dev/null | head -1)"
+    need "$ref" "the reference answers recorded in call l1"
+    write_config "$RUN/suite" 0.3
+    run_pytest l1b-control "$RUN/suite" 150 -m gpu --llmserve-suite --llmserve-server dsa-topk-control \
+      -k "no_nan or matches_reference or boots" --llmserve-reference-answers "$ref"
+    fault_run l1b-topk "$RUN/suite" 150 dsa-topk-fault flashmla_sparse \
+      "no_nan or matches_reference or boots" --llmserve-reference-answers "$ref"
+    LLMSERVE_TORCH_PYTHON="$py" LLMSERVE_CONTENTION_OUT="$OUT" run_pytest l3-contention "$RUN/suite" 130 -m gpu \
+      --llmserve-server dsa-contention "$repo/scripts/gpu/test_gpu_contention.py" -s
+    [ "$(left)" -gt 120 ] && run_pytest l3 "$RUN/suite" "$(( $(left) - 25 ))" -m gpu --llmserve-suite \
+      --llmserve-server dsa -k "tilelang and not off and ($L_CHECKS)" --llmserve-reference-answers "$ref"
+    collect l1b
+    ;;
   l2)  # issue 34, call 2 of 3 (carry call-dsa2: TileLang): FP8 KV caches against the bf16 reference, and the FP8
        # backend-specific fault on flashmla_kv (its reference, flashmla_sparse on the same fault weights, in the run).
     eng_main stage || exit 1
@@ -270,8 +294,13 @@ case "$call" in
     ref="$(ls "$RUN"/suite/results-l1/runs/*/reference-answers/dsa.json 2>/dev/null | head -1)"
     need "$ref" "the reference answers recorded in call l1"
     write_config "$RUN/suite" 0.3
+    # Item 5 first (one boot of the reference combination, its kernels already compiled by l1): a quiet round, a
+    # round and a benchmark beside a matmul loop on the same GPU; the NVML readings come back in $OUT.
+    # L3_COMBOS narrows the combinations (after l1b ran the contention test and tilelang with graphs: "off").
+    [ -z "${L3_COMBOS:-}" ] && LLMSERVE_TORCH_PYTHON="$py" LLMSERVE_CONTENTION_OUT="$OUT" run_pytest l3-contention \
+      "$RUN/suite" 200 -m gpu --llmserve-server dsa-contention "$repo/scripts/gpu/test_gpu_contention.py" -s
     run_pytest l3 "$RUN/suite" "$(( $(left) - 25 ))" -m gpu --llmserve-suite --llmserve-server dsa \
-      -k "(tilelang or off) and ($L_CHECKS)" --llmserve-reference-answers "$ref"
+      -k "(${L3_COMBOS:-tilelang or off}) and ($L_CHECKS)" --llmserve-reference-answers "$ref"
     collect l3
     ;;
   *) say "unknown call '$call' (d1, d2, d3b, d3; issue 34: l1, l2, l3)"; exit 2 ;;

@@ -302,3 +302,29 @@ def test_run_expected_ab_lets_the_caller_judge_only_an_open_direction(
     assert properties["ab_verdict"] == "regressed"
     assert str(properties["ab_direction"]).startswith("B worse than A")
     assert "direction: B worse than A" in capsys.readouterr().out
+
+
+def test_every_server_the_dsa_calls_compare_with_a_reference_declares_one() -> None:
+    """A server the DSA calls run test_matches_reference on without a declared reference combination only skips it:
+    the topk control of 2026-12-06 (call l1b) verified nothing of the differential that way. The template is loaded
+    as the calls write it, and every server named by a call (``--llmserve-server`` or a ``fault_run``) whose checks
+    include matches_reference must have its reference."""
+    import re
+    import tomllib
+
+    from pytest_llmserve.config import config_from_table
+
+    text = (REPO / "scripts" / "gpu" / "dsa_gpu.toml.in").read_text(encoding="utf-8")
+    rendered = text.replace("@ROOT@", "/gpu-root").replace("@MEM@", "0.3").replace("@PYTHONPATH@", "/site")
+    cfg = config_from_table(tomllib.loads(rendered)["tool"]["llmserve"], "scripts/gpu/dsa_gpu.toml.in")
+    script = (REPO / "scripts" / "gpu" / "dsa_suite.sh").read_text(encoding="utf-8")
+    compared: set[str] = set()
+    for line in script.replace("\\\n", " ").splitlines():
+        if "matches_reference" not in line and "L_CHECKS" not in line and "--llmserve-suite" not in line:
+            continue
+        compared.update(re.findall(r"--llmserve-server ([\w-]+)", line))
+        compared.update(m.group(1) for m in re.finditer(r"fault_run \S+ \S+ \S+ ([\w-]+)", line))
+    compared.discard("smollm2")  # the A/B calls: throughput only
+    assert {"dsa", "dsa-topk-fault", "dsa-topk-control", "dsa-fp8kv", "dsa-fp8-fault"} <= compared, compared
+    missing = sorted(name for name in compared if cfg.reference_of(name) is None)
+    assert not missing, f"servers compared with a reference but declaring none: {missing}"
