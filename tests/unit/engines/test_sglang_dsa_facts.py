@@ -7,6 +7,7 @@ says it builds one."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -111,3 +112,16 @@ def test_server_info_override_gives_the_topk_and_a_malformed_one_none() -> None:
     assert facts.evidence["dsa_index_topk"] == ["/server_info json_model_override_args='{\"index_topk\": 1024}'"]
     malformed = parse_sglang_server_info(recorded_info(json_model_override_args='{"index_topk": 1024'))
     assert malformed.dsa_index_topk is None and malformed.version == "0.5.15"
+
+
+def test_the_recorded_long_context_run_shows_the_sparse_path_its_backends_and_a_prefill_past_index_topk() -> None:
+    """The reference combination of the 2026-12-06 H200 run (dsa_suite.sh l1): the threshold forced to 0 (every
+    prefill on the sparse kernel), the backend per phase, the decode graphs, and a prefill of the long-context
+    probe longer than the checkpoint's index_topk (2048): the indexer had to choose."""
+    text = (LOGS / "real_sglang_0.5.15_h200_dsa_long_context_excerpt.log").read_text(encoding="utf-8")
+    facts = parse_sglang_log(text)
+    assert facts.dsa_dense_threshold == 0
+    assert (facts.nsa_prefill_backend, facts.nsa_decode_backend) == ("flashmla_sparse", "flashmla_sparse")
+    assert facts.captured_batch_sizes == (1, 2, 4, 8)
+    new_tokens = [int(m) for m in re.findall(r"Prefill batch, #new-seq: \d+, #new-token: (\d+)", text)]
+    assert max(new_tokens) > 2048, new_tokens
