@@ -78,7 +78,11 @@ def long_context_prompts(index_topk: int) -> tuple[ProbePrompt, ...]:
     out = []
     for factor in LONG_CONTEXT_FACTORS:
         tokens = round(index_topk * factor)
-        out.append(ProbePrompt(ledger_text(tokens), name=f"long-{tokens}", min_context_tokens=needed))
+        # Each probe its own sentences (seeded by its length): no probe is a prefix of another, so an engine's prefix
+        # cache cannot serve one probe's prefill from another's KV. On the H200 (2026-12-06) probes that shared
+        # their sentences let the longer ones extend the shorter one's cached prefix (1,600 and 4,160 new tokens
+        # of 4,110 and 8,206): their first prefill never ran the sparse kernels over the whole context.
+        out.append(ProbePrompt(ledger_text(tokens, seed=tokens), name=f"long-{tokens}", min_context_tokens=needed))
     return tuple(out)
 
 

@@ -92,11 +92,11 @@ FAULTS: dict[str, FaultPlan] = {
             "flashmla_kv": (BOOTS, Expected("test_matches_reference", "fail", oracle_run="reference differential",
                                             finding_oracle="differential")),
         }),
-    # The same weights served with index_topk 1024 instead of 2048 (--json-model-override-args), replaying the
+    # The same weights served with index_topk 256 instead of 2048 (--json-model-override-args), replaying the
     # healthy reference's recording: the long-context probes (past both topks) must fail the reference differential,
     # and only they; the short prompts, under either topk, keep every token and agree.
     "dsa-topk-fault": FaultPlan(
-        server="dsa-topk-fault", variant="index_topk 1024 (--json-model-override-args)",
+        server="dsa-topk-fault", variant="index_topk 256 (--json-model-override-args, torch top-k)",
         expected={"flashmla_sparse": (BOOTS, NO_NAN_PASSES,
                                       Expected("test_matches_reference", "fail", oracle_run="reference differential",
                                                finding_oracle="differential", only_probes="long-"))}),

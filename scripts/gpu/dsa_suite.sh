@@ -34,6 +34,8 @@
 #                                              topk fault on the torch top-k backend beside its control (same backend,
 #                                              topk 2048, must agree with the reference); the GPU contention test;
 #                                              tilelang with graphs against l1's reference
+#   l4  carry .gpu-transfer/engines/call-dsa1  the sparse-selection fault again, on a fresh machine: reference,
+#                                              control (torch top-k, topk 2048) and fault (topk 256), then topk 1024
 #   l2  carry .gpu-transfer/engines/call-dsa2  TileLang; FP8 KV caches (dsa-fp8kv: flashmla_kv, tilelang) against
 #                                              l1's bf16 reference; the fp8-kv-outlier fault on flashmla_kv
 #   l3  no carry                               the GPU side of host contention (scripts/gpu/test_gpu_contention.py:
@@ -267,6 +269,32 @@ case "$call" in
       --llmserve-server dsa -k "tilelang and not off and ($L_CHECKS)" --llmserve-reference-answers "$ref"
     collect l1b
     ;;
+  l4)  # issue 34, the sparse-selection fault with its control (carry call-dsa1, a fresh machine): the reference
+       # records the long-context probes (each its own sentences since 2026-12-06); the control (torch top-k, topk
+       # 2048) must agree with it everywhere; the fault (torch top-k, topk 256) must fail on the long probes only;
+       # then, for the record, the first construction (topk 1024) and flashmla_kv with graphs against the reference.
+    eng_main stage sglang-env plugin-env || exit 1
+    plugin_env l1 "tenacity, numpy"
+    nvidia-smi --query-gpu=index,name,memory.used,memory.total,driver_version --format=csv,noheader
+    mkdir -p "$ROOT/models/hf-files"
+    [ -f "$ROOT/models/hf-files/SmolLM2-135M-Instruct/tokenizer.json" ] \
+      || eng_untar_xz "$ENG_T/SmolLM2-135M-Instruct-hf-files.tar.xz" "$ROOT/models/hf-files" || exit 1
+    dsa_env
+    build_checkpoint healthy "$ROOT/models/dsa-tiny" || { say "the DSA checkpoint was not built"; exit 5; }
+    write_config "$RUN/suite" 0.3
+    run_pytest l4-ref "$RUN/suite" 240 -m gpu --llmserve-suite --llmserve-server dsa \
+      -k "flashmla_sparse and not off and (no_nan or matches_reference or boots)"
+    ref="$(ls "$RUN"/suite/results-l4-ref/runs/*/reference-answers/dsa.json 2>/dev/null | head -1)"
+    need "$ref" "the reference answers recorded by this call's first run"
+    cp "$ref" "$OUT/reference-answers-dsa.json"
+    run_pytest l4-control "$RUN/suite" 110 -m gpu --llmserve-suite --llmserve-server dsa-topk-control \
+      -k "no_nan or matches_reference or boots" --llmserve-reference-answers "$ref"
+    fault_run l4-topk "$RUN/suite" 110 dsa-topk-fault flashmla_sparse \
+      "no_nan or matches_reference or boots" --llmserve-reference-answers "$ref"
+    [ "$(left)" -gt 110 ] && run_pytest l4-topk-1024 "$RUN/suite" "$(( $(left) - 25 ))" -m gpu --llmserve-suite \
+      --llmserve-server dsa-topk-fault-1024 -k "matches_reference" --llmserve-reference-answers "$ref"
+    collect l4
+    ;;
   l2)  # issue 34, call 2 of 3 (carry call-dsa2: TileLang): FP8 KV caches against the bf16 reference, and the FP8
        # backend-specific fault on flashmla_kv (its reference, flashmla_sparse on the same fault weights, in the run).
     eng_main stage || exit 1
@@ -303,7 +331,7 @@ case "$call" in
       -k "(${L3_COMBOS:-tilelang or off}) and ($L_CHECKS)" --llmserve-reference-answers "$ref"
     collect l3
     ;;
-  *) say "unknown call '$call' (d1, d2, d3b, d3; issue 34: l1, l2, l3)"; exit 2 ;;
+  *) say "unknown call '$call' (d1, d2, d3b, d3; issue 34: l1, l1b, l2, l3, l4)"; exit 2 ;;
 esac
 sleep 0.5
 exit $status

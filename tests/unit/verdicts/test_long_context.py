@@ -47,6 +47,19 @@ def test_the_text_is_the_same_on_every_call_and_machine() -> None:
     assert ledger_text(2560, seed=1) != text
 
 
+def test_no_probe_shares_its_sentences_with_another() -> None:
+    """A prefix cache must not serve one probe's prefill from another's KV: on the H200 (2026-12-06) the probes were
+    drawn from one stream, each a prefix of the next, and the longer ones' first prefills extended the shorter one's
+    cached KV (1,600 and 4,160 new tokens). Shown failing on that construction."""
+
+    def shared_sentences(texts: list[str]) -> int:
+        first = [t.split(".")[:64] for t in texts]  # the first 64 sentences: 512 tokens, 8 pages of 64
+        return max(sum(x == y for x, y in zip(a, b, strict=True)) for i, a in enumerate(first) for b in first[i + 1:])
+
+    assert shared_sentences([p.text for p in long_context_prompts(2048)]) <= 2  # chance agreement only
+    assert shared_sentences([ledger_text(n) for n in (2560, 4096, 8192)]) == 64  # the old construction: all shared
+
+
 def test_bad_sizes_are_refused() -> None:
     with pytest.raises(ValueError, match="positive"):
         long_context_prompts(0)
