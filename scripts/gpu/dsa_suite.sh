@@ -36,6 +36,8 @@
 #                                              tilelang with graphs against l1's reference
 #   l4  carry .gpu-transfer/engines/call-dsa1  the sparse-selection fault again, on a fresh machine: reference,
 #                                              control (torch top-k, topk 2048) and fault (topk 256), then topk 1024
+#   l5  no carry (after l4, same machine)      the seeds' A/B of d3 (SmolLM2 graphs up to 64 vs none; the
+#                                              mem-fraction refusal), its test asserting a decided verdict
 #   l2  carry .gpu-transfer/engines/call-dsa2  TileLang; FP8 KV caches (dsa-fp8kv: flashmla_kv, tilelang) against
 #                                              l1's bf16 reference; the fp8-kv-outlier fault on flashmla_kv
 #   l3  no carry                               the GPU side of host contention (scripts/gpu/test_gpu_contention.py:
@@ -295,6 +297,26 @@ case "$call" in
       --llmserve-server dsa-topk-fault-1024 -k "matches_reference" --llmserve-reference-answers "$ref"
     collect l4
     ;;
+  l5)  # issue 34, item 6, after l4 on the same machine (no carry): the seeds' A/B of d3 alone (SmolLM2-random built
+       # here; the FP8-KV fault part of d3 ran in l2).
+    plugin_env l1 "tenacity, numpy"
+    dsa_env
+    build_smollm2_random || { say "SmolLM2-random was not built"; exit 5; }
+    write_config "$RUN/ab" 0.3
+    run_pytest d3-ab "$RUN/ab" "$(( $(left) - 90 ))" -m gpu --llmserve-suite --llmserve-server smollm2 \
+      "$repo/scripts/gpu/test_dsa_gpu.py" -k "cuda_graphs_ab or (throughput and max)" \
+      --llmserve-save-baseline --llmserve-baseline-dir "$RUN/baselines"
+    # The seeds' confounder: the baseline saved at mem_fraction 0.3, compared at 0.35: refused before any boot.
+    write_config "$RUN/ab-mem" 0.35
+    run_pytest d3-mem "$RUN/ab-mem" 80 -m gpu --llmserve-suite --llmserve-server smollm2 -k "throughput and max" \
+      --llmserve-baseline-dir "$RUN/baselines" | tee "$RUN/mem-compare.out"
+    if grep -q "mem_fraction" "$RUN/mem-compare.out" && grep -qi "refused" "$RUN/mem-compare.out"; then
+      say "EXPECTED: the comparison at mem_fraction 0.35 against the 0.3 baseline was refused with the diff"
+    else
+      say "UNEXPECTED: no refusal naming mem_fraction"; status=1
+    fi
+    collect l5
+    ;;
   l2)  # issue 34, call 2 of 3 (carry call-dsa2: TileLang): FP8 KV caches against the bf16 reference, and the FP8
        # backend-specific fault on flashmla_kv (its reference, flashmla_sparse on the same fault weights, in the run).
     eng_main stage || exit 1
@@ -331,7 +353,7 @@ case "$call" in
       -k "(${L3_COMBOS:-tilelang or off}) and ($L_CHECKS)" --llmserve-reference-answers "$ref"
     collect l3
     ;;
-  *) say "unknown call '$call' (d1, d2, d3b, d3; issue 34: l1, l1b, l2, l3, l4)"; exit 2 ;;
+  *) say "unknown call '$call' (d1, d2, d3b, d3; issue 34: l1, l1b, l2, l3, l4, l5)"; exit 2 ;;
 esac
 sleep 0.5
 exit $status
