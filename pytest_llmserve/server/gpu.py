@@ -172,6 +172,15 @@ class GpuScope:
         gpus = ", ".join(str(i) for i in self.devices) or "none"
         return f"GPU {gpus} (the server's); its own GPU processes: {self.how}"
 
+    def to_dict(self) -> dict[str, Any]:
+        """For the record another xdist worker attaches with (it did not see the boot)."""
+        return {"devices": list(self.devices), "server_pids": sorted(self.server_pids), "how": self.how}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> GpuScope:
+        return cls(tuple(int(i) for i in data["devices"]), frozenset(int(p) for p in data["server_pids"]),
+                   str(data.get("how", "")))
+
 
 def server_gpu_scope(devices: Iterable[int], before_pids: Iterable[int], snap: GpuSnapshot, tree: Iterable[int],
                      *, visible: Callable[[int], bool] = psutil.pid_exists) -> GpuScope:

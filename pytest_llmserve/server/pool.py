@@ -33,6 +33,7 @@ from filelock import FileLock
 from pytest_llmserve.config import ServerSpec
 from pytest_llmserve.errors import ServerDiedError, ServerError
 from pytest_llmserve.server import hosts, isolation, procs
+from pytest_llmserve.server.gpu import GpuScope
 from pytest_llmserve.server.handle import ServerHandle, TimeAccount, engine_of, registry_dir
 
 if TYPE_CHECKING:
@@ -210,7 +211,10 @@ class ServerPool:
             info_path.write_text(json.dumps({
                 "url": handle.base_url, "model": handle.model_name, "pid": handle.pid, "port": handle.port,
                 "create_time": procs.create_time(handle.pid) if handle.pid else None,
-                "log": str(handle.log_path) if handle.log_path else None, "owner_pid": os.getpid()}))
+                "log": str(handle.log_path) if handle.log_path else None, "owner_pid": os.getpid(),
+                # The server's GPUs and its GPU pids, found at its boot: the attaching workers' rounds count only
+                # other processes on those GPUs as contention.
+                "gpu_scope": handle.gpu_scope.to_dict() if handle.gpu_scope is not None else None}))
             return handle
 
     def _attach(self, spec: ServerSpec, info: dict[str, Any]) -> ServerHandle:
@@ -222,6 +226,8 @@ class ServerPool:
         handle.accounting = self.accounting  # this worker's requests are this run's request time too
         handle.request_lock = self.request_lock(spec_key(spec))
         handle.start()  # readiness only
+        if info.get("gpu_scope"):
+            handle.gpu_scope = GpuScope.from_dict(info["gpu_scope"])
         return handle
 
     def _record_launch(self, handle: ServerHandle) -> None:

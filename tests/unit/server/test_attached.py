@@ -144,3 +144,20 @@ def test_a_reference_is_got_beside_the_current_server_and_the_pool_s_size_is_res
     # The handle a test's report reads the server log of: only one with a log.
     assert pool.launched_handle(current) is here and pool.launched_handle(reference) is None
     assert pool.stop_all() == []
+
+
+def test_a_worker_attaching_to_another_workers_server_gets_its_gpu_scope(tmp_path: Path,
+                                                                         remote: ThreadingHTTPServer) -> None:
+    """The worker that booted the server found its GPUs and GPU pids (server/gpu.GpuScope); a worker attaching to it
+    reads them from the record, so its rounds count only other processes on those GPUs (without, every GPU counted,
+    and the server's own GPU processes in another pid namespace against itself)."""
+    from pytest_llmserve.server.gpu import GpuScope
+
+    scope = GpuScope((0, 1), frozenset({2_811_034}), "pid 2811034 (NVML's pid namespace, not this one)")
+    spec = ServerSpec(name="glm5", engine="sglang")
+    info = {"url": _url(remote) + "/v1", "model": "glm5-served", "pid": None, "gpu_scope": scope.to_dict()}
+    attached = _pool(tmp_path)._attach(spec, info)
+    assert attached.gpu_scope == scope
+    assert json.loads(json.dumps(scope.to_dict())) == scope.to_dict()  # what the record holds survives JSON
+    without = _pool(tmp_path)._attach(spec, {**info, "gpu_scope": None})
+    assert without.gpu_scope is None
