@@ -12,7 +12,7 @@ as a share of the machine::
 with the processes that took most (pid, command name, share). On GPUs the other processes' SM utilisation
 and memory come from NVML's per-process accounting (:func:`pytest_llmserve.server.gpu.process_utilization`),
 counted only on the server's GPUs and never for the server's own GPU processes, which are found when it is ready
-(:class:`pytest_llmserve.server.gpu.GpuScope`: NVML may number them in another pid namespace than ours).
+(:class:`pytest_llmserve.server.gpu_scope.GpuScope`: NVML may number them in another pid namespace than ours).
 
 This is *contention* (others' CPU or GPU on the host), not *contamination* (others' requests reaching the
 server, :func:`pytest_llmserve.load.runner.judge_isolation`). A round above the bound (``contention_bound``,
@@ -44,7 +44,7 @@ from urllib.parse import urlsplit
 
 import psutil
 
-from pytest_llmserve.server.gpu import GpuScope
+from pytest_llmserve.server.gpu_scope import GpuScope
 from pytest_llmserve.server.procs import listener_pid, tree_of
 
 __all__ = ["CONTENTION_SAMPLE_HZ", "BusyProcess", "GpuBusyProcess", "HostContention",
@@ -244,7 +244,7 @@ class HostContentionSampler:
     readings), ``clock``/``wall`` and ``cores``.
 
     ``gpu_scope``: the server's GPUs and its GPU pids as NVML lists them
-    (:class:`~pytest_llmserve.server.gpu.GpuScope`); only other processes on the server's GPUs count, and the
+    (:class:`~pytest_llmserve.server.gpu_scope.GpuScope`); only other processes on the server's GPUs count, and the
     server's own GPU processes never do, even when NVML numbers them in another pid namespace. Without it (a
     server reached by URL) every GPU counts, and the record says so."""
 

@@ -39,7 +39,8 @@ from pytest_llmserve.load.transport import (
     parser_for,
     request_body,
 )
-from pytest_llmserve.server.gpu import GpuScope, process_utilization
+from pytest_llmserve.server.gpu import process_utilization
+from pytest_llmserve.server.gpu_scope import GpuScope
 
 __all__ = ["GAUGE_SAMPLE_HZ", "LOOP_ENV", "GaugeReading", "Progress", "RunningGaugeSampler", "arrival_offsets",
            "contamination", "event_loop_name", "judge_contention", "judge_isolation", "merge_records",

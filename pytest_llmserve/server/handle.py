@@ -33,6 +33,7 @@ from pytest_llmserve.errors import PreflightError, ServerDiedError, ServerError,
 from pytest_llmserve.evidence.client import LLMClient
 from pytest_llmserve.server import gpu, isolation, procs
 from pytest_llmserve.server.gpu import PreflightResult
+from pytest_llmserve.server.gpu_scope import GpuScope, server_gpu_scope
 
 if TYPE_CHECKING:
     from pytest_llmserve.evidence.facts import ServerFacts
@@ -198,7 +199,7 @@ class ServerHandle:
         self.gpu_pre: PreflightResult | None = None
         # Its GPUs and its processes there as NVML lists them (found when ready): what a round's GPU contention
         # leaves out, and what must be gone at teardown.
-        self.gpu_scope: gpu.GpuScope | None = None
+        self.gpu_scope: GpuScope | None = None
 
     # ------------------------------------------------------------------ identity
     @property
@@ -266,7 +267,7 @@ class ServerHandle:
             raise
         self.boot.boot_s = time.monotonic() - start
         if self.gpu_pre is not None and self.proc is not None:
-            self.gpu_scope = gpu.server_gpu_scope(self.gpu_pre.devices, self.gpu_pre.baseline_pids, gpu.snapshot(),
+            self.gpu_scope = server_gpu_scope(self.gpu_pre.devices, self.gpu_pre.baseline_pids, gpu.snapshot(),
                                                   [p.pid for p in procs.tree_of(self.proc.pid)])
         self.say(f"{self.spec.id} ready in {self.boot.boot_s:.1f} s at {self.plan.base_url}"
                  + (f", log {self.log_path}" if self.log_path else ""))

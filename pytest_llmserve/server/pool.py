@@ -33,7 +33,7 @@ from filelock import FileLock
 from pytest_llmserve.config import ServerSpec
 from pytest_llmserve.errors import ServerDiedError, ServerError
 from pytest_llmserve.server import hosts, isolation, procs
-from pytest_llmserve.server.gpu import GpuScope
+from pytest_llmserve.server.gpu_scope import GpuScope
 from pytest_llmserve.server.handle import ServerHandle, TimeAccount, engine_of, registry_dir
 
 if TYPE_CHECKING:

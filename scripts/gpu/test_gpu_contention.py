@@ -1,7 +1,7 @@
 """The GPU side of host contention on the lent GPU (issue 34, item 5), run by scripts/gpu/dsa_suite.sh (call l3)
 against the `dsa-contention` server of scripts/gpu/dsa_gpu.toml.in.
 
-* The server's GPU scope, found when it is ready (pytest_llmserve.server.gpu.server_gpu_scope): its GPUs and its
+* The server's GPU scope, found when it is ready (pytest_llmserve.server.gpu_scope.server_gpu_scope): its GPUs and its
   processes as NVML lists them; the server never counts against itself, even where NVML numbers processes in
   another pid namespace than this one.
 * A quiet round (after the server's own first round): the other processes' SM share on the server's GPU stays

@@ -21,15 +21,8 @@ from typing import Any
 import pytest
 
 from pytest_llmserve.load.contention import HostContentionSampler, contention_reason
-from pytest_llmserve.server.gpu import (
-    GpuInfo,
-    GpuProcess,
-    GpuScope,
-    GpuSnapshot,
-    ProcessUtilization,
-    server_gpu_scope,
-    wait_memory_returned,
-)
+from pytest_llmserve.server.gpu import GpuInfo, GpuProcess, GpuSnapshot, ProcessUtilization, wait_memory_returned
+from pytest_llmserve.server.gpu_scope import GpuScope, server_gpu_scope
 
 RECORDED = Path(__file__).resolve().parents[3] / "docs" / "gpu-runs" / "dsa-2026-12-06" / "gpu-contention.json"
 HOST_PID = 2_811_034  # what NVML lists for the server's scheduler when it runs in a container NVML cannot see into

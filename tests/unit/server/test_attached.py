@@ -148,10 +148,10 @@ def test_a_reference_is_got_beside_the_current_server_and_the_pool_s_size_is_res
 
 def test_a_worker_attaching_to_another_workers_server_gets_its_gpu_scope(tmp_path: Path,
                                                                          remote: ThreadingHTTPServer) -> None:
-    """The worker that booted the server found its GPUs and GPU pids (server/gpu.GpuScope); a worker attaching to it
+    """The worker that booted the server found its GPUs and GPU pids (server/GpuScope); a worker attaching to it
     reads them from the record, so its rounds count only other processes on those GPUs (without, every GPU counted,
     and the server's own GPU processes in another pid namespace against itself)."""
-    from pytest_llmserve.server.gpu import GpuScope
+    from pytest_llmserve.server.gpu_scope import GpuScope
 
     scope = GpuScope((0, 1), frozenset({2_811_034}), "pid 2811034 (NVML's pid namespace, not this one)")
     spec = ServerSpec(name="glm5", engine="sglang")
