@@ -142,6 +142,48 @@ fault_run() {
   check_fault_run "$name" "$dir" "$server" "$backends"
 }
 
+# first_call NAME: a fresh machine's set-up for a DSA call (the engines staged, the plugin's environment, SmolLM2's
+# tokenizer files, the server environment) and the healthy tiny DSA checkpoint built; exits 1 or 5 as the calls did.
+first_call() {
+  eng_main stage sglang-env plugin-env || return 1
+  plugin_env "$1" "tenacity, numpy"
+  nvidia-smi --query-gpu=index,name,memory.used,memory.total,driver_version --format=csv,noheader
+  mkdir -p "$ROOT/models/hf-files"
+  [ -f "$ROOT/models/hf-files/SmolLM2-135M-Instruct/tokenizer.json" ] \
+    || eng_untar_xz "$ENG_T/SmolLM2-135M-Instruct-hf-files.tar.xz" "$ROOT/models/hf-files" || return 1
+  dsa_env
+  build_checkpoint healthy "$ROOT/models/dsa-tiny" || { say "the DSA checkpoint was not built"; return 5; }
+}
+
+# install_tilelang: TileLang's site directory unpacked once per machine (from the call-dsa2 carry).
+install_tilelang() {
+  [ -d "$TL_SITE/tilelang" ] && return 0
+  eng_need tilelang_site.tar.xz || return 1
+  rm -rf "$TL_SITE.tmp" && mkdir -p "$TL_SITE.tmp" && eng_untar_xz "$ENG_T/tilelang_site.tar.xz" "$TL_SITE.tmp" \
+    && mv "$TL_SITE.tmp" "$TL_SITE"
+}
+
+# recorded SERVER RUN: the reference answers SERVER's matrix reference recorded in pytest run RUN (empty if none).
+recorded() { ls "$RUN"/suite/results-"$2"/runs/*/reference-answers/"$1".json 2>/dev/null | head -1; }
+
+# seeds_ab: the seeds' A/B (SmolLM2 graphs up to bs 64 vs none, scripts/gpu/test_dsa_gpu.py), its saturated baseline
+# saved with graphs, then compared at another mem_fraction: refused with the diff before any boot.
+seeds_ab() {
+  write_config "$RUN/ab" 0.3
+  run_pytest d3-ab "$RUN/ab" "$(( $(left) - 90 ))" -m gpu --llmserve-suite --llmserve-server smollm2 \
+    "$repo/scripts/gpu/test_dsa_gpu.py" -k "cuda_graphs_ab or (throughput and max)" \
+    --llmserve-save-baseline --llmserve-baseline-dir "$RUN/baselines"
+  # The seeds' confounder: the baseline saved at mem_fraction 0.3, compared at 0.35: refused before any boot.
+  write_config "$RUN/ab-mem" 0.35
+  run_pytest d3-mem "$RUN/ab-mem" 80 -m gpu --llmserve-suite --llmserve-server smollm2 -k "throughput and max" \
+    --llmserve-baseline-dir "$RUN/baselines" | tee "$RUN/mem-compare.out"
+  if grep -q "mem_fraction" "$RUN/mem-compare.out" && grep -qi "refused" "$RUN/mem-compare.out"; then
+    say "EXPECTED: the comparison at mem_fraction 0.35 against the 0.3 baseline was refused with the diff"
+  else
+    say "UNEXPECTED: no refusal naming mem_fraction"; status=1
+  fi
+}
+
 # Issue 34's calls run the checks that judge decode (no throughput, no API properties: their time goes to boots).
 L_CHECKS="boots or no_nan or deterministic or batch_size or captured or config_is_execution or matches_reference"
 
@@ -149,14 +191,7 @@ call=${1:-}
 say "call $call on $(hostname), $(nproc) cores; repo $repo"
 case "$call" in
   d1)
-    eng_main stage sglang-env plugin-env || exit 1
-    plugin_env d1 "tenacity, numpy"
-    nvidia-smi --query-gpu=index,name,memory.used,memory.total,driver_version --format=csv,noheader
-    mkdir -p "$ROOT/models/hf-files"
-    [ -f "$ROOT/models/hf-files/SmolLM2-135M-Instruct/tokenizer.json" ] \
-      || eng_untar_xz "$ENG_T/SmolLM2-135M-Instruct-hf-files.tar.xz" "$ROOT/models/hf-files" || exit 1
-    dsa_env
-    build_checkpoint healthy "$ROOT/models/dsa-tiny" || { say "the DSA checkpoint was not built"; exit 5; }
+    first_call d1 || exit $?
     # Needed by d2 and d3: built while the first server boots (a call's processes end with it: waited for below).
     ( build_checkpoint fp8-kv-outlier "$ROOT/models/dsa-tiny-fp8-kv-outlier" \
       && build_checkpoint nan-late "$ROOT/models/dsa-tiny-nan-late" && build_smollm2_random ) > "$RUN/models.log" 2>&1 &
@@ -172,11 +207,7 @@ case "$call" in
     eng_main stage || exit 1
     plugin_env d1 "tenacity, numpy"
     need "$ROOT/models/dsa-tiny-nan-late/llmserve-checkpoint.json" "the fault variants (call d1)"
-    if [ ! -d "$TL_SITE/tilelang" ]; then
-      eng_need tilelang_site.tar.xz || exit 1
-      rm -rf "$TL_SITE.tmp" && mkdir -p "$TL_SITE.tmp" && eng_untar_xz "$ENG_T/tilelang_site.tar.xz" "$TL_SITE.tmp" \
-        && mv "$TL_SITE.tmp" "$TL_SITE" || exit 1
-    fi
+    install_tilelang || exit 1
     dsa_env
     ref="$(ls "$RUN"/suite/results-d1/runs/*/reference-answers/*.json 2>/dev/null | head -1)"
     need "$ref" "the reference answers recorded in call d1"
@@ -213,40 +244,21 @@ case "$call" in
     write_config "$RUN/suite" 0.3
     fault_run d3-fp8-fault "$RUN/suite" 200 dsa-fp8-fault flashmla_sparse,flashmla_kv \
       "no_nan or matches_reference or boots"
-    write_config "$RUN/ab" 0.3
-    run_pytest d3-ab "$RUN/ab" "$(( $(left) - 90 ))" -m gpu --llmserve-suite --llmserve-server smollm2 \
-      "$repo/scripts/gpu/test_dsa_gpu.py" -k "cuda_graphs_ab or (throughput and max)" \
-      --llmserve-save-baseline --llmserve-baseline-dir "$RUN/baselines"
-    # The seeds' confounder: the baseline saved at mem_fraction 0.3, compared at 0.35: refused before any boot.
-    write_config "$RUN/ab-mem" 0.35
-    run_pytest d3-mem "$RUN/ab-mem" 80 -m gpu --llmserve-suite --llmserve-server smollm2 -k "throughput and max" \
-      --llmserve-baseline-dir "$RUN/baselines" | tee "$RUN/mem-compare.out"
-    if grep -q "mem_fraction" "$RUN/mem-compare.out" && grep -qi "refused" "$RUN/mem-compare.out"; then
-      say "EXPECTED: the comparison at mem_fraction 0.35 against the 0.3 baseline was refused with the diff"
-    else
-      say "UNEXPECTED: no refusal naming mem_fraction"; status=1
-    fi
+    seeds_ab
     collect d3
     ;;
   l1)  # issue 34, call 1 of 3 (carry call-dsa1): contexts past index_topk. The reference (flashmla_sparse, graphs)
        # records the short prompts and the long-context probes (2,560 / 4,096 / 8,192 tokens); flashmla_kv with graphs
        # is compared with it; then the sparse-selection fault (index_topk 1024 on the same weights) must fail the
        # reference differential on the long probes and only there.
-    eng_main stage sglang-env plugin-env || exit 1
-    plugin_env l1 "tenacity, numpy"
-    nvidia-smi --query-gpu=index,name,memory.used,memory.total,driver_version --format=csv,noheader
-    mkdir -p "$ROOT/models/hf-files"
-    [ -f "$ROOT/models/hf-files/SmolLM2-135M-Instruct/tokenizer.json" ] \
-      || eng_untar_xz "$ENG_T/SmolLM2-135M-Instruct-hf-files.tar.xz" "$ROOT/models/hf-files" || exit 1
-    dsa_env
-    build_checkpoint healthy "$ROOT/models/dsa-tiny" || { say "the DSA checkpoint was not built"; exit 5; }
+    first_call l1 || exit $?
     ( build_checkpoint fp8-kv-outlier "$ROOT/models/dsa-tiny-fp8-kv-outlier" ) > "$RUN/models.log" 2>&1 &
     models_pid=$!
     write_config "$RUN/suite" 0.3
     run_pytest l1 "$RUN/suite" 330 -m gpu --llmserve-suite --llmserve-server dsa \
       -k "not off and not tilelang and ($L_CHECKS)"
     wait "$models_pid"; say "fp8-kv-outlier variant: exit $? ($(tail -n 1 "$RUN/models.log"))"
-    ref="$(ls "$RUN"/suite/results-l1/runs/*/reference-answers/dsa.json 2>/dev/null | head -1)"
+    ref="$(recorded dsa l1)"
     need "$ref" "the reference answers recorded by this call's first run"
     cp "$ref" "$OUT/reference-answers-dsa.json"
     fault_run l1-topk "$RUN/suite" "$(( $(left) - 25 ))" dsa-topk-fault flashmla_sparse \
@@ -258,7 +270,7 @@ case "$call" in
         # must agree with the reference; then the GPU contention test and what is left of the matrix.
     plugin_env l1 "tenacity, numpy"
     dsa_env
-    ref="$(ls "$RUN"/suite/results-l1/runs/*/reference-answers/dsa.json 2>/dev/null | head -1)"
+    ref="$(recorded dsa l1)"
     need "$ref" "the reference answers recorded in call l1"
     write_config "$RUN/suite" 0.3
     run_pytest l1b-control "$RUN/suite" 150 -m gpu --llmserve-suite --llmserve-server dsa-topk-control \
@@ -275,18 +287,11 @@ case "$call" in
        # records the long-context probes (each its own sentences since 2026-12-06); the control (torch top-k, topk
        # 2048) must agree with it everywhere; the fault (torch top-k, topk 256) must fail on the long probes only;
        # then, for the record, the first construction (topk 1024) and flashmla_kv with graphs against the reference.
-    eng_main stage sglang-env plugin-env || exit 1
-    plugin_env l1 "tenacity, numpy"
-    nvidia-smi --query-gpu=index,name,memory.used,memory.total,driver_version --format=csv,noheader
-    mkdir -p "$ROOT/models/hf-files"
-    [ -f "$ROOT/models/hf-files/SmolLM2-135M-Instruct/tokenizer.json" ] \
-      || eng_untar_xz "$ENG_T/SmolLM2-135M-Instruct-hf-files.tar.xz" "$ROOT/models/hf-files" || exit 1
-    dsa_env
-    build_checkpoint healthy "$ROOT/models/dsa-tiny" || { say "the DSA checkpoint was not built"; exit 5; }
+    first_call l1 || exit $?
     write_config "$RUN/suite" 0.3
     run_pytest l4-ref "$RUN/suite" 240 -m gpu --llmserve-suite --llmserve-server dsa \
       -k "flashmla_sparse and not off and (no_nan or matches_reference or boots)"
-    ref="$(ls "$RUN"/suite/results-l4-ref/runs/*/reference-answers/dsa.json 2>/dev/null | head -1)"
+    ref="$(recorded dsa l4-ref)"
     need "$ref" "the reference answers recorded by this call's first run"
     cp "$ref" "$OUT/reference-answers-dsa.json"
     run_pytest l4-control "$RUN/suite" 110 -m gpu --llmserve-suite --llmserve-server dsa-topk-control \
@@ -302,19 +307,7 @@ case "$call" in
     plugin_env l1 "tenacity, numpy"
     dsa_env
     build_smollm2_random || { say "SmolLM2-random was not built"; exit 5; }
-    write_config "$RUN/ab" 0.3
-    run_pytest d3-ab "$RUN/ab" "$(( $(left) - 90 ))" -m gpu --llmserve-suite --llmserve-server smollm2 \
-      "$repo/scripts/gpu/test_dsa_gpu.py" -k "cuda_graphs_ab or (throughput and max)" \
-      --llmserve-save-baseline --llmserve-baseline-dir "$RUN/baselines"
-    # The seeds' confounder: the baseline saved at mem_fraction 0.3, compared at 0.35: refused before any boot.
-    write_config "$RUN/ab-mem" 0.35
-    run_pytest d3-mem "$RUN/ab-mem" 80 -m gpu --llmserve-suite --llmserve-server smollm2 -k "throughput and max" \
-      --llmserve-baseline-dir "$RUN/baselines" | tee "$RUN/mem-compare.out"
-    if grep -q "mem_fraction" "$RUN/mem-compare.out" && grep -qi "refused" "$RUN/mem-compare.out"; then
-      say "EXPECTED: the comparison at mem_fraction 0.35 against the 0.3 baseline was refused with the diff"
-    else
-      say "UNEXPECTED: no refusal naming mem_fraction"; status=1
-    fi
+    seeds_ab
     collect l5
     ;;
   l2)  # issue 34, call 2 of 3 (carry call-dsa2: TileLang): FP8 KV caches against the bf16 reference, and the FP8
@@ -322,13 +315,9 @@ case "$call" in
     eng_main stage || exit 1
     plugin_env l1 "tenacity, numpy"
     need "$ROOT/models/dsa-tiny-fp8-kv-outlier/llmserve-checkpoint.json" "the fp8-kv-outlier variant (call l1)"
-    if [ ! -d "$TL_SITE/tilelang" ]; then
-      eng_need tilelang_site.tar.xz || exit 1
-      rm -rf "$TL_SITE.tmp" && mkdir -p "$TL_SITE.tmp" && eng_untar_xz "$ENG_T/tilelang_site.tar.xz" "$TL_SITE.tmp" \
-        && mv "$TL_SITE.tmp" "$TL_SITE" || exit 1
-    fi
+    install_tilelang || exit 1
     dsa_env
-    ref="$(ls "$RUN"/suite/results-l1/runs/*/reference-answers/dsa.json 2>/dev/null | head -1)"
+    ref="$(recorded dsa l1)"
     need "$ref" "the reference answers recorded in call l1"
     write_config "$RUN/suite" 0.3
     run_pytest l2-fp8kv "$RUN/suite" 260 -m gpu --llmserve-suite --llmserve-server dsa-fp8kv -k "$L_CHECKS" \
@@ -341,7 +330,7 @@ case "$call" in
        # on and off, and flashmla_sparse and flashmla_kv without graphs.
     plugin_env l1 "tenacity, numpy"
     dsa_env
-    ref="$(ls "$RUN"/suite/results-l1/runs/*/reference-answers/dsa.json 2>/dev/null | head -1)"
+    ref="$(recorded dsa l1)"
     need "$ref" "the reference answers recorded in call l1"
     write_config "$RUN/suite" 0.3
     # Item 5 first (one boot of the reference combination, its kernels already compiled by l1): a quiet round, a

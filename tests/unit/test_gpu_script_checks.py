@@ -107,22 +107,29 @@ def fp8_rows() -> list[dict[str, Any]]:
     return [*results_doc("d2-fp8-fault")["checks"], *results_doc("d3-fp8-fault")["checks"]]
 
 
+def relabelled(rows: list[dict[str, Any]], backend: str, old: str, new: str) -> list[dict[str, Any]]:
+    """Copies of ``backend``'s rows with ``old`` written ``new`` in their server and test ids: a recorded run's rows
+    standing for a run that did not happen."""
+    out = []
+    for original in rows:
+        if f"nsa_decode_backend={backend}]" in original["server_id"]:
+            r = copy.deepcopy(original)
+            r["server_id"] = r["server_id"].replace(old, new)
+            r["test_id"] = r["test_id"].replace(old, new)
+            out.append(r)
+    return out
+
+
 def as_flashmla_kv(rows: list[dict[str, Any]], caught: bool) -> list[dict[str, Any]]:
     """tilelang's rows relabelled as flashmla_kv's (that run never happened); ``caught``: its differential failed
     with an error finding, as the construction predicts."""
-    out = []
-    for original in rows:
-        if "nsa_decode_backend=tilelang]" not in original["server_id"]:
-            continue
-        r = copy.deepcopy(original)
-        r["server_id"] = r["server_id"].replace("tilelang", "flashmla_kv")
-        r["test_id"] = r["test_id"].replace("tilelang", "flashmla_kv")
+    out = relabelled(rows, "tilelang", "tilelang", "flashmla_kv")
+    for r in out:
         if caught and r["check"] == "test_matches_reference":
             r["verdict"] = "fail"
             r["oracles"][0]["verdict"] = "fail"
             r["findings"].append({"oracle": "differential", "severity": "error",
                                   "message": "first divergence at position 0, outside the other's top-5"})
-        out.append(r)
     return out
 
 
@@ -154,18 +161,13 @@ def test_fp8_fault_flagged_on_a_bf16_backend_is_a_miss() -> None:
 def as_topk_fault(rows: list[dict[str, Any]], failing_probes: list[str]) -> list[dict[str, Any]]:
     """The fp8 fault's real flashmla_sparse rows relabelled as the topk fault's (that run is issue 34's), its
     reference differential failing with one error finding per probe in ``failing_probes``."""
-    out = []
-    for original in rows:
-        if "nsa_decode_backend=flashmla_sparse]" not in original["server_id"]:
-            continue
-        r = copy.deepcopy(original)
-        r["server_id"] = r["server_id"].replace("dsa-fp8-fault", "dsa-topk-fault")
+    out = relabelled(rows, "flashmla_sparse", "dsa-fp8-fault", "dsa-topk-fault")
+    for r in out:
         if r["check"] == "test_matches_reference" and failing_probes:
             r["verdict"] = "fail"
             r["oracles"] = [{"check": "reference differential[...]", "verdict": "fail"}]
             r["findings"] = [{"oracle": "differential", "severity": "error", "probe": f"differential[{probe}]",
                               "message": "diverge at position 2, not a near-tie"} for probe in failing_probes]
-        out.append(r)
     return out
 
 
