@@ -9,12 +9,14 @@ builds the servers and workloads from them, :mod:`pytest_llmserve.settings` the 
 from __future__ import annotations
 
 import math
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 from pytest_llmserve.errors import ConfigError
+
+_N = TypeVar("_N", int, float)
 
 
 def check_known_key(key: str, value: Any, known: Collection[str], where: str) -> None:
@@ -156,14 +158,24 @@ def parse_count(value: Any, where: str) -> int:
     return _whole_number(value, where, 0, "a whole number >= 0")
 
 
-def _whole_number(value: Any, where: str, least: int, wanted: str) -> int:
-    """An integer >= ``least``, written as one or as text (an ini value); not a bool, not a fraction."""
+def _number(value: Any, where: str, convert: Callable[[Any], _N], ok: Callable[[_N], bool], wanted: str) -> _N:
+    """``convert(value)`` where ``ok`` accepts it, written as a number or as text (an ini value); never a bool."""
     if isinstance(value, bool):
         raise ConfigError(f"{where} = {value!r}: must be {wanted}")
     try:
-        number = int(value)
+        number = convert(value)
     except (TypeError, ValueError):
         raise ConfigError(f"{where} = {value!r}: must be {wanted}") from None
-    if number < least or (isinstance(value, float) and value != number):
+    if not ok(number):
         raise ConfigError(f"{where} = {value!r}: must be {wanted}")
     return number
+
+
+def _whole_number(value: Any, where: str, least: int, wanted: str) -> int:
+    """An integer >= ``least``; not a fraction."""
+    return _number(value, where, int, lambda n: n >= least and not (isinstance(value, float) and value != n), wanted)
+
+
+def parse_spread(value: Any, where: str) -> float:
+    """A spread (an sd of log values, ``between_run_sd``): a number in [0, 1); 0 is allowed (runs that agree)."""
+    return _number(value, where, float, lambda n: 0 <= n < 1, "a fraction in [0, 1) (0.03 = 3%)")

@@ -74,8 +74,8 @@ MARKERS = {
     "llmserve_benchmark": "llmserve_benchmark(workload=None, *, metric=None, tolerance=None, rounds=None, "
                           "max_rounds=None, variable=None, higher_is_better=None, baseline_server=None, "
                           "baseline_test=None, warmup_rounds=None, warmup_agreement=None, extend_to_resolve=None, "
-                          "extend_budget_s=None, contention_bound=None): a throughput/latency gate "
-                          "against the stored baseline (of another server/test when baseline_server/baseline_test "
+                          "extend_budget_s=None, contention_bound=None, between_run_sd=None): a throughput/latency "
+                          "gate against the stored baseline (of another server/test when baseline_server/baseline_test "
                           "name one, e.g. 'test_llmserve_suite.py::test_throughput'); runs on one xdist worker only",
 }
 # What makes a collected item an llmserve item (the gpu marker alone only asks for the GPU probe).

@@ -47,7 +47,13 @@ from pytest_llmserve.config import (
     find_config_file,
     load_config,
 )
-from pytest_llmserve.config_values import parse_bool, parse_count, parse_positive_float, parse_positive_int
+from pytest_llmserve.config_values import (
+    parse_bool,
+    parse_count,
+    parse_positive_float,
+    parse_positive_int,
+    parse_spread,
+)
 from pytest_llmserve.errors import ConfigError
 from pytest_llmserve.metrics import METRICS, is_known
 
@@ -108,6 +114,7 @@ class BenchSpec:
     extend_to_resolve: bool = _DEFAULTS.extend_to_resolve
     extend_budget_s: float = _DEFAULTS.extend_budget_s
     contention_bound: float = _DEFAULTS.contention_bound
+    between_run_sd: float | None = _DEFAULTS.between_run_sd  # None: the measured prior (verdicts/between_runs)
     variable: str | None = None  # the context key the comparison may differ in (e.g. "cuda_graph")
     higher_is_better: bool | None = None  # None: the metric's own direction
     baseline_server: str | None = None  # compare against another server's baseline
@@ -116,7 +123,7 @@ class BenchSpec:
 
 BENCH_MARKER_ARGS = ("workload", "metric", "tolerance", "rounds", "max_rounds", "variable", "higher_is_better",
                      "alpha", "baseline_server", "baseline_test", "warmup_rounds", "warmup_agreement",
-                     "extend_to_resolve", "extend_budget_s", "contention_bound")
+                     "extend_to_resolve", "extend_budget_s", "contention_bound", "between_run_sd")
 
 
 def _flag(got: tuple[Any, str] | None) -> bool:
@@ -218,7 +225,7 @@ def bench_spec(settings: Settings, args: tuple[Any, ...] = (), kwargs: Mapping[s
                      max_rounds=base.max_rounds, alpha=base.alpha, warmup_rounds=base.warmup_rounds,
                      warmup_agreement=base.warmup_agreement, extend_to_resolve=base.extend_to_resolve,
                      extend_budget_s=base.extend_budget_s,
-                     contention_bound=base.contention_bound)
+                     contention_bound=base.contention_bound, between_run_sd=base.between_run_sd)
     given = dict(kwargs or {})
     if len(args) > 1:
         raise ConfigError(f"{where}: takes at most one positional argument (the workload), got {args!r}")
@@ -269,6 +276,8 @@ def parse_bench_default(cfg: LLMServeConfig, key: str, value: Any, where: str) -
         return str(value)
     if key in ("tolerance", "alpha", "warmup_agreement", "contention_bound"):
         return parse_fraction(value, where)
+    if key == "between_run_sd":
+        return parse_spread(value, where)
     if key == "warmup_rounds":
         return parse_count(value, where)
     if key in ("rounds", "max_rounds"):

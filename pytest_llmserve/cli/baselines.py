@@ -21,6 +21,7 @@ from typing import Any, TextIO
 
 from pytest_llmserve.errors import BaselineError
 from pytest_llmserve.metrics import higher_is_better
+from pytest_llmserve.options import BenchDefaults
 from pytest_llmserve.report.json import RESULTS_FORMAT, read_results_json
 from pytest_llmserve.report.outcome import BenchOutcome
 from pytest_llmserve.report.text import aligned_columns, format_markdown, format_table
@@ -34,12 +35,12 @@ from pytest_llmserve.store.baselines import (
     read_baseline_file,
 )
 from pytest_llmserve.verdicts.comparability import comparability
-from pytest_llmserve.verdicts.stats import DEFAULT_ALPHA, DEFAULT_MIN_SAMPLES, decide, summarize
+from pytest_llmserve.verdicts.stats import DEFAULT_ALPHA, DEFAULT_MIN_SAMPLES, decide, negligible_change, summarize
 
 EXIT_OK = 0
 EXIT_REGRESSION = 1
 EXIT_BAD = 2
-DEFAULT_TOLERANCE = 0.05
+DEFAULT_TOLERANCE = BenchDefaults().tolerance  # the gate's: the change to catch
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -85,7 +86,7 @@ def _add_decision(p: argparse.ArgumentParser) -> None:
         "--tolerance",
         type=_fraction,
         default=None,
-        help=f"allowed relative change, 0.05 or 5%% (default: the benchmark's, else {DEFAULT_TOLERANCE})",
+        help=f"the relative change to catch, 0.10 or 10%% (default: the benchmark's, else {DEFAULT_TOLERANCE})",
     )
     p.add_argument("--alpha", type=float, default=DEFAULT_ALPHA, help="significance level (default: 0.05)")
     p.add_argument("--min-samples", type=int, default=DEFAULT_MIN_SAMPLES, help="samples needed on each side")
@@ -374,7 +375,9 @@ def _compare_pair(a: _Side, b: _Side, args: argparse.Namespace) -> BenchOutcome:
             a.samples[metric],
             b.samples[metric],
             higher_is_better=higher,
-            tolerance=tolerance,
+            # The fixed-sample rule's tolerance is its size threshold and CI bound: the gate's negligible change,
+            # half the tolerance the gate catches (verdicts/stats.py), so both read a tolerance the same way.
+            tolerance=negligible_change(tolerance),
             alpha=args.alpha,
             min_samples=args.min_samples,
             metric=metric,

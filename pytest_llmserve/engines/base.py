@@ -43,6 +43,10 @@ class EngineAdapter(ABC):
     env_prefixes: tuple[str, ...] = ()
     #: Prometheus counter of generated tokens, for the server-side throughput cross-check.
     generation_counter: str | None = None
+    #: Prometheus counters of the requests the engine finished and of the prompt tokens its prefix cache served:
+    #: the traffic a server saw before a benchmark, recorded in the benchmark's context (gates/context.server_state).
+    request_counter: str | None = None
+    prefix_cache_hit_counter: str | None = None
     #: Prometheus gauge of the requests the engine is running now, sampled during a benchmark round to
     #: prove nothing else reached the server (a round whose gauge exceeds its concurrency is invalid).
     running_requests_gauge: str | None = None

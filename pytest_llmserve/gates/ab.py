@@ -60,7 +60,7 @@ class ABRunner:
         raise ConfigError(f"{self.test_id}: A/B configuration {ident!r} is not configured (known: {known})")
 
     def run(self, a: str, b: str, *, workload: str = "smoke", rounds: int = 5, metric: str = "output_throughput",
-            tolerance: float = 0.05, alpha: float | None = None, warmup_rounds: int = 1,
+            tolerance: float = 0.10, alpha: float | None = None, warmup_rounds: int = 1,
             max_rounds: int | None = None, judged_by_caller: bool = False,
             contention_bound: float | None = None) -> BenchOutcome:
         """Interleaved rounds, judged by the sequential rule after ``rounds`` a side and after every further

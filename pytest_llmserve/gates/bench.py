@@ -64,6 +64,7 @@ differing host fields printed beside the verdict. Saving takes at least
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import shlex
@@ -76,7 +77,8 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from pytest_llmserve.config import LLMServeConfig, ServerSpec, Workload
 from pytest_llmserve.errors import BaselineError
-from pytest_llmserve.gates.context import build_context
+from pytest_llmserve.evidence.prometheus import counter_total
+from pytest_llmserve.gates.context import build_context, server_state
 from pytest_llmserve.gates.failed_checks import correctness_failures
 from pytest_llmserve.gates.preflight import accept_command, elsewhere, environment_only
 from pytest_llmserve.gates.rounds import (
@@ -90,10 +92,11 @@ from pytest_llmserve.gates.rounds import (
 from pytest_llmserve.load.prompts import build_prompts
 from pytest_llmserve.metrics import METRICS, higher_is_better
 from pytest_llmserve.report.outcome import BenchOutcome
-from pytest_llmserve.server.handle import RunningServer
+from pytest_llmserve.server.handle import RunningServer, engine_of
 from pytest_llmserve.settings import INCONCLUSIVE_POLICIES, BenchSpec, Settings
 from pytest_llmserve.store.baselines import BaselineStore, BenchKey
 from pytest_llmserve.verdicts import stats
+from pytest_llmserve.verdicts.between_runs import run_spread
 from pytest_llmserve.verdicts.comparability import (
     Comparability,
     comparability,
@@ -105,6 +108,9 @@ from pytest_llmserve.verdicts.comparability import (
 if TYPE_CHECKING:
     from pytest_llmserve.server.pool import ServerPool
 
+#: The baseline's most recent recorded runs a comparison uses: enough to estimate the spread between runs, few
+#: enough that a drift of the host months ago does not weigh on today's verdict.
+BASELINE_RUNS_USED = 10
 SAVE_MIN_ROUNDS = 5  # at 5 vs 3+ samples an exact one-sided Mann-Whitney test can reach p < 0.05
 # No round is discarded as warm-up once the warm-up has taken this long: a bound for long workloads (a
 # CPU smoke round takes ~20 s, ~80 s on a slow host; a saturated H200 round ~10 s), where the round cap alone
@@ -195,6 +201,8 @@ class BenchGate:
         self.clock = clock
         self.warmup: dict[str, Any] | None = None  # the warm-up's record, once it ran (it runs once per gate)
         self.discarded_rounds: list[dict[str, Any]] = []  # rounds run again as measurement artefacts
+        # Judges the clean rounds of a benchmark that ends confounded (set once a comparable baseline is read).
+        self._judge_clean_rounds: Callable[[list[float]], stats.Verdict | None] | None = None
         self.contended: list[dict[str, Any]] = []  # rounds discarded for host contention (clean_round)
         self._prompts: tuple[str, Any] | None = None  # (workload name, prompts): built once, the same every round
 
@@ -230,6 +238,28 @@ class BenchGate:
         except Exception:  # noqa: BLE001
             pass
         return None
+
+    def server_state_now(self) -> dict[str, Any]:
+        """How much the server generated since boot (its engine's generation counter) and how long it has been
+        ready: the state a benchmark starts from."""
+        engine = None
+        with contextlib.suppress(AttributeError):  # a script's stand-in server has no engine adapter
+            engine = engine_of(self.server)
+        page = None
+        if engine is not None and engine.generation_counter:
+            try:
+                page = self.server.metrics_text()
+            except Exception:  # noqa: BLE001 - an unreadable page is an unknown state, not an error of the benchmark
+                page = None
+
+        def read(counter: str | None) -> float | None:
+            return counter_total(page, counter) if page and counter else None
+
+        ready_at = getattr(self.server, "ready_at", None)
+        return server_state(read(engine.generation_counter if engine else None),
+                            time.monotonic() - ready_at if ready_at is not None else None,
+                            requests_before=read(engine.request_counter if engine else None),
+                            prefix_cache_hits_before=read(engine.prefix_cache_hit_counter if engine else None))
 
     def measure(self, workload: Workload, rounds: int, prompts: Any = None,
                 outcome: BenchOutcome | None = None,
@@ -286,12 +316,24 @@ class BenchGate:
                 name, invalid, discarded=self.discarded_rounds, say=self.say)
 
         def confounded(message: str) -> None:
-            # No verdict either way: the rounds could not be samples of the server. Skipped with the reason, like a
-            # baseline from another host, so that a busy machine neither blocks a merge nor passes as a figure.
+            # The contended rounds are no samples of the server, but the clean ones measured before are: judged
+            # alone first, a clear regression in them fails (the report shows both); else no verdict either way,
+            # skipped with the reason like a baseline from another host, so that a busy machine neither blocks a
+            # merge nor passes as a figure.
+            metric = self.options.metric
+            clean = (self._judge_clean_rounds([m[metric] for m in measured if metric in m])
+                     if self._judge_clean_rounds is not None else None)
+            if clean is not None:
+                message += (f"\nthe {len(measured)} clean round(s) measured before the host got busy, judged alone: "
+                            f"{clean.outcome}: {clean.reason}")
             if outcome is not None:
                 outcome.confounded = True
                 outcome.samples, outcome.rounds, outcome.note = sample_series(measured), len(measured), message
+                if clean is not None and clean.outcome == "regressed":
+                    outcome.verdict = clean
                 self._finish(outcome)
+            if clean is not None and clean.outcome == "regressed":
+                self.fail(f"{self.test_id}: regressed in the clean rounds before the host got busy: {message}")
             if self.skip is not None:
                 self.skip(f"{self.test_id}: {message}")
             self.fail(f"{self.test_id}: {message}")
@@ -371,7 +413,9 @@ class BenchGate:
         metric = opts.metric
         hib = opts.higher_is_better if opts.higher_is_better is not None else higher_is_better(metric)
         spec = self.spec
-        context = build_context(spec, wl, engine_version=self.engine_version())
+        # The server's state is read before the warm-up generates anything (gates/context.server_state).
+        context = build_context(spec, wl, engine_version=self.engine_version(),
+                                extra={"server_state": self.server_state_now()})
         key = BenchKey(test=opts.baseline_test or self.key_test,
                        server=opts.baseline_server or spec.id, workload=wl.name)
         store = BaselineStore(self.store_dir)
@@ -400,6 +444,13 @@ class BenchGate:
         comp = (comparability(doc.context, context, opts.variable, self.allow_confounded,
                               allow_host_change=self.allow_host_change) if doc else None)
         outcome.comparability = comp
+        if doc is not None and comp is not None and comp.ok:
+            base_runs = doc.runs(metric, last=BASELINE_RUNS_USED)
+            # At the level of one look of the gate's own plan: the clean rounds judged as the gate would have.
+            self._judge_clean_rounds = functools.partial(
+                judge_clean_rounds, base_runs, tolerance=opts.tolerance, higher_is_better=hib, metric=metric,
+                prior_between_sd=opts.between_run_sd,
+                alpha=self._plan(sum(len(run) for run in base_runs)).nominal_alpha)
         samples, last = self.measure(wl, opts.rounds, outcome=outcome)
         outcome.cross_check = _cross(last)
         if doc is None or comp is None:
@@ -407,6 +458,13 @@ class BenchGate:
         if not comp.ok:
             return self._refused_after_measuring(outcome, comp, samples, started)
         return self._judged(outcome, wl, doc, comp, samples, last, started)
+
+    def _plan(self, n_baseline: int) -> stats.SequentialPlan:
+        """The gate's looks against a baseline of ``n_baseline`` rounds (current rounds from the first look to
+        ``max_rounds``)."""
+        opts = self.options
+        first_look = max(opts.rounds, stats.SEQUENTIAL_FIRST_LOOK)
+        return stats.sequential_plan(stats.gate_looks(n_baseline, first_look, opts.max_rounds), alpha=opts.alpha)
 
     def _refuse(self, outcome: BenchOutcome, error: str, message: str, started: float) -> BenchOutcome:
         """Nothing measured: the stored file cannot be read, or a save would mix contexts."""
@@ -440,6 +498,10 @@ class BenchGate:
                    f"record a baseline for this context: {command}")
         if here and any(is_host_key(d.key) for d in comp.diffs):
             message += "\n(or compare across hosts on purpose: --llmserve-allow-host-change)"
+        if any(d.key == "server_state.state" for d in comp.diffs):
+            message += ("\nthe server's state differs: run the benchmark as the baseline's ran (the suite runs its "
+                        "benchmark after its correctness checks, 'after traffic'; a benchmark alone on a fresh boot "
+                        "is 'fresh'), or record a baseline for this way of running it")
         outcome.samples, outcome.rounds, outcome.note = series, len(samples), message
         outcome.seconds = time.monotonic() - started
         self.say(f"{self.spec.id}: {figure} ({reason})")
@@ -454,16 +516,19 @@ class BenchGate:
         """The comparison: the sequential rule after every round up to ``max_rounds`` (and, with
         ``extend_to_resolve``, beyond), then the verdict recorded, failed or warned as the policy says."""
         opts, metric, spec = self.options, outcome.metric, self.spec
-        base_samples = doc.samples(metric)
+        # Every recorded run of the baseline (up to the last BASELINE_RUNS_USED), each its own level: the comparison
+        # crosses runs and carries the spread between them (verdicts/between_runs.py).
+        base_runs = doc.runs(metric, last=BASELINE_RUNS_USED)
+        base_samples = [v for run in base_runs for v in run]
         first_look = max(opts.rounds, stats.SEQUENTIAL_FIRST_LOOK)
-        plan = stats.sequential_plan(stats.gate_looks(len(base_samples), first_look, opts.max_rounds),
-                                     alpha=opts.alpha)
+        plan = self._plan(len(base_samples))
         round_s: float | None = None  # how long the last extra round took (the extension's time budget reads it)
 
         def judge() -> stats.Verdict:  # reads ``plan`` when called: the extension re-plans its looks
             return stats.decide_sequential(base_samples, [s[metric] for s in samples], plan=plan,
                                            higher_is_better=outcome.higher_is_better, tolerance=opts.tolerance,
-                                           metric=metric)
+                                           metric=metric, baseline_runs=base_runs,
+                                           prior_between_sd=opts.between_run_sd)
 
         def one_more() -> None:
             nonlocal last, round_s
@@ -478,17 +543,17 @@ class BenchGate:
             return len(plan.looks)
 
         verdict = until_verdict(judge, one_more, lambda: len(samples), opts.max_rounds)
-        resolved = (self._resolution(base_samples, [s[metric] for s in samples], plan)
+        resolved = (self._resolution(base_runs, [s[metric] for s in samples], plan)
                     if verdict.outcome == "inconclusive" else None)
         if resolved is not None and opts.extend_to_resolve:
             verdict = self._extend(outcome, verdict, resolved.current_rounds, len(base_samples), samples, judge,
                                    one_more, replan, lambda: round_s)
-            resolved = (self._resolution(base_samples, [s[metric] for s in samples], plan)
+            resolved = (self._resolution(base_runs, [s[metric] for s in samples], plan)
                         if verdict.outcome == "inconclusive" else None)
         series = sample_series(samples)
         across = host_change_text(comp.host_diffs)
         outcome.verdict, outcome.samples, outcome.rounds = verdict, series, len(samples)
-        outcome.baseline_series = {m: v for m, v in doc.latest.samples.items()}
+        outcome.baseline_series = {**doc.latest.samples, metric: base_samples}  # the gated metric: every run used
         outcome.baseline_samples = [float(x) for x in outcome.baseline_series.get(metric) or []]
         outcome.note = verdict.reason + (f"\nacross hosts (allowed): {across}" if across else "")
         outcome.seconds, outcome.cross_check = time.monotonic() - started, _cross(last)
@@ -581,9 +646,17 @@ class BenchGate:
             self.fail(message)
         warnings.warn(InconclusiveWarning(message), stacklevel=4)  # at the caller of run()
 
-    def _resolution(self, base: list[float], current: list[float], plan: Any) -> Any:
-        """What the rule resolves at this noise (stats.resolution); None where no side has a spread to measure."""
-        return measured_resolution(base, current, plan, self.options.tolerance)
+    def _resolution(self, base_runs: list[list[float]], current: list[float], plan: Any) -> Any:
+        """What the rule resolves at this noise, the spread between runs included (stats.resolution); None where
+        no side has a spread to measure."""
+        base = [v for run in base_runs for v in run]
+        if not base or not current:
+            return None
+        prior = self.options.between_run_sd
+        spread = (run_spread(base_runs, current) if prior is None
+                  else run_spread(base_runs, current, prior_between_sd=prior))
+        return measured_resolution(base, current, plan, self.options.tolerance, between_sd=spread.between_sd,
+                                   baseline_runs=len(base_runs))
 
     def _save(self, store: Any, key: Any, context: dict[str, Any], wl: Workload, metric: str, hib: bool,
               outcome: BenchOutcome, started: float) -> BenchOutcome:
@@ -653,6 +726,21 @@ class BenchGate:
         self.record(outcome)
 
 
+def judge_clean_rounds(baseline_runs: list[list[float]], current: list[float], *, tolerance: float,
+                       higher_is_better: bool, metric: str, alpha: float,
+                       prior_between_sd: float | None = None) -> stats.Verdict | None:
+    """The clean rounds a confounded benchmark measured before the host got busy, against the baseline in one look
+    at ``alpha`` (the nominal level of one of the gate's looks: the same test the gate's next look would have
+    made); None with fewer than two rounds. Rounds the gate already looked at were judged there (a regression
+    there failed at once); these are the ones it had not, and the last verdict shown beside "confounded"."""
+    if len(current) < 2:
+        return None
+    base = [v for run in baseline_runs for v in run]
+    plan = stats.sequential_plan(((len(base), len(current)),), alpha=alpha)
+    return stats.decide_sequential(base, current, plan=plan, higher_is_better=higher_is_better, tolerance=tolerance,
+                                   metric=metric, baseline_runs=baseline_runs, prior_between_sd=prior_between_sd)
+
+
 def _correctness_text(failures: list[dict[str, str]]) -> str:
     first = failures[0]
     more = f" and {len(failures) - 1} more" if len(failures) > 1 else ""
@@ -669,13 +757,13 @@ _V = TypeVar("_V", bound=_Judged)
 
 
 def measured_resolution(base: Sequence[float], current: Sequence[float], plan: Any, tolerance: float, *,
-                        both_sides_grow: bool = False) -> Any:
+                        both_sides_grow: bool = False, between_sd: float = 0.0, baseline_runs: int = 1) -> Any:
     """:func:`pytest_llmserve.verdicts.stats.resolution` at the spread of these rounds (each side's log-sd);
     None where no side has two rounds with a spread."""
     try:
         return stats.resolution(stats.log_sd(base), stats.log_sd(current), n_baseline=len(base),
                                 n_current=len(current), plan=plan, tolerance=tolerance,
-                                both_sides_grow=both_sides_grow)
+                                both_sides_grow=both_sides_grow, between_sd=between_sd, baseline_runs=baseline_runs)
     except ValueError:
         return None
 
@@ -694,6 +782,8 @@ def resolution_record(resolved: Any, *, extend: bool | None = None) -> dict[str,
     tol = f"±{resolved.tolerance * 100:g}%"
     if resolved.resolved:
         short = f"{tol} resolvable in {resolved.max_rounds}"
+    elif resolved.between_floor >= resolved.tolerance:
+        short = f"{tol} below the spread between runs: needs >{resolved.between_floor:.0%}"
     elif resolved.ab:
         n = resolved.rounds_a_side
         short = f"{tol} needs ~{n} rounds a side" if n is not None else f"{tol} needs >{limit} rounds a side"

@@ -55,3 +55,34 @@ def build_context(
     if extra:
         ctx.update(extra)
     return redact_context(portable_paths(ctx))
+
+
+#: Tokens a server may have generated before a benchmark and still count as "fresh": what the plugin itself asks of
+#: a server it boots (the readiness probe's generation and the facts it reads) stays far below.
+FRESH_TOKEN_ALLOWANCE = 256
+
+
+def server_state(generated_before: float | None, seconds_since_ready: float | None, *,
+                 requests_before: float | None = None, prefix_cache_hits_before: float | None = None
+                 ) -> dict[str, Any]:
+    """The server's state when a benchmark starts, for its context: ``state`` is compared ("fresh": at most
+    :data:`FRESH_TOKEN_ALLOWANCE` tokens generated since boot; "after traffic"; "unknown" where the engine's
+    generation counter could not be read), the figures beside it are not (verdicts/comparability.py ignores them):
+    tokens generated and requests finished since boot, prompt tokens its prefix cache served (a warm cache), the
+    seconds since it became ready. The benchmark's own warm-up rounds come after this reading.
+
+    A benchmark alone on a fresh boot and the same benchmark after a suite's other traffic differ (+31.5 % on the
+    development host, docs/testing.md): a comparison across states is refused, naming them."""
+    if generated_before is None:
+        state = "unknown"
+    elif generated_before <= FRESH_TOKEN_ALLOWANCE:
+        state = "fresh"
+    else:
+        state = "after traffic"
+    return {"state": state,
+            "generated_tokens_before": None if generated_before is None else round(generated_before),
+            "requests_before": None if requests_before is None else round(requests_before),
+            "prefix_cache_hit_tokens_before": None if prefix_cache_hits_before is None
+            else round(prefix_cache_hits_before),
+            "seconds_since_ready": None if seconds_since_ready is None else round(seconds_since_ready, 1)}
+

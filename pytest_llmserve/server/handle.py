@@ -200,6 +200,7 @@ class ServerHandle:
         # Its GPUs and its processes there as NVML lists them (found when ready): what a round's GPU contention
         # leaves out, and what must be gone at teardown.
         self.gpu_scope: GpuScope | None = None
+        self.ready_at: float | None = None  # time.monotonic() when it became ready
 
     # ------------------------------------------------------------------ identity
     @property
@@ -266,6 +267,7 @@ class ServerHandle:
             self.stop()
             raise
         self.boot.boot_s = time.monotonic() - start
+        self.ready_at = time.monotonic()  # a benchmark's context says how long the server had been ready
         if self.gpu_pre is not None and self.proc is not None:
             self.gpu_scope = server_gpu_scope(self.gpu_pre.devices, self.gpu_pre.baseline_pids, gpu.snapshot(),
                                                   [p.pid for p in procs.tree_of(self.proc.pid)])

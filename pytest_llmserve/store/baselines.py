@@ -142,11 +142,17 @@ class BaselineDoc:
 
     def samples(self, metric: str | None = None, *, last: int = 1) -> list[float]:
         """Samples of ``metric`` (default: the gated one) from the last ``last`` records (0 = all), pooled."""
+        return [v for run in self.runs(metric, last=last) for v in run]
+
+    def runs(self, metric: str | None = None, *, last: int = 0) -> list[list[float]]:
+        """Samples of ``metric`` (default: the gated one) of the last ``last`` records (0 = all), one list per record:
+        each record is one run (one invocation, one boot of the server), the unit the between-run spread is
+        estimated over (:mod:`pytest_llmserve.verdicts.between_runs`)."""
         name = metric or self.metric
         chosen = self.records if last <= 0 else self.records[-last:]
         if not chosen:
             raise BaselineError(f"{self.path or self.key}: holds no records")
-        out: list[float] = []
+        out: list[list[float]] = []
         for rec in chosen:
             if name not in rec.samples:
                 known = ", ".join(sorted(rec.samples))
@@ -154,7 +160,7 @@ class BaselineDoc:
                     f"{self.path or self.key}: record {rec.run_id} has no samples of {name!r} "
                     f"(it has: {known})"
                 )
-            out.extend(rec.samples[name])
+            out.append(list(rec.samples[name]))
         return out
 
     def to_dict(self) -> dict[str, Any]:

@@ -33,7 +33,18 @@ IGNORED_CONTEXT_KEYS: tuple[str, ...] = (
     "server_args.request_timeout_s",
     "server_args.api_key",
     "server_args.served_model_name",
+    # The server's state is compared by its class (gates/context.server_state); the figures are the evidence.
+    "server_state.generated_tokens_before",
+    "server_state.requests_before",
+    "server_state.prefix_cache_hit_tokens_before",
+    "server_state.seconds_since_ready",
 )
+
+# Context keys a later version of the plugin added: a baseline recorded before has none. The comparison goes on, and
+# says which of them the baseline lacks and what this run recorded (the stored baselines stay usable; a user who
+# wants them compared like with like records them again). They are also read from the running server, so the check
+# made from the configuration alone, before any boot, leaves them out.
+ADDED_CONTEXT_KEYS: tuple[str, ...] = ("server_state",)
 
 # Declared variables that stand for several context keys.
 VARIABLE_GROUPS: dict[str, tuple[str, ...]] = {
@@ -217,10 +228,18 @@ def comparability(
     ignored_keys = tuple(ignore)
     every = _diff_all(baseline_ctx, current_ctx)
     counted = tuple(d for d in every if not _under(d.key, ignored_keys))
-    ignored = tuple(d for d in every if _under(d.key, ignored_keys))
+    predates = tuple(d for d in counted if not d.old_present and _under(d.key, ADDED_CONTEXT_KEYS))
+    # The same keys are known only once the server runs: the check from the configuration alone, before any boot,
+    # has none; the comparison after measuring compares them.
+    not_yet = tuple(d for d in counted if not d.new_present and d.old_present and _under(d.key, ADDED_CONTEXT_KEYS))
+    counted = tuple(d for d in counted if d not in predates and d not in not_yet)
+    ignored = tuple(d for d in every if _under(d.key, ignored_keys)) + predates + not_yet
     host_diffs = tuple(d for d in counted if is_host_key(d.key)) if allow_host_change else ()
     others = tuple(d for d in counted if d not in host_diffs)
     decided = _decide(others, ignored, baseline_ctx, current_ctx, variable, allow_confounded)
+    if predates:
+        decided = replace(decided, message=decided.message + "\nthe baseline was recorded before the plugin kept "
+                          + "; ".join(f"{d.key} (this run: {json.dumps(d.new)})" for d in predates))
     if not host_diffs:
         return decided
     listing = "\n".join(f"  ~ {d.describe()}" for d in host_diffs)

@@ -65,7 +65,7 @@ def fixed_rule(*, tolerance: float = 0.05, alpha: float = stats.DEFAULT_ALPHA, f
     return Rule(f"fixed-sample Mann-Whitney, re-run ({first}..{max_rounds})", first, max_rounds, judge)
 
 
-def sequential_rule(*, n_baseline: int, tolerance: float = 0.05, alpha: float = stats.DEFAULT_SEQUENTIAL_ALPHA,
+def sequential_rule(*, n_baseline: int, tolerance: float = 0.10, alpha: float = stats.DEFAULT_SEQUENTIAL_ALPHA,
                     beta: float = stats.DEFAULT_BETA, first: int = stats.SEQUENTIAL_FIRST_LOOK,
                     max_rounds: int = 8, n_resamples: int = 200) -> Rule:
     """The group-sequential rule (:func:`stats.decide_sequential`) against a fixed baseline.

@@ -46,35 +46,50 @@ it cannot decide before 3 current rounds. The gate instead plans its looks (afte
 ``max_rounds``; :func:`gate_looks`, :func:`ab_looks`) and tests, on the log scale (throughput noise is
 multiplicative), d = mean log(current) - mean log(baseline) with a pooled t statistic:
 
-1. **regressed** - t <= -t(nominal alpha, df) AND the median change < -tolerance (significance AND size, as
+The ``tolerance`` is the change the gate is built to catch, as a user reads it: a drop of ``tolerance`` is
+passed with a chance of at most ``beta`` (0.05) over all looks, and a change within half of it
+(:func:`negligible_change`) is never called "regressed" or "improved", however significant. (Before issue 35 the
+pass excluded twice the tolerance: ``tolerance = 0.05`` caught a 10 % drop. The default tolerance went from 0.05 to
+0.10 with the change, so a default gate decides as before; a tolerance a user wrote now means the drop caught.)
+
+1. **regressed** - t <= -t(nominal alpha, df) AND the median change < -tolerance / 2 (significance AND size, as
    above). The nominal level is the same at every look (Pocock), set so that the chance of crossing at *any*
    look under no change is ``alpha`` (default :data:`DEFAULT_SEQUENTIAL_ALPHA` = 0.02 over all looks).
 2. **improved** - the mirror image.
-3. **pass** - the median change lies within the tolerance AND a change of ``margin`` (default twice the
-   tolerance: the drop the gate is built to catch) is excluded both ways at the look's beta level:
-   |d| + t(nominal beta, df) * se < log(1 + margin); ``beta`` (0.05) bounds P(pass | a drop of ``margin``)
-   over all looks. This is more than today's "not significant": a pass is evidence against a real drop.
-4. **inconclusive** - no boundary crossed: one more round; at the last look, the final word.
+3. **pass** - the median change lies within half the tolerance AND a change of ``tolerance`` is excluded both ways
+   at the look's beta level: |d| + t(nominal beta, df) * se < log(1 + tolerance); ``beta`` bounds P(pass | a drop
+   of ``tolerance``) over all looks. This is more than "not significant": a pass is evidence against a real drop.
+4. **inconclusive** - no boundary crossed: one more round; at the last look, the final word (the gate says how
+   many rounds the tolerance needs, :func:`resolution`; ``inconclusive = "fail"`` makes it a failure).
 
 With ``not_worse=True`` (a bisect looking for a regression, where a faster build is as good as an unchanged
-one) step 3 also passes when only the bad direction is excluded: the median change is not worse than the
-tolerance AND d - t(nominal beta, df) * se > -log(1 + margin), a one-sided non-inferiority test at the same
-beta: P(pass | a drop of ``margin``) stays bounded by ``beta``.
+one) step 3 also passes when only the bad direction is excluded: the median change is not worse than half the
+tolerance AND d - t(nominal beta, df) * se > -log(1 + tolerance), a one-sided non-inferiority test at the same
+beta: P(pass | a drop of ``tolerance``) stays bounded by ``beta``.
 
-Contention on a shared machine only slows a round down, and one slow round inflates the t test's variance
-(the gate then cannot pass or regress until the cap): the slowest round of a side is set aside when it lies
-below the side's other rounds beyond a t prediction bound at :data:`SLOW_ROUND_LEVEL`, at most one a side,
-and the verdict names it. The figures beside the verdict (median change, Mann-Whitney p, bootstrap CI) are
-the fixed-sample rule's. Operating characteristics (false "regressed" rate, power, rounds to a verdict) of
-both rules, measured on seeded synthetic trials with the real server's noise and on the real server:
+Across runs (``baseline_runs``): a gate's baseline was recorded in other runs, on other boots of the server, and
+the test is on the random-effects difference of :mod:`pytest_llmserve.verdicts.between_runs`, whose standard error
+carries the spread between runs (estimated from a baseline of two or more runs, else a prior); the boundaries are
+the same.
+
+Inside one run (the A/B runner, a bisect) the slowest round of a side is set aside when it lies below the side's
+other rounds beyond a t prediction bound at :data:`SLOW_ROUND_LEVEL`, at most one a side, and the verdict names it
+(one round slowed by the machine inflates the t test's variance until the cap). Across runs (the gate against a
+stored baseline) no round is set aside: other processes' share of the machine is measured during each round and a
+contended round is measured again (gates/rounds.clean_round), so a slow round left is the server's own and counts;
+the verdict names it ("slow and counted"). The figures beside the verdict (median change, Mann-Whitney p,
+bootstrap CI) are the fixed-sample rule's. Operating characteristics (false "regressed" rate, power, rounds to a
+verdict) of both rules, measured on seeded synthetic trials with the real server's noise and on the real server:
 docs/performance.md, "Time to verdict"; :mod:`pytest_llmserve.verdicts.operating` runs such trials.
 
 What the rule can resolve (:func:`resolution`): beside an inconclusive verdict the gate says, from each side's
 log-sd and the plan, the smallest tolerance the pass boundary can reach within the planned rounds, and about how
 many rounds the configured tolerance needs (against this baseline, or with a baseline of as many rounds), from
-the same interval (|d| + t(nominal beta) * se against log(1 + margin)), each count judged with its own plan.
-At CV 5 % and a 5-round baseline it says 8 current rounds resolve about ±5.5 % and ±5 % needs about 15; seeded
-A/A trials (``tests/unit/verdicts/test_resolution.py``) pass more often at the stated count than at 8.
+the same interval (|d| + t(nominal beta) * se against log(1 + tolerance)), each count judged with its own plan.
+At CV 5 % and a 5-round baseline it says 8 current rounds resolve about ±11 % and ±10 % needs about 15 (the
+figures of ±5.5 % and ±5 % before issue 35, when the pass excluded twice the tolerance); seeded A/A trials
+(``tests/unit/verdicts/test_resolution.py``) pass more often at the stated count than at 8. Across runs the spread
+between runs adds to se whatever the rounds, and the statement says when it alone keeps the tolerance out of reach.
 
 The two-sample figures these rules decide on (Mann-Whitney p-values, bootstrap intervals, effect sizes, the pooled
 log-ratio t, the slow-round test) and :func:`~pytest_llmserve.verdicts.two_sample.ratio_ci` are computed in
@@ -90,6 +105,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any, Literal
 
+from pytest_llmserve.verdicts.between_runs import between_run_difference, run_spread
 from pytest_llmserve.verdicts.two_sample import (
     bootstrap_change_ci,
     bootstrap_median_ci,
@@ -241,7 +257,7 @@ class Verdict:
     t_beta: float | None = None  # the quantile that excludes a change of ``margin`` for a pass here
     margin: float | None = None
     beta: float | None = None
-    set_aside: str = ""  # rounds set aside as slow outliers, e.g. "current round 2 (-31.0%)"
+    set_aside: str = ""  # rounds set aside as slow outliers, e.g. "current round 2 (-31.0%)" (inside one run only)
 
     @property
     def failed(self) -> bool:
@@ -383,7 +399,9 @@ def needs_more_rounds(verdict: Verdict, rounds_done: int, max_rounds: int) -> bo
 # after every round does not inflate them (re-running today's fixed-sample test until it decides does).
 
 SEQUENTIAL_FIRST_LOOK = 2  # one current round alone is never enough: one slow round would look like a drop
-DEFAULT_BETA = 0.05  # P(pass | a drop of twice the tolerance): the gate's design power is 1 - beta
+DEFAULT_BETA = 0.05  # P(pass | a drop of the tolerance): the gate's design power is 1 - beta
+# A change within this share of the tolerance is negligible: never "regressed" or "improved", however significant.
+NEGLIGIBLE_SHARE = 0.5
 # The sequential rule's alpha over all looks: at 0.05 its false "regressed" rate under no change measured
 # 1.1 % (docs/performance.md, "Time to verdict"), above the 1 % the gate promises; 0.02 measured 0.6 %.
 DEFAULT_SEQUENTIAL_ALPHA = 0.02
@@ -434,6 +452,11 @@ class SequentialPlan:
         return 0
 
 
+def negligible_change(tolerance: float) -> float:
+    """The change too small to call "regressed" or "improved" under ``tolerance`` (the change the gate catches)."""
+    return tolerance * NEGLIGIBLE_SHARE
+
+
 def _pocock_z(looks: Sequence[tuple[int, int]], level: float, draws: int = _BOUNDARY_DRAWS) -> float:
     """The constant z boundary crossed at some look with probability ``level`` under the canonical joint
     distribution of the looks' z statistics (seeded Monte Carlo: the same plan always gets the same bound;
@@ -479,15 +502,22 @@ def decide_sequential(
     plan: SequentialPlan,
     higher_is_better: bool,
     tolerance: float,
-    margin: float | None = None,
     min_samples: int = DEFAULT_MIN_SAMPLES,
     metric: str | None = None,
     n_resamples: int = DEFAULT_RESAMPLES,
     confidence: float = 0.95,
     seed: int = 0,
     not_worse: bool = False,
+    baseline_runs: Sequence[Sequence[float]] | None = None,
+    prior_between_sd: float | None = None,
 ) -> Verdict:
-    """The group-sequential rule at one look of ``plan`` (the module docstring, "The sequential rule")."""
+    """The group-sequential rule at one look of ``plan`` (the module docstring, "The sequential rule"):
+    ``tolerance`` is the change it is built to catch; half of it is negligible.
+
+    ``baseline_runs``: the baseline's rounds grouped by the run that measured them (``baseline`` is their
+    concatenation): the comparison crosses runs, and the test is on the between-run difference of
+    :mod:`pytest_llmserve.verdicts.between_runs` (its standard error carries the spread between runs, estimated
+    from two or more runs, else ``prior_between_sd``) instead of the pooled within-run t."""
     # lazy: scipy.stats takes ~0.85 s to import (-X importtime)
     from scipy.stats import t as student_t
 
@@ -495,16 +525,19 @@ def decide_sequential(
     cur = check_samples(current, "current")
     if any(v <= 0 for v in base + cur):
         raise ValueError("samples must be > 0 for a test on the log scale")
-    margin = 2.0 * tolerance if margin is None else margin
+    if not 0 < tolerance < 1:
+        raise ValueError(f"tolerance = {tolerance!r}: must be a fraction in (0, 1) (0.10 = a 10% change caught)")
+    margin = tolerance  # the change a pass excludes: the one the gate is built to catch
+    negligible = negligible_change(tolerance)
     # The figures beside the verdict (median change, Mann-Whitney p, bootstrap CI, effect sizes) are the
     # fixed-sample rule's, so a reader sees the same numbers whichever rule decided.
-    fixed = decide(base, cur, higher_is_better=higher_is_better, tolerance=tolerance, alpha=plan.alpha,
+    fixed = decide(base, cur, higher_is_better=higher_is_better, tolerance=negligible, alpha=plan.alpha,
                    min_samples=min_samples, metric=metric, n_resamples=n_resamples, confidence=confidence,
                    seed=seed)
     look = plan.look_of(len(base), len(cur))
     name = metric or "the metric"
     common: dict[str, Any] = {"rule": "sequential", "looks": len(plan.looks), "margin": margin, "beta": plan.beta,
-                              "alpha": plan.alpha}
+                              "alpha": plan.alpha, "tolerance": tolerance}
     if len(base) < min_samples or look == 0:
         why = (f"too few baseline samples to decide ({len(base)} < {min_samples})" if len(base) < min_samples
                else f"{len(base)} baseline vs {len(cur)} current samples is not a look of the plan "
@@ -517,49 +550,72 @@ def decide_sequential(
     lb = [sign * math.log(v) for v in base]
     lc = [sign * math.log(v) for v in cur]
     aside = []
-    drop_b = slow_round(lb, lc, SLOW_ROUND_LEVEL) if len(lb) > min_samples else None
-    if drop_b is not None:
-        aside.append(f"baseline round {drop_b + 1} ({_pct(math.expm1(lb[drop_b] - _mean(lb, drop_b)))})")
-        lb = lb[:drop_b] + lb[drop_b + 1:]
-    drop_c = slow_round(lc, lb, SLOW_ROUND_LEVEL)
-    if drop_c is not None:
-        aside.append(f"current round {drop_c + 1} ({_pct(math.expm1(lc[drop_c] - _mean(lc, drop_c)))})")
-        lc = lc[:drop_c] + lc[drop_c + 1:]
+    if baseline_runs is not None and sum(len(run) for run in baseline_runs) != len(base):
+        raise ValueError(f"baseline_runs hold {sum(len(run) for run in baseline_runs)} rounds, the baseline "
+                         f"{len(base)}: they must be the same rounds, grouped by run")
+    # Across runs (a gate against a stored baseline) every round counts: a round slowed by other processes is
+    # found by measuring them and measured again (gates/rounds.clean_round), so a slow round left is the server's
+    # own (a stall is a regression too); the slowest is named if it is an outlier. Inside one run (the A/B
+    # runner, a bisect) the slowest round of a side is set aside as before, and named.
+    counted_slow = ""
+    if baseline_runs is not None:
+        slow_c = slow_round(lc, lb, SLOW_ROUND_LEVEL)
+        if slow_c is not None:
+            counted_slow = f"current round {slow_c + 1} ({_pct(math.expm1(lc[slow_c] - _mean(lc, slow_c)))})"
+    else:
+        drop_b = slow_round(lb, lc, SLOW_ROUND_LEVEL) if len(lb) > min_samples else None
+        if drop_b is not None:
+            aside.append(f"baseline round {drop_b + 1} ({_pct(math.expm1(lb[drop_b] - _mean(lb, drop_b)))})")
+            lb = lb[:drop_b] + lb[drop_b + 1:]
+        drop_c = slow_round(lc, lb, SLOW_ROUND_LEVEL)
+        if drop_c is not None:
+            aside.append(f"current round {drop_c + 1} ({_pct(math.expm1(lc[drop_c] - _mean(lc, drop_c)))})")
+            lc = lc[:drop_c] + lc[drop_c + 1:]
     set_aside = "; ".join(aside)
     counts = (f"{len(base)} baseline vs {len(cur)} current samples, look {look} of {len(plan.looks)}"
-              + (f"; set aside as slow: {set_aside}" if set_aside else ""))
-    tol = f"±{tolerance * 100:g}%"
+              + (f"; set aside as slow: {set_aside}" if set_aside else "")
+              + (f"; slow and counted: {counted_slow}" if counted_slow else ""))
+    tol = f"±{negligible * 100:g}% (half the {tolerance * 100:g}% tolerance)"
     change = fixed.change
     if len(lc) < plan.looks[0][1]:
         return replace(fixed, outcome="inconclusive", look=look, final_look=final, set_aside=set_aside, reason=(
             f"{name} median change {_pct(change)}: too few current rounds left beside a slow one ({counts})"
             + ("" if final else ": run more rounds")), **common)
-    d, se, df = log_t(lb, lc)  # d > 0 = better, on the log scale
+    df: float
+    if baseline_runs is None:
+        d, se, df = log_t(lb, lc)  # d > 0 = better, on the log scale
+    else:
+        spread = (run_spread(baseline_runs, cur) if prior_between_sd is None
+                  else run_spread(baseline_runs, cur, prior_between_sd=prior_between_sd,
+                                  prior_source="the configured between_run_sd"))
+        diff = between_run_difference(baseline_runs, cur, spread)
+        d, se, df = sign * diff.d, diff.se, diff.df
+        counts += f"; {spread.describe()}; the {diff.dominant} spread dominates the standard error"
     t_stat = d / se if se > 0 else (0.0 if d == 0 else math.copysign(math.inf, d))
     t_alpha = float(student_t.isf(plan.nominal_alpha, df))
     t_beta = float(student_t.isf(plan.nominal_beta, df))
     excluded = abs(d) + t_beta * se  # a change this large or larger is excluded at this look's level
-    evidence = (f"log-ratio t={t_stat:+.2f} (df {df}); significant beyond |t| >= {t_alpha:.2f} (nominal "
+    evidence = (f"log-ratio t={t_stat:+.2f} (df {df:.3g}); significant beyond |t| >= {t_alpha:.2f} (nominal "
                 f"{plan.nominal_alpha:.3g} a look, alpha {plan.alpha:g} over {len(plan.looks)} looks)")
     outcome: Outcome
-    if t_stat <= -t_alpha and change < -tolerance:
+    if t_stat <= -t_alpha and change < -negligible:
         outcome = "regressed"
-        reason = (f"{name} is worse by {_pct(change)[1:]}, beyond the {tol} tolerance, and the drop is "
+        reason = (f"{name} is worse by {_pct(change)[1:]}, beyond {tol}, and the drop is "
                   f"significant at this look: {evidence} ({counts})")
-    elif t_stat >= t_alpha and change > tolerance:
+    elif t_stat >= t_alpha and change > negligible:
         outcome = "improved"
-        reason = (f"{name} is better by {_pct(change)[1:]}, beyond the {tol} tolerance, significant at this "
+        reason = (f"{name} is better by {_pct(change)[1:]}, beyond {tol}, significant at this "
                   f"look: {evidence} ({counts}); the baseline is stale: accept the new samples")
-    elif excluded < math.log1p(margin) and abs(change) <= tolerance:
+    elif excluded < math.log1p(margin) and abs(change) <= negligible:
         outcome = "pass"
         reason = (f"{name} median change {_pct(change)} is within {tol}, and a change of ±{margin * 100:g}% "
-                  f"is excluded at this look (|d| + {t_beta:.2f}·se = {math.expm1(excluded) * 100:.1f}% < "
-                  f"{margin * 100:g}%; nominal {plan.nominal_beta:.3g} a look, beta {plan.beta:g} over the "
-                  f"looks; {counts})")
-    elif not_worse and d - t_beta * se > -math.log1p(margin) and change >= -tolerance:
+                  f"(the tolerance) is excluded at this look (|d| + {t_beta:.2f}·se = "
+                  f"{math.expm1(excluded) * 100:.1f}% < {margin * 100:g}%; nominal {plan.nominal_beta:.3g} a look, "
+                  f"beta {plan.beta:g} over the looks; {counts})")
+    elif not_worse and d - t_beta * se > -math.log1p(margin) and change >= -negligible:
         outcome = "pass"
-        reason = (f"{name} median change {_pct(change)} is not worse than the {tol} tolerance, and a drop of "
-                  f"{margin * 100:g}% is excluded at this look (d - {t_beta:.2f}·se = "
+        reason = (f"{name} median change {_pct(change)} is not worse than {tol}, and a drop of "
+                  f"{margin * 100:g}% (the tolerance) is excluded at this look (d - {t_beta:.2f}·se = "
                   f"{math.expm1(d - t_beta * se) * 100:+.1f}% > -{margin * 100:g}%; nominal {plan.nominal_beta:.3g} "
                   f"a look, beta {plan.beta:g} over the looks; {counts}); a gain is not what is sought here")
     else:
@@ -600,13 +656,16 @@ class Resolution:
 
     ``log_sd`` is the pooled sd of the log values, as the t test pools it (from each side's ``*_log_sd``).
     ``resolvable_margin``: the smallest change an unchanged metric's interval excludes (with
-    :data:`RESOLUTION_POWER`) at the plan's last look; a pass needs it below ``margin``, so
-    ``resolvable_tolerance`` (the same figure scaled by tolerance / margin) is the smallest tolerance this noise
-    passes within the planned rounds. ``detectable_drop``: the smallest drop crossing the regression boundary
-    there with the same power. ``current_rounds``: current rounds against this baseline that resolve
-    ``tolerance`` (the margin excluded), None when no count up to :data:`RESOLUTION_ROUND_LIMIT` does (the
-    baseline's own rounds are then the limit); ``rounds_a_side``: the rounds of each side (a baseline recorded
-    with as many) that do; None beyond the limit. ``ab``: both sides grow together (the A/B runner's plan)."""
+    :data:`RESOLUTION_POWER`) at the plan's last look; a pass needs it below ``margin`` (the tolerance), so
+    ``resolvable_tolerance`` (the same figure) is the smallest tolerance this noise passes within the planned
+    rounds. ``between_sd``: the spread between runs a comparison across runs carries (0 inside one run) over
+    ``baseline_runs`` recorded runs; no count of rounds brings the interval below what it alone leaves
+    (``between_floor``: the interval's width with the rounds' spread gone, at the last look's quantiles).
+    ``detectable_drop``: the smallest drop crossing the regression boundary there with the same power.
+    ``current_rounds``: current rounds against this baseline that resolve ``tolerance`` (the margin excluded),
+    None when no count up to :data:`RESOLUTION_ROUND_LIMIT` does (the baseline's own rounds, or the spread between
+    runs, are then the limit); ``rounds_a_side``: the rounds of each side (a baseline recorded with as many) that
+    do; None beyond the limit. ``ab``: both sides grow together (the A/B runner's plan)."""
 
     baseline_log_sd: float
     current_log_sd: float
@@ -623,6 +682,9 @@ class Resolution:
     current_rounds: int | None
     rounds_a_side: int | None
     ab: bool = False
+    between_sd: float = 0.0
+    baseline_runs: int = 1
+    between_floor: float = 0.0
 
     @property
     def resolved(self) -> bool:
@@ -645,7 +707,14 @@ class Resolution:
                 f"{self.current_log_sd:.3f}), the rule resolves about ±{self.resolvable_tolerance:.1%} within "
                 f"{self.max_rounds} rounds (a pass excludes ±{self.resolvable_margin:.1%}; a drop is proven from "
                 f"about {self.detectable_drop:.1%})")
+        if self.between_sd > 0:
+            head += (f"; between runs {self.between_sd:.1%} over {self.baseline_runs} recorded run(s), which alone "
+                     f"keeps a pass above ±{self.between_floor:.1%}")
         raise_tolerance = f"or raise `{tolerance_setting}`"
+        if not self.resolved and self.between_floor >= self.tolerance:
+            return (f"{head}: {tol} cannot be resolved between runs at this spread however many rounds: raise "
+                    f"`{tolerance_setting}` above {self.between_floor:.0%}, or record the baseline on a host whose "
+                    "boots differ less (docs/performance.md, 'Between runs')")
         if self.resolved:
             return (f"{head}: {tol} is resolvable within {rounds_setting} {self.max_rounds}, so this inconclusive "
                     "verdict is chance or a change close to the tolerance; more rounds decide it")
@@ -665,10 +734,11 @@ class Resolution:
                 f"{raise_tolerance}")
 
 
-def _pass_width(z_beta: float, n_baseline: int, n_current: int, sd: float, power: float) -> float:
+def _pass_width(z_beta: float, n_baseline: int, n_current: int, sd: float, power: float,
+                between_var: float = 0.0) -> float:
     """(t(nominal beta) + t((1 + power) / 2)) * se at a look with these counts, ``z_beta`` the plan's Pocock bound:
     the interval half-width, on the log scale, that an unchanged metric's pass needs below log(1 + margin)
-    there (decide_sequential's pass)."""
+    there (decide_sequential's pass). ``between_var``: the between-run part of se² (verdicts/between_runs)."""
     # lazy: scipy.stats takes ~0.85 s to import (-X importtime)
     from scipy.stats import norm
     from scipy.stats import t as student_t
@@ -676,7 +746,7 @@ def _pass_width(z_beta: float, n_baseline: int, n_current: int, sd: float, power
     df = n_baseline + n_current - 2
     t_beta = float(student_t.isf(float(norm.sf(z_beta)), df))
     t_power = float(student_t.isf((1.0 - power) / 2.0, df))
-    return (t_beta + t_power) * sd * math.sqrt(1.0 / n_baseline + 1.0 / n_current)
+    return (t_beta + t_power) * math.sqrt(sd * sd * (1.0 / n_baseline + 1.0 / n_current) + between_var)
 
 
 def pooled_log_sd(baseline_log_sd: float, n_baseline: int, current_log_sd: float, n_current: int) -> float:
@@ -691,8 +761,8 @@ def pooled_log_sd(baseline_log_sd: float, n_baseline: int, current_log_sd: float
 
 
 def resolution(baseline_log_sd: float, current_log_sd: float, *, n_baseline: int, n_current: int,
-               plan: SequentialPlan, tolerance: float, margin: float | None = None,
-               power: float = RESOLUTION_POWER, both_sides_grow: bool = False) -> Resolution:
+               plan: SequentialPlan, tolerance: float, power: float = RESOLUTION_POWER,
+               both_sides_grow: bool = False, between_sd: float = 0.0, baseline_runs: int = 1) -> Resolution:
     """What :func:`decide_sequential` can resolve at this noise (each side's log-sd, :func:`log_sd`) with
     ``plan``, and the rounds the ``tolerance`` needs.
 
@@ -708,20 +778,22 @@ def resolution(baseline_log_sd: float, current_log_sd: float, *, n_baseline: int
     from scipy.stats import norm
     from scipy.stats import t as student_t
 
-    margin = 2.0 * tolerance if margin is None else margin
-    if not 0 < tolerance < margin or not 0 < power < 1:
-        raise ValueError(f"tolerance {tolerance!r}, margin {margin!r}, power {power!r}: need 0 < tolerance < "
-                         "margin and 0 < power < 1")
+    margin = tolerance  # what a pass excludes (decide_sequential)
+    if not 0 < tolerance < 1 or not 0 < power < 1:
+        raise ValueError(f"tolerance {tolerance!r}, power {power!r}: need both in (0, 1)")
     sd = pooled_log_sd(baseline_log_sd, n_baseline, current_log_sd, n_current)
+    # Across runs the spread between them adds tau^2 (1 + 1/K) to se^2 whatever the rounds (verdicts/between_runs).
+    between_var = between_sd * between_sd * (1.0 + 1.0 / max(baseline_runs, 1))
     nb, cap = plan.looks[-1]
     first = plan.looks[0][1]
     # Now: the plan as it stands, at its last look.
-    width = _pass_width(plan.z_beta, nb, cap, sd, power)
+    width = _pass_width(plan.z_beta, nb, cap, sd, power, between_var)
     resolvable = math.expm1(width)
+    floor = math.expm1(_pass_width(plan.z_beta, nb, cap, 0.0, power, between_var))
     df = nb + cap - 2
     t_alpha = float(student_t.isf(plan.nominal_alpha, df))
     t_power = float(student_t.isf(1.0 - power, df))
-    detectable = -math.expm1(-(t_alpha + t_power) * sd * math.sqrt(1.0 / nb + 1.0 / cap))
+    detectable = -math.expm1(-(t_alpha + t_power) * math.sqrt(sd * sd * (1.0 / nb + 1.0 / cap) + between_var))
     bound = math.log1p(margin)
     z_one_look = float(norm.isf(plan.beta))  # a bound over one look: the lowest any plan has
 
@@ -733,10 +805,10 @@ def resolution(baseline_log_sd: float, current_log_sd: float, *, n_baseline: int
         # this plan's for more looks than it has: more looks raise the bound) is passed over without a plan.
         for n in range(first, RESOLUTION_ROUND_LIMIT + 1):
             z_low = plan.z_beta if n >= cap else z_one_look
-            if _pass_width(z_low, baseline_for(n), n, sd, power) > bound:
+            if _pass_width(z_low, baseline_for(n), n, sd, power, between_var) > bound:
                 continue
             z = _pocock_z(looks_for(n), plan.beta, _RESOLUTION_DRAWS)
-            if _pass_width(z, baseline_for(n), n, sd, power) <= bound:
+            if _pass_width(z, baseline_for(n), n, sd, power, between_var) <= bound:
                 return n
         return None
 
@@ -748,6 +820,6 @@ def resolution(baseline_log_sd: float, current_log_sd: float, *, n_baseline: int
         a_side = needed(lambda n: gate_looks(n, first, n), lambda n: n)
     return Resolution(baseline_log_sd=baseline_log_sd, current_log_sd=current_log_sd, log_sd=sd, n_baseline=nb,
                       n_current=n_current, max_rounds=cap, tolerance=tolerance, margin=margin, power=power,
-                      resolvable_margin=resolvable, resolvable_tolerance=resolvable * tolerance / margin,
+                      resolvable_margin=resolvable, resolvable_tolerance=resolvable,
                       detectable_drop=detectable, current_rounds=current_rounds, rounds_a_side=a_side,
-                      ab=both_sides_grow)
+                      ab=both_sides_grow, between_sd=between_sd, baseline_runs=baseline_runs, between_floor=floor)

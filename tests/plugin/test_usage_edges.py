@@ -74,8 +74,8 @@ def test_bench_table_is_read_and_validated(pytester: pytest.Pytester) -> None:
     result = pytester.runpytest()
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*[[]tool.llmserve.bench] unknown key 'tolerence' = 0.1 (known keys: alpha, "
-                                 "contention_bound, extend_budget_s, extend_to_resolve, max_rounds, metric, rounds, tolerance, "
-                                 "warmup_agreement, warmup_rounds, workload)*"])
+                                 "between_run_sd, contention_bound, extend_budget_s, extend_to_resolve, max_rounds, "
+                                 "metric, rounds, tolerance, warmup_agreement, warmup_rounds, workload)*"])
 
 
 def test_tolerance_obeys_one_rule_on_the_command_line_and_in_a_marker(pytester: pytest.Pytester) -> None:

@@ -78,8 +78,8 @@ def test_option_spellings() -> None:
 
 def test_bench_spec_applies_the_marker_over_the_settings(tmp_path: Path) -> None:
     settings = _resolve(tmp_path, cli={"rounds": "4"})
-    assert bench_spec(settings) == BenchSpec(workload="smoke", metric="output_throughput", tolerance=0.05, rounds=4,
-                                             max_rounds=8, alpha=0.02)
+    assert bench_spec(settings) == BenchSpec(workload="smoke", metric="output_throughput", tolerance=0.10, rounds=4,
+                                             max_rounds=8, alpha=0.02, between_run_sd=None)
     spec = bench_spec(settings, ("saturated",), {"rounds": 10, "variable": "cuda_graph", "higher_is_better": False},
                       where="t.py::test_b: marker llmserve_benchmark")
     assert (spec.workload, spec.rounds, spec.max_rounds, spec.variable, spec.higher_is_better) == (
@@ -89,6 +89,8 @@ def test_bench_spec_applies_the_marker_over_the_settings(tmp_path: Path) -> None
 @pytest.mark.parametrize(("args", "kwargs", "expected"), [
     ((), {"tolerance": 2}, "W tolerance = 2: must be a fraction below 1"),
     ((), {"rounds": 0}, "W rounds = 0: must be a positive integer"),
+    ((), {"between_run_sd": -0.01}, "W between_run_sd = -0.01: must be a fraction in [0, 1) (0.03 = 3%)"),
+    ((), {"between_run_sd": "wide"}, "W between_run_sd = 'wide': must be a fraction in [0, 1)"),
     ((), {"rounds_": 3}, "W: unknown argument rounds_=3 (known: "),
     ((), {"metric": "tokens"}, "W metric = 'tokens': unknown metric"),
     ((), {"workload": "nope"}, "unknown workload 'nope' in W"),
@@ -121,6 +123,7 @@ def test_bench_table_sits_between_ini_and_environment(tmp_path: Path) -> None:
     ("tolerance = -7", "[tool.llmserve.bench] tolerance = -7: must be > 0"),
     ("tolerance = 2", "[tool.llmserve.bench] tolerance = 2: must be a fraction below 1 (0.05 = 5%)"),
     ("alpha = 1.5", "[tool.llmserve.bench] alpha = 1.5: must be a fraction below 1"),
+    ("between_run_sd = 1.5", "[tool.llmserve.bench] between_run_sd = 1.5: must be a fraction in [0, 1)"),
     ("rounds = 0", "[tool.llmserve.bench] rounds = 0: must be a positive integer"),
     ('metric = "speed"', "[tool.llmserve.bench] metric = 'speed': unknown metric (known: output_throughput, "),
     ('workload = "nope"', "unknown workload 'nope' in "),
@@ -143,6 +146,18 @@ def test_one_rule_for_tolerance_and_metric_whatever_the_source(tmp_path: Path) -
             _resolve(tmp_path, **kwargs)
     with pytest.raises(ConfigError, match=r"--llmserve-metric = 'speed': unknown metric \(known: output_throughput"):
         _resolve(tmp_path, cli={"metric": "speed"})
+
+
+def test_between_run_sd_from_every_source_and_zero_allowed(tmp_path: Path) -> None:
+    # None by default (the measured prior); 0 says runs of this server do not differ (a tolerance or alpha of 0 is
+    # refused, a spread of 0 is a statement).
+    assert _resolve(tmp_path).bench.between_run_sd is None
+    assert _resolve(tmp_path, ini={"between_run_sd": 0.02}).bench.between_run_sd == 0.02
+    assert _resolve(tmp_path, cli={"between_run_sd": "0"}).bench.between_run_sd == 0.0
+    assert _resolve(tmp_path, env={"PYTEST_LLMSERVE_BETWEEN_RUN_SD": "0.04"}).bench.between_run_sd == 0.04
+    assert bench_spec(_resolve(tmp_path), (), {"between_run_sd": 0.01}, where="W").between_run_sd == 0.01
+    with pytest.raises(ConfigError, match=r"^--llmserve-between-run-sd = 'nan': must be a fraction in \[0, 1\)"):
+        _resolve(tmp_path, cli={"between_run_sd": "nan"})
 
 
 def test_max_rounds_below_rounds_names_both_sources(tmp_path: Path) -> None:

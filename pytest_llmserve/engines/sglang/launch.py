@@ -546,6 +546,8 @@ class SGLangAdapter(EngineAdapter):
     name = "sglang"
     env_prefixes = ("SGLANG_", "SGL_", "FLASHINFER_")
     generation_counter = "sglang:generation_tokens_total"
+    request_counter = "sglang:num_requests_total"
+    prefix_cache_hit_counter = "sglang:cached_tokens_total"
     running_requests_gauge = "sglang:num_running_reqs"
     metrics_prefix = "sglang:"
     nan_log_patterns = SGLANG_NAN_LOG_PATTERNS

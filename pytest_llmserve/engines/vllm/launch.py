@@ -41,6 +41,8 @@ class VLLMAdapter(EngineAdapter):
     name = "vllm"
     env_prefixes = ("VLLM_",)
     generation_counter = "vllm:generation_tokens_total"
+    request_counter = "vllm:request_success_total"
+    prefix_cache_hit_counter = "vllm:prefix_cache_hits_total"
     running_requests_gauge = "vllm:num_requests_running"
     metrics_prefix = "vllm:"
     nan_log_patterns = VLLM_NAN_LOG_PATTERNS

@@ -187,7 +187,7 @@ def test_compare_exit_codes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
     assert "REGRESSED" in out
     assert "-10.0%" in out
     # tolerance from the command line
-    assert cli("compare", str(base), str(drop), "--tolerance", "15%") == 0
+    assert cli("compare", str(base), str(drop), "--tolerance", "30%") == 0  # a 10 % drop is within half of it
     capsys.readouterr()
     # inconclusive: too few samples
     few = results(tmp_path / "few.json", DROP[:2])

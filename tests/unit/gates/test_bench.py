@@ -30,7 +30,10 @@ from pytest_llmserve.store.baselines import BaselineStore, BenchKey
 
 TOML = {"servers": {"cpu": {"engine": "vllm", "model": "/models/m", "env": {"VLLM_CPU_KVCACHE_SPACE": "2"}}},
         "workloads": {"tiny": {"num_prompts": 8, "input_len": 32, "output_len": 32}}}
-GATE = BenchSpec(workload="tiny", metric="output_throughput", tolerance=0.05, rounds=3, max_rounds=8, alpha=0.05)
+# The synthetic rounds of one stand-in do not differ between runs: the spread between runs (a prior with a one-run
+# baseline) is tests/unit/verdicts/test_between_runs.py's subject, not this file's.
+GATE = BenchSpec(workload="tiny", metric="output_throughput", tolerance=0.10, rounds=3, max_rounds=8, alpha=0.05,
+                 between_run_sd=0.0)
 KEY_TEST = "test_perf.py::test_throughput"
 
 

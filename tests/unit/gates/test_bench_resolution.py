@@ -23,7 +23,7 @@ from tests.unit.gates.standins import CFG, SPEC
 from tests.unit.gates.test_warmup import GATE, Rounds, _settings, gate
 
 # Seeded draws at log-sd 0.05 (numpy default_rng(15)): a 5-round baseline and current rounds of the same level. At
-# this noise 8 current rounds do not resolve ±5 %; the statement names 17, and by 16 the A/A passes.
+# this noise 8 current rounds do not resolve ±10 % (the tolerance the gate catches); the statement names 17, and by 16 the A/A passes.
 BASELINE = [93.1, 95.4, 102.0, 97.4, 102.7]
 CURRENT = [104.1, 93.0, 105.2, 97.1, 111.0, 103.7, 97.3, 101.0, 101.1, 101.7, 107.2, 102.7, 108.7, 103.2, 99.1, 92.7,
            100.0, 100.0]
@@ -59,18 +59,18 @@ def test_an_inconclusive_verdict_says_what_the_noise_resolves_and_the_rounds_the
     assert res is not None
     # The figures are stats.resolution's at the measured spread of each side.
     expected = stats.resolution(stats.log_sd(BASELINE), stats.log_sd(CURRENT[:8]), n_baseline=5, n_current=8,
-                                plan=stats.sequential_plan(stats.gate_looks(5, 2, 8), alpha=0.02), tolerance=0.05)
+                                plan=stats.sequential_plan(stats.gate_looks(5, 2, 8), alpha=0.02), tolerance=0.10)
     assert res["current_rounds"] == expected.current_rounds and res["current_rounds"] > 8
-    assert res["resolvable_tolerance"] == pytest.approx(expected.resolvable_tolerance) and res["resolvable_tolerance"] > 0.05
+    assert res["resolvable_tolerance"] == pytest.approx(expected.resolvable_tolerance) and res["resolvable_tolerance"] > 0.10
     n = res["current_rounds"]
-    assert f"±5% needs about {n} current rounds against this 5-round baseline; `max_rounds` is 8: raise it to {n}" \
+    assert f"±10% needs about {n} current rounds against this 5-round baseline; `max_rounds` is 8: raise it to {n}" \
         in res["line"]
     assert "extend_to_resolve (--llmserve-extend-to-resolve)" in res["line"]
     assert f"resolution: {res['line']}" in str(caught[0].message)
     # The reports: the verdict cell of summary.md names the rounds, the details carry the line; results.json keeps it.
     row = BenchOutcome.from_json(outcome.to_json())
     markdown = format_markdown([row])
-    assert f"inconclusive (±5% needs ~{n} rounds)" in markdown and res["line"] in markdown
+    assert f"inconclusive (±10% needs ~{n} rounds)" in markdown and res["line"] in markdown
     back = read_results_json(write_results_json(tmp_path / "results.json", [row]))[1][0]
     assert back.resolution is not None and back.resolution["current_rounds"] == n
 
@@ -109,7 +109,7 @@ def test_the_time_budget_stops_the_extension_before_a_round_that_would_overrun_i
 
 
 def test_no_extension_where_the_baseline_itself_is_the_limit(tmp_path: Path) -> None:
-    _store(tmp_path, [88.0, 112.0, 95.0, 120.0, 100.0])  # log-sd 0.13: no count of current rounds resolves ±5 %
+    _store(tmp_path, [88.0, 112.0, 95.0, 120.0, 100.0])  # log-sd 0.13: no count of current rounds resolves ±10 %
     outcome, _, rounds = _run(tmp_path, replace(NO_WARMUP, extend_to_resolve=True))
     assert outcome.status == "inconclusive" and len(rounds.calls) == 8
     assert outcome.extension is not None and outcome.resolution is not None
@@ -152,3 +152,19 @@ def test_bad_extension_settings_name_the_value_and_its_source(tmp_path: Path, so
     with pytest.raises(ConfigError) as info:
         resolve()
     assert expected in str(info.value)
+
+
+def test_between_runs_the_statement_says_no_count_of_rounds_resolves_the_tolerance(tmp_path: Path) -> None:
+    # The same rounds against a one-run baseline with a spread of 5 % between runs (a prior, between_run_sd): the
+    # interval cannot shrink below what the spread between runs leaves, however many rounds. Without it (the test
+    # above) the statement names a count of rounds, which here would be a promise more rounds cannot keep.
+    _store(tmp_path, BASELINE)
+    outcome, _, _ = _run(tmp_path, replace(NO_WARMUP, between_run_sd=0.05))
+    res = outcome.resolution
+    assert outcome.status == "inconclusive" and res is not None
+    assert res["between_sd"] == 0.05 and res["baseline_runs"] == 1 and res["between_floor"] > 0.10
+    assert res["current_rounds"] is None
+    assert "cannot be resolved between runs at this spread however many rounds: raise `tolerance` above" in res["line"]
+    assert "between runs 5.0% over 1 recorded run(s)" in res["line"]
+    assert outcome.note is not None and "unknown from one baseline run: the configured between_run_sd" in outcome.note
+    assert res["short"].startswith("±10% below the spread between runs: needs >")

@@ -143,3 +143,23 @@ def test_allow_host_change_still_refuses_any_other_difference() -> None:
     assert comp.status == "refused" and [d.key for d in comp.diffs] == ["server_args.mem_fraction"]
     assert "hardware.cpu_flags" in comp.message  # named as allowed, not as a confounder
     assert "  - server_args.mem_fraction: 0.8 -> 0.9" in comp.message
+
+
+def test_the_servers_state_is_compared_by_its_class_and_a_baseline_without_it_is_named_not_refused() -> None:
+    """Issue 35: a benchmark alone on a fresh boot and one after a suite's traffic are refused against each other;
+    the figures beside the class are not compared; a baseline recorded before the state was kept still compares,
+    and the message says what it lacks."""
+    from pytest_llmserve.gates.context import server_state
+
+    base = {"engine": "vllm-cpu", "server_state": server_state(12, 30.0)}
+    fresh_again = {"engine": "vllm-cpu", "server_state": server_state(40, 95.5)}
+    after = {"engine": "vllm-cpu", "server_state": server_state(52_000, 400.0)}
+    assert comparability(base, fresh_again).status == "same"
+    refused = comparability(base, after)
+    assert refused.status == "refused"
+    assert 'server_state.state: "fresh" -> "after traffic"' in refused.message
+    older = comparability({"engine": "vllm-cpu"}, after)
+    assert older.status == "same"
+    assert 'recorded before the plugin kept server_state.state (this run: "after traffic")' in older.message
+    # Before any boot (the set-up check from the configuration alone) the state is not known yet: not a difference.
+    assert comparability(after, {"engine": "vllm-cpu"}).status == "same"

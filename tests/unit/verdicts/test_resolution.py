@@ -13,7 +13,7 @@ from pytest_llmserve.verdicts import stats
 def _gate(sd_baseline: float, sd_current: float, *, max_rounds: int = 8, n_baseline: int = 5) -> stats.Resolution:
     plan = stats.sequential_plan(stats.gate_looks(n_baseline, 2, max_rounds), alpha=0.02)
     return stats.resolution(sd_baseline, sd_current, n_baseline=n_baseline, n_current=max_rounds, plan=plan,
-                            tolerance=0.05)
+                            tolerance=0.10)
 
 
 def _rounds(value: int | None) -> float:
@@ -56,9 +56,9 @@ def test_a_noisy_baseline_is_named_as_the_limit_and_an_ab_plan_counts_both_sides
     assert "cannot be resolved against this 5-round baseline" in line
     assert f"record the baseline with {gate.rounds_a_side} rounds (--llmserve-rounds {gate.rounds_a_side})" in line
     plan = stats.sequential_plan(stats.ab_looks(2, 8), alpha=0.02)
-    ab = stats.resolution(0.07, 0.07, n_baseline=8, n_current=8, plan=plan, tolerance=0.05, both_sides_grow=True)
+    ab = stats.resolution(0.07, 0.07, n_baseline=8, n_current=8, plan=plan, tolerance=0.10, both_sides_grow=True)
     assert ab.ab and ab.rounds_a_side == ab.current_rounds and ab.rounds_a_side is not None
-    assert f"±5% needs about {ab.rounds_a_side} rounds a side; `max_rounds` is 8" in ab.line()
+    assert f"±10% needs about {ab.rounds_a_side} rounds a side; `max_rounds` is 8" in ab.line()
 
 
 def test_the_stated_rounds_pass_an_unchanged_metric_in_most_seeded_trials() -> None:
@@ -78,3 +78,20 @@ def test_the_stated_rounds_pass_an_unchanged_metric_in_most_seeded_trials() -> N
     # The statement's power is 0.8 at the last look; a pass can also come at an earlier one.
     assert at_stated >= stats.RESOLUTION_POWER - 0.05
     assert at_stated > at_cap
+
+
+def test_the_spread_between_runs_is_a_floor_that_no_count_of_rounds_passes() -> None:
+    # Rounds quiet enough to resolve ±10 % in a few rounds inside one run; across runs with 5 % between boots the
+    # interval cannot shrink below what that spread leaves, and the statement says so instead of naming rounds.
+    plan = stats.sequential_plan(stats.gate_looks(5, 2, 8), alpha=0.02)
+    inside = stats.resolution(0.02, 0.02, n_baseline=5, n_current=8, plan=plan, tolerance=0.10)
+    assert inside.resolved and inside.between_floor == 0.0
+    one_run = stats.resolution(0.02, 0.02, n_baseline=5, n_current=8, plan=plan, tolerance=0.10, between_sd=0.05)
+    assert not one_run.resolved and one_run.current_rounds is None and one_run.rounds_a_side is None
+    assert one_run.between_floor > 0.10 and one_run.resolvable_tolerance > one_run.between_floor
+    assert "cannot be resolved between runs at this spread however many rounds" in one_run.line()
+    # More recorded runs lower the floor (tau^2 (1 + 1/K)), never below what tau alone leaves.
+    ten_runs = stats.resolution(0.02, 0.02, n_baseline=50, n_current=8,
+                                plan=stats.sequential_plan(stats.gate_looks(50, 2, 8), alpha=0.02), tolerance=0.10,
+                                between_sd=0.05, baseline_runs=10)
+    assert ten_runs.between_floor < one_run.between_floor
