@@ -36,7 +36,7 @@ TEST = '''
 import pytest
 
 
-@pytest.mark.llmserve_benchmark(workload="smoke")
+@pytest.mark.llmserve_benchmark(workload="{workload}")
 def test_smoke_throughput(llm_bench):
     llm_bench.run()
 '''
@@ -79,7 +79,7 @@ def measure_slowdowns(out: Path, slowdowns: list[float], cycles: int, base_boots
                       extra_args: list[str]) -> None:
     work = out / "project"
     work.mkdir(parents=True, exist_ok=True)
-    (work / "test_between.py").write_text(TEST, encoding="utf-8")
+    (work / "test_between.py").write_text(TEST.format(workload="smoke"), encoding="utf-8")
     table = 'default_server = "default"\n' + _server_table("default", str(_quota_wrapper(out)))
     (work / "llmserve.toml").write_text(table, encoding="utf-8")
     order = [0.0] * base_boots + [s for _ in range(cycles) for s in slowdowns]
@@ -161,12 +161,22 @@ def calibrate(out: Path, sizes: list[float], rounds: int) -> list[dict[str, floa
     return rows
 
 
-def measure(out: Path, boots: int, extra_args: list[str]) -> None:
+def measure(out: Path, boots: int, extra_args: list[str], *, config: Path | None = None, workload: str = "smoke",
+            until: float | None = None) -> None:
+    """``boots`` fresh boots, each one inner pytest run saving a record into ``out/baselines``. ``config``: the
+    llmserve.toml of the project (default: none, the embedded default). ``until``: a ``time.monotonic()`` after which
+    no boot starts (a device call's limit). Run again on the same ``out``, it appends (boots numbered on)."""
     work = out / "project"
     work.mkdir(parents=True, exist_ok=True)
-    (work / "test_between.py").write_text(TEST, encoding="utf-8")
+    (work / "test_between.py").write_text(TEST.format(workload=workload), encoding="utf-8")
+    if config is not None:
+        (work / "llmserve.toml").write_text(config.read_text(encoding="utf-8"), encoding="utf-8")
     log = out / "boots.jsonl"
-    for boot in range(boots):
+    done = len(log.read_text(encoding="utf-8").splitlines()) if log.exists() else 0
+    for boot in range(done, done + boots):
+        if until is not None and time.monotonic() > until:
+            print(f"no time left for boot {boot + 1}: {boot - done} boots in this call", flush=True)
+            break
         began = time.monotonic()
         proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_between.py",
                                "--llmserve-save-baseline", "--llmserve-baseline-dir", str(out / "baselines"),
@@ -296,6 +306,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="only the quota's slowdown inside one run (two servers side by side, A/B rounds)")
     parser.add_argument("--calibrate-rounds", type=int, default=8)
     parser.add_argument("--base-boots", type=int, default=3)
+    parser.add_argument("--config", type=Path, help="the llmserve.toml of the inner runs (default: the embedded "
+                        "default server)")
+    parser.add_argument("--workload", default="smoke", help="the benchmark's workload (built in, or in --config)")
+    parser.add_argument("--seconds", type=float,
+                        help="start no boot after this many seconds (a device call's limit less one boot)")
     parser.add_argument("pytest_args", nargs="*", help="passed to every inner pytest run")
     args = parser.parse_args(argv)
     out = args.judge or args.out
@@ -309,7 +324,8 @@ def main(argv: list[str] | None = None) -> int:
         measure_slowdowns(out, [float(x) for x in args.slowdowns.split(",")], args.cycles, args.base_boots,
                           args.pytest_args)
     elif args.judge is None:
-        measure(out, args.boots, args.pytest_args)
+        measure(out, args.boots, args.pytest_args, config=args.config, workload=args.workload,
+                until=time.monotonic() + args.seconds if args.seconds is not None else None)
     result = judge_slowdowns(out) if (out / "boots").is_dir() else judge(runs_of(out))
     (out / "judged.json").write_text(json.dumps(result, indent=1), encoding="utf-8")
     print(json.dumps(result, indent=1))

@@ -40,6 +40,11 @@
 #                                              mem-fraction refusal), its test asserting a decided verdict
 #   l2  carry .gpu-transfer/engines/call-dsa2  TileLang; FP8 KV caches (dsa-fp8kv: flashmla_kv, tilelang) against
 #                                              l1's bf16 reference; the fp8-kv-outlier fault on flashmla_kv
+# Issue 35 (the spread between runs on the GPU; scripts/gpu/between_gpu.toml.in):
+#   b1  carry .gpu-transfer/engines/call-dsa1  SGLang env; SmolLM2-random; fresh boots of it (graphs up to 64), each
+#                                              one `pytest --llmserve-save-baseline` of the saturated workload
+#                                              (tools/between_runs.py), until the call's time is spent
+#   b2  no carry (after b1, same machine)      more fresh boots appended to b1's; the A/A analysis of them all (b3: again)
 #   l3  no carry                               the GPU side of host contention (scripts/gpu/test_gpu_contention.py:
 #                                              a quiet round; a round and a benchmark beside a matmul loop on the
 #                                              same GPU); the rest of the bf16 matrix (tilelang; graphs off) against l1's reference
@@ -342,7 +347,32 @@ case "$call" in
       -k "(${L3_COMBOS:-tilelang or off}) and ($L_CHECKS)" --llmserve-reference-answers "$ref"
     collect l3
     ;;
-  *) say "unknown call '$call' (d1, d2, d3b, d3; issue 34: l1, l1b, l2, l3, l4, l5)"; exit 2 ;;
+  b1|b2|b3)  # issue 35: the spread between runs on the GPU. b1 (carry call-dsa1, a fresh machine): the SGLang environment,
+          # SmolLM2-random, then fresh boots until the call's time is spent; b2, b3 (no carry, same machine): more boots,
+          # appended to b1's. Each boot is one `pytest --llmserve-save-baseline` run (tools/between_runs.py); the
+          # baseline's records, boots.jsonl and the A/A analysis (judged.json) come back in results-CALL.tar.gz.
+    if [ "$call" = b1 ]; then
+      eng_main stage sglang-env plugin-env || exit 1
+      plugin_env b1 "tenacity, numpy"
+      mkdir -p "$ROOT/models/hf-files"
+      [ -f "$ROOT/models/hf-files/SmolLM2-135M-Instruct/tokenizer.json" ] \
+        || eng_untar_xz "$ENG_T/SmolLM2-135M-Instruct-hf-files.tar.xz" "$ROOT/models/hf-files" || exit 1
+      nvidia-smi --query-gpu=index,name,memory.used,memory.total,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader
+    else
+      plugin_env b1 "tenacity, numpy"
+    fi
+    dsa_env
+    build_smollm2_random || { say "SmolLM2-random was not built"; exit 5; }
+    mkdir -p "$RUN/between"
+    sed -e "s#@ROOT@#$ROOT#g" -e "s#@PYTHONPATH@#$SERVER_PYTHONPATH#g" "$repo/scripts/gpu/between_gpu.toml.in" \
+      > "$RUN/between/llmserve.toml"
+    # No boot starts with less than ~110 s left (a boot with warm kernels took ~45-65 s, plus the rounds).
+    "$py" "$repo/tools/between_runs.py" --out "$RUN/between/out" --config "$RUN/between/llmserve.toml" \
+      --workload saturated --boots 20 --seconds "$(( $(left) - 110 ))" -- -p pytest_llmserve.plugin || status=1
+    cp "$RUN/between/out/judged.json" "$OUT/judged-$call.json" 2>/dev/null
+    collect "$call"
+    ;;
+  *) say "unknown call '$call' (d1, d2, d3b, d3; issue 34: l1, l1b, l2, l3, l4, l5; issue 35: b1, b2, b3)"; exit 2 ;;
 esac
 sleep 0.5
 exit $status

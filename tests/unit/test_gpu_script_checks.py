@@ -301,7 +301,7 @@ def test_run_expected_ab_lets_the_caller_judge_only_an_open_direction(
                             expected=expected)
     assert check.met, check.failure_message()
     assert runner.calls == [{"a": "A", "b": "B", "workload": "w", "rounds": 5, "max_rounds": max_rounds,
-                             "metric": "output_throughput", "tolerance": 0.05, "judged_by_caller": judged_by_caller}]
+                             "metric": "output_throughput", "tolerance": 0.10, "judged_by_caller": judged_by_caller}]
     assert properties["ab_verdict"] == "regressed"
     assert str(properties["ab_direction"]).startswith("B worse than A")
     assert "direction: B worse than A" in capsys.readouterr().out
