@@ -367,9 +367,9 @@ case "$call" in
     sed -e "s#@ROOT@#$ROOT#g" -e "s#@PYTHONPATH@#$SERVER_PYTHONPATH#g" "$repo/scripts/gpu/between_gpu.toml.in" \
       > "$RUN/between/llmserve.toml"
     # No boot starts with less than ~110 s left (a boot with warm kernels took ~45-65 s, plus the rounds).
-    "$py" "$repo/tools/between_runs.py" --out "$RUN/between/out" --config "$RUN/between/llmserve.toml" \
+    "$py" "$repo/tools/between_runs.py" --out "$RUN/between/measured" --config "$RUN/between/llmserve.toml" \
       --workload saturated --boots 20 --seconds "$(( $(left) - 110 ))" -- -p pytest_llmserve.plugin || status=1
-    cp "$RUN/between/out/judged.json" "$OUT/judged-$call.json" 2>/dev/null
+    cp "$RUN/between/measured/judged.json" "$OUT/judged-$call.json" 2>/dev/null
     collect "$call"
     ;;
   *) say "unknown call '$call' (d1, d2, d3b, d3; issue 34: l1, l1b, l2, l3, l4, l5; issue 35: b1, b2, b3)"; exit 2 ;;
