@@ -178,9 +178,12 @@ def measure(out: Path, boots: int, extra_args: list[str], *, config: Path | None
             print(f"no time left for boot {boot + 1}: {boot - done} boots in this call", flush=True)
             break
         began = time.monotonic()
-        proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_between.py",
-                               "--llmserve-save-baseline", "--llmserve-baseline-dir", str(out / "baselines"),
-                               *extra_args], cwd=work, capture_output=True, text=True, check=False)
+        # --rootdir: pytest would take the common folder of its path arguments (the baseline folder, once it
+        # exists, is one), and the project's llmserve.toml is read there.
+        proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--rootdir", str(work),
+                               "test_between.py", "--llmserve-save-baseline", "--llmserve-baseline-dir",
+                               str(out / "baselines"), *extra_args], cwd=work, capture_output=True, text=True,
+                              check=False)
         row = {"boot": boot + 1, "rc": proc.returncode, "seconds": round(time.monotonic() - began, 1),
                "tail": proc.stdout[-600:]}
         with log.open("a", encoding="utf-8") as f:

@@ -99,8 +99,8 @@ from pytest_llmserve.verdicts import stats
 from pytest_llmserve.verdicts.between_runs import run_spread
 from pytest_llmserve.verdicts.comparability import (
     Comparability,
+    append_diffs,
     comparability,
-    diff_context,
     host_change_text,
     is_host_key,
 )
@@ -432,7 +432,7 @@ class BenchGate:
             return self._refuse(outcome, f"baseline unreadable: {exc}",
                                 f"{exc}\nNothing was measured and the file was not written.", started)
         if self.save:
-            if doc is not None and (diffs := diff_context(doc.context, context)):
+            if doc is not None and (diffs := append_diffs(doc.context, context)):
                 listing = "\n".join(f"  - {d.describe()}" for d in diffs)
                 return self._refuse(
                     outcome, "save refused: the stored baseline has another context",

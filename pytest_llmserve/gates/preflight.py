@@ -20,8 +20,8 @@ from pytest_llmserve.settings import BenchSpec, Settings
 from pytest_llmserve.store.baselines import BaselineStore, BenchKey
 from pytest_llmserve.verdicts.comparability import (
     Comparability,
+    append_diffs,
     comparability,
-    diff_context,
     host_change_text,
     unknown_host,
 )
@@ -114,7 +114,7 @@ def preflight_refusal(*, spec: ServerSpec, cfg: LLMServeConfig, options: BenchSp
     context = build_context(spec, wl, engine_version=doc.context.get("engine_version"))
     outcome.context = context
     if save:
-        diffs = diff_context(doc.context, context)
+        diffs = append_diffs(doc.context, context)
         if not diffs:
             return None
         listing = "\n".join(f"  - {d.describe()}" for d in diffs)

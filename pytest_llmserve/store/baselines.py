@@ -44,7 +44,7 @@ from typing import Any, Literal
 
 from pytest_llmserve.errors import BaselineError
 from pytest_llmserve.evidence.environment import find_secrets, plain_json, redact_context
-from pytest_llmserve.verdicts.comparability import diff_context
+from pytest_llmserve.verdicts.comparability import append_diffs
 from pytest_llmserve.verdicts.stats import summarize
 
 SCHEMA = 1
@@ -406,7 +406,7 @@ class BaselineStore:
                     path=path,
                 )
             else:
-                diffs = diff_context(existing.context, ctx)
+                diffs = append_diffs(existing.context, ctx)
                 if diffs:
                     listing = "\n".join(f"  - {d.describe()}" for d in diffs)
                     raise BaselineError(

@@ -125,6 +125,15 @@ def diff_context(
     return [d for d in _diff_all(baseline_ctx, current_ctx) if not _under(d.key, ignored)]
 
 
+def append_diffs(stored_ctx: Mapping[str, Any], current_ctx: Mapping[str, Any]) -> list[ContextDiff]:
+    """The differences that refuse appending a run to a stored baseline (:func:`diff_context`), less the added keys
+    (:data:`ADDED_CONTEXT_KEYS`) absent on one side: the check made before the boot cannot know them yet, and a
+    baseline recorded before the plugin kept them lacks them (its comparisons go on and say so, :func:`comparability`).
+    Present on both sides they count: a run after traffic is not appended to fresh ones."""
+    return [d for d in diff_context(stored_ctx, current_ctx)
+            if not (_under(d.key, ADDED_CONTEXT_KEYS) and not (d.old_present and d.new_present))]
+
+
 @dataclass(frozen=True, slots=True)
 class Comparability:
     """Whether a baseline and a run may be compared, and why (``diffs`` holds every counted difference)."""

@@ -44,10 +44,12 @@ def configured(env: str = "2") -> tuple[LLMServeConfig, ServerSpec, Workload]:
     return cfg, cfg.expanded("cpu")[0], cfg.workload("tiny", where="test")
 
 
-def stored(tmp_path: Path, **hardware: object) -> Path:
-    """A baseline of the ``cpu`` server recorded as a real run records it (engine version 0.32.0)."""
+def stored(tmp_path: Path, *, state: dict[str, object] | None = None, **hardware: object) -> Path:
+    """A baseline of the ``cpu`` server recorded as a real run records it (engine version 0.32.0; ``state``: the
+    server's state read after its boot, gates/context.server_state)."""
     _, spec, wl = configured()
-    context = build_context(spec, wl, engine_version="0.32.0")
+    context = build_context(spec, wl, engine_version="0.32.0",
+                            extra={"server_state": state} if state is not None else None)
     context["hardware"].update(hardware)
     store = BaselineStore(tmp_path / "baselines")
     key = BenchKey(KEY_TEST, spec.id, wl.name)
@@ -68,6 +70,46 @@ def test_nothing_to_refuse_without_a_baseline_or_with_the_same_context(tmp_path:
     stored(tmp_path)
     assert preflight(tmp_path) is None
     assert preflight(tmp_path, save=True) is None  # appending to the same context is fine
+
+
+def test_a_second_run_appends_to_a_baseline_that_holds_the_servers_state(tmp_path: Path) -> None:
+    """README's loop of --llmserve-save-baseline runs: the stored file holds the server's state (read after its boot),
+    the check before the next boot cannot know it yet, so it is no reason to refuse (seen on the H100, 2026-12-07:
+    'server_state.state: "fresh" -> (absent)' refused every run after the first); the append after the boot compares
+    the state, and a run after traffic is not appended to fresh ones."""
+    from pytest_llmserve.errors import BaselineError
+    from pytest_llmserve.gates.context import server_state
+
+    path = stored(tmp_path, state=server_state(12, 30.0))
+    assert preflight(tmp_path, save=True) is None
+    _, spec, wl = configured()
+    store = BaselineStore(tmp_path / "baselines")
+    key = BenchKey(KEY_TEST, spec.id, wl.name)
+
+    def context(state: dict[str, object]) -> dict[str, object]:
+        return build_context(spec, wl, engine_version="0.32.0", extra={"server_state": state})
+
+    samples = {"output_throughput": [100.0, 99.0, 101.0, 100.0, 100.4]}
+    store.save(key, context(server_state(40, 80.0)), samples, metric="output_throughput", higher_is_better=True)
+    assert len(store.load(key).records) == 2  # type: ignore[union-attr]
+    before = path.read_bytes()
+    with pytest.raises(BaselineError, match='server_state.state: "fresh" -> "after traffic"'):
+        store.save(key, context(server_state(52_000, 400.0)), samples, metric="output_throughput",
+                   higher_is_better=True)
+    assert path.read_bytes() == before
+
+
+def test_a_baseline_recorded_before_the_servers_state_was_kept_takes_a_run_that_has_it(tmp_path: Path) -> None:
+    from pytest_llmserve.gates.context import server_state
+
+    stored(tmp_path)  # no server_state: recorded before issue 35
+    _, spec, wl = configured()
+    store = BaselineStore(tmp_path / "baselines")
+    key = BenchKey(KEY_TEST, spec.id, wl.name)
+    store.save(key, build_context(spec, wl, engine_version="0.32.0", extra={"server_state": server_state(12, 30.0)}),
+               {"output_throughput": [100.0, 99.0, 101.0, 100.0, 100.4]}, metric="output_throughput",
+               higher_is_better=True)
+    assert len(store.load(key).records) == 2  # type: ignore[union-attr]
 
 
 def test_a_changed_server_environment_is_refused_before_any_boot(tmp_path: Path) -> None:
