@@ -652,9 +652,7 @@ class BenchGate:
         base = [v for run in base_runs for v in run]
         if not base or not current:
             return None
-        prior = self.options.between_run_sd
-        spread = (run_spread(base_runs, current) if prior is None
-                  else run_spread(base_runs, current, prior_between_sd=prior))
+        spread = run_spread(base_runs, current, prior_between_sd=self.options.between_run_sd)
         return measured_resolution(base, current, plan, self.options.tolerance, between_sd=spread.between_sd,
                                    baseline_runs=len(base_runs))
 

@@ -68,8 +68,9 @@ def _mean(values: Sequence[float]) -> float:
 
 
 def run_spread(baseline_runs: Sequence[Sequence[float]], current: Sequence[float], *,
-               prior_between_sd: float = PRIOR_BETWEEN_RUN_SD, prior_source: str = PRIOR_SOURCE) -> RunSpread:
-    """sigma from every run's rounds (log values), tau from the baseline runs' means or the prior."""
+               prior_between_sd: float | None = None) -> RunSpread:
+    """sigma from every run's rounds (log values), tau from the baseline runs' means or, with one run, the prior:
+    ``prior_between_sd`` where configured (the ``between_run_sd`` setting), else :data:`PRIOR_BETWEEN_RUN_SD`."""
     if not baseline_runs or any(not run for run in baseline_runs):
         raise ValueError("every baseline run needs at least one round")
     if not current:
@@ -86,7 +87,9 @@ def run_spread(baseline_runs: Sequence[Sequence[float]], current: Sequence[float
         h = _mean([1.0 / len(run) for run in baseline_runs])
         tau2 = max(0.0, var_means - within_var * h)
         return RunSpread(k, math.sqrt(within_var), within_df, math.sqrt(tau2), k - 1, f"estimated from {k} runs")
-    return RunSpread(1, math.sqrt(within_var), within_df, prior_between_sd, None, prior_source)
+    if prior_between_sd is None:
+        return RunSpread(1, math.sqrt(within_var), within_df, PRIOR_BETWEEN_RUN_SD, None, PRIOR_SOURCE)
+    return RunSpread(1, math.sqrt(within_var), within_df, prior_between_sd, None, "the configured between_run_sd")
 
 
 @dataclass(frozen=True, slots=True)

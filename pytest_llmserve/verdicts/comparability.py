@@ -130,8 +130,13 @@ def append_diffs(stored_ctx: Mapping[str, Any], current_ctx: Mapping[str, Any]) 
     (:data:`ADDED_CONTEXT_KEYS`) absent on one side: the check made before the boot cannot know them yet, and a
     baseline recorded before the plugin kept them lacks them (its comparisons go on and say so, :func:`comparability`).
     Present on both sides they count: a run after traffic is not appended to fresh ones."""
-    return [d for d in diff_context(stored_ctx, current_ctx)
-            if not (_under(d.key, ADDED_CONTEXT_KEYS) and not (d.old_present and d.new_present))]
+    return [d for d in diff_context(stored_ctx, current_ctx) if not _added_key_absent_on_one_side(d)]
+
+
+def _added_key_absent_on_one_side(diff: ContextDiff) -> bool:
+    """An added key (:data:`ADDED_CONTEXT_KEYS`) the baseline predates, or the check before the boot cannot know yet:
+    neither refuses a comparison or an append."""
+    return _under(diff.key, ADDED_CONTEXT_KEYS) and not (diff.old_present and diff.new_present)
 
 
 @dataclass(frozen=True, slots=True)
@@ -237,12 +242,12 @@ def comparability(
     ignored_keys = tuple(ignore)
     every = _diff_all(baseline_ctx, current_ctx)
     counted = tuple(d for d in every if not _under(d.key, ignored_keys))
-    predates = tuple(d for d in counted if not d.old_present and _under(d.key, ADDED_CONTEXT_KEYS))
-    # The same keys are known only once the server runs: the check from the configuration alone, before any boot,
-    # has none; the comparison after measuring compares them.
-    not_yet = tuple(d for d in counted if not d.new_present and d.old_present and _under(d.key, ADDED_CONTEXT_KEYS))
-    counted = tuple(d for d in counted if d not in predates and d not in not_yet)
-    ignored = tuple(d for d in every if _under(d.key, ignored_keys)) + predates + not_yet
+    # Added keys absent on one side: the baseline predates them (named below), or the check from the configuration
+    # alone, before any boot, cannot know them yet (the comparison after measuring compares them).
+    absent = tuple(d for d in counted if _added_key_absent_on_one_side(d))
+    predates = tuple(d for d in absent if not d.old_present)
+    counted = tuple(d for d in counted if d not in absent)
+    ignored = tuple(d for d in every if _under(d.key, ignored_keys)) + absent
     host_diffs = tuple(d for d in counted if is_host_key(d.key)) if allow_host_change else ()
     others = tuple(d for d in counted if d not in host_diffs)
     decided = _decide(others, ignored, baseline_ctx, current_ctx, variable, allow_confounded)

@@ -585,9 +585,7 @@ def decide_sequential(
     if baseline_runs is None:
         d, se, df = log_t(lb, lc)  # d > 0 = better, on the log scale
     else:
-        spread = (run_spread(baseline_runs, cur) if prior_between_sd is None
-                  else run_spread(baseline_runs, cur, prior_between_sd=prior_between_sd,
-                                  prior_source="the configured between_run_sd"))
+        spread = run_spread(baseline_runs, cur, prior_between_sd=prior_between_sd)
         diff = between_run_difference(baseline_runs, cur, spread)
         d, se, df = sign * diff.d, diff.se, diff.df
         counts += f"; {spread.describe()}; the {diff.dominant} spread dominates the standard error"
