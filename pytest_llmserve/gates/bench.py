@@ -64,7 +64,6 @@ differing host fields printed beside the verdict. Saving takes at least
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import math
 import shlex
@@ -77,8 +76,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from pytest_llmserve.config import LLMServeConfig, ServerSpec, Workload
 from pytest_llmserve.errors import BaselineError
-from pytest_llmserve.evidence.prometheus import counter_total
-from pytest_llmserve.gates.context import build_context, server_state
+from pytest_llmserve.gates.context import build_context, read_server_state
 from pytest_llmserve.gates.failed_checks import correctness_failures
 from pytest_llmserve.gates.preflight import accept_command, elsewhere, environment_only
 from pytest_llmserve.gates.rounds import (
@@ -92,7 +90,7 @@ from pytest_llmserve.gates.rounds import (
 from pytest_llmserve.load.prompts import build_prompts
 from pytest_llmserve.metrics import METRICS, higher_is_better
 from pytest_llmserve.report.outcome import BenchOutcome
-from pytest_llmserve.server.handle import RunningServer, engine_of
+from pytest_llmserve.server.handle import RunningServer
 from pytest_llmserve.settings import INCONCLUSIVE_POLICIES, BenchSpec, Settings
 from pytest_llmserve.store.baselines import BaselineStore, BenchKey
 from pytest_llmserve.verdicts import stats
@@ -238,28 +236,6 @@ class BenchGate:
         except Exception:  # noqa: BLE001
             pass
         return None
-
-    def server_state_now(self) -> dict[str, Any]:
-        """How much the server generated since boot (its engine's generation counter) and how long it has been
-        ready: the state a benchmark starts from."""
-        engine = None
-        with contextlib.suppress(AttributeError):  # a script's stand-in server has no engine adapter
-            engine = engine_of(self.server)
-        page = None
-        if engine is not None and engine.generation_counter:
-            try:
-                page = self.server.metrics_text()
-            except Exception:  # noqa: BLE001 - an unreadable page is an unknown state, not an error of the benchmark
-                page = None
-
-        def read(counter: str | None) -> float | None:
-            return counter_total(page, counter) if page and counter else None
-
-        ready_at = getattr(self.server, "ready_at", None)
-        return server_state(read(engine.generation_counter if engine else None),
-                            time.monotonic() - ready_at if ready_at is not None else None,
-                            requests_before=read(engine.request_counter if engine else None),
-                            prefix_cache_hits_before=read(engine.prefix_cache_hit_counter if engine else None))
 
     def measure(self, workload: Workload, rounds: int, prompts: Any = None,
                 outcome: BenchOutcome | None = None,
@@ -415,7 +391,7 @@ class BenchGate:
         spec = self.spec
         # The server's state is read before the warm-up generates anything (gates/context.server_state).
         context = build_context(spec, wl, engine_version=self.engine_version(),
-                                extra={"server_state": self.server_state_now()})
+                                extra={"server_state": read_server_state(self.server)})
         key = BenchKey(test=opts.baseline_test or self.key_test,
                        server=opts.baseline_server or spec.id, workload=wl.name)
         store = BaselineStore(self.store_dir)

@@ -10,6 +10,8 @@ Before it is returned the context is made portable (paths under the plugin's cac
 
 from __future__ import annotations
 
+import contextlib
+import time
 from collections.abc import Mapping
 from dataclasses import asdict
 from typing import Any
@@ -17,6 +19,8 @@ from typing import Any
 from pytest_llmserve.config import ServerSpec, Workload
 from pytest_llmserve.engines import engine_environment
 from pytest_llmserve.evidence.environment import portable_paths, python_label, redact_context, server_args
+from pytest_llmserve.evidence.prometheus import counter_total
+from pytest_llmserve.server.handle import RunningServer, engine_of
 from pytest_llmserve.server.hardware import hardware_context
 from pytest_llmserve.version import __version__
 
@@ -86,3 +90,26 @@ def server_state(generated_before: float | None, seconds_since_ready: float | No
             else round(prefix_cache_hits_before),
             "seconds_since_ready": None if seconds_since_ready is None else round(seconds_since_ready, 1)}
 
+
+def read_server_state(server: RunningServer) -> dict[str, Any]:
+    """:func:`server_state` of a running server: its engine's counters read from its metrics page (an unreadable
+    page, or a script's stand-in server without an engine adapter, is an "unknown" state, not an error of the
+    benchmark) and the seconds since it became ready."""
+    engine = None
+    with contextlib.suppress(AttributeError):  # a script's stand-in server has no engine adapter
+        engine = engine_of(server)
+    page = None
+    if engine is not None and engine.generation_counter:
+        try:
+            page = server.metrics_text()
+        except Exception:  # noqa: BLE001 - an unreadable page is an unknown state, not an error of the benchmark
+            page = None
+
+    def read(counter: str | None) -> float | None:
+        return counter_total(page, counter) if page and counter else None
+
+    ready_at = getattr(server, "ready_at", None)
+    return server_state(read(engine.generation_counter if engine else None),
+                        time.monotonic() - ready_at if ready_at is not None else None,
+                        requests_before=read(engine.request_counter if engine else None),
+                        prefix_cache_hits_before=read(engine.prefix_cache_hit_counter if engine else None))
