@@ -16,8 +16,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
-__all__ = ["LATENCIES", "LATENCY_STATS", "METRICS", "Metric", "definitions", "higher_is_better", "is_known",
-           "latency_metric"]
+__all__ = ["LATENCIES", "LATENCY_METRICS", "LATENCY_STATS", "METRICS", "Metric", "definitions", "higher_is_better",
+           "is_known", "latency_metric"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +77,10 @@ METRICS: Mapping[str, Metric] = MappingProxyType({
     **{latency_metric(stat, lat): Metric(latency_metric(stat, lat), f"{how} of {lat}: {what}", "ms", False)
        for lat, what in LATENCIES.items() for stat, how in LATENCY_STATS.items()},
 })
+
+#: Every latency figure: what chunk timing measures, withheld from a round whose chunks were merged or buffered
+#: (:func:`pytest_llmserve.gates.rounds.judge_round`).
+LATENCY_METRICS: frozenset[str] = frozenset(latency_metric(stat, lat) for lat in LATENCIES for stat in LATENCY_STATS)
 
 
 def is_known(name: str) -> bool:

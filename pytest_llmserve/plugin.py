@@ -45,10 +45,9 @@ from pytest_llmserve.options import OPTIONS, Sources, may_hold_config
 if TYPE_CHECKING:
     import openai
 
+    from pytest_llmserve.bench_face import ABFace, BenchFace
     from pytest_llmserve.config import LLMServeConfig, ServerSpec
     from pytest_llmserve.evidence.client import LLMClient
-    from pytest_llmserve.gates.ab import ABRunner
-    from pytest_llmserve.gates.bench import BenchGate
     from pytest_llmserve.gates.decode import DecodeCheck
     from pytest_llmserve.gates.probes import ServerProbes
     from pytest_llmserve.report.outcome import BenchOutcome
@@ -444,9 +443,10 @@ def llm_async_openai(llm_server: RunningServer) -> openai.AsyncOpenAI:
 
 
 @pytest.fixture
-def llm_bench(llm_server: RunningServer, request: pytest.FixtureRequest) -> BenchGate:
+def llm_bench(llm_server: RunningServer, request: pytest.FixtureRequest) -> BenchFace:
     """Benchmark gate bound to this test's server and its ``llmserve_benchmark`` marker: ``llm_bench.run()``."""
     # lazy: the plugin imports only options.py until a run uses it (tests/plugin/test_inert.py)
+    from pytest_llmserve.bench_face import BenchFace
     from pytest_llmserve.gates.bench import BenchGate
     from pytest_llmserve.gates.preflight import save_command
 
@@ -458,10 +458,10 @@ def llm_bench(llm_server: RunningServer, request: pytest.FixtureRequest) -> Benc
     command = save_command(config.invocation_params.args, nodeid=node.nodeid,
                            test_name=getattr(node, "originalname", node.name), server_name=spec.name,
                            suite=SUITE_DIR in node.path.parents)
-    return BenchGate.for_run(settings, server=llm_server, options=_benchmark_spec(node, settings), test_id=node.nodeid,
-                             key_test=_key_test(node), run_dir=config.stash[STATE_KEY].run_dir,
-                             record=_outcome_recorder(request), fail=_fail, skip=_skip,
-                             say=lambda msg: _say(config, msg), pool=_pool(config), record_command=command)
+    gate = BenchGate.for_run(settings, server=llm_server, options=_benchmark_spec(node, settings),
+                             test_id=node.nodeid, key_test=_key_test(node), run_dir=config.stash[STATE_KEY].run_dir,
+                             record_command=command)
+    return BenchFace(gate, record=_outcome_recorder(request), say=lambda msg: _say(config, msg))
 
 
 def _key_test(node: pytest.Item) -> str:
@@ -492,19 +492,20 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 
 
 @pytest.fixture
-def llm_ab(request: pytest.FixtureRequest) -> ABRunner:
+def llm_ab(request: pytest.FixtureRequest) -> ABFace:
     """A/B of two configured server configurations in one run: ``llm_ab.run(a="id", b="id")``.
 
     Both servers stay up; rounds are interleaved A B A B; fails when B regressed against A.
     """
     # lazy: the plugin imports only options.py until a run uses it (tests/plugin/test_inert.py)
+    from pytest_llmserve.bench_face import ABFace
     from pytest_llmserve.gates.ab import ABRunner
 
     config = request.config
     settings = config.stash[SETTINGS_KEY]
-    return ABRunner(pool=_pool(config), cfg=settings.cfg, test_id=request.node.nodeid,
-                    results_dir=settings.results_dir, record=_outcome_recorder(request), fail=_fail,
-                    say=lambda msg: _say(config, msg))
+    runner = ABRunner(pool=_pool(config), cfg=settings.cfg, test_id=request.node.nodeid,
+                      results_dir=settings.results_dir)
+    return ABFace(runner, record=_outcome_recorder(request), say=lambda msg: _say(config, msg))
 
 
 def _outcome_recorder(request: pytest.FixtureRequest) -> Callable[[BenchOutcome], None]:

@@ -8,8 +8,11 @@ results.json, summary.md and a plot to ``--out`` (a new directory: an existing o
 from __future__ import annotations
 
 import argparse
+import contextlib
+import logging
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -93,6 +96,22 @@ def _base() -> Any:
     return embedded.default_spec()
 
 
+@contextlib.contextmanager
+def progress_on_stderr() -> Iterator[None]:
+    """The build runs' progress (the ``pytest_llmserve`` loggers, at INFO) on stderr as ``[llmserve] ...`` lines."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("[llmserve] %(message)s"))
+    root = logging.getLogger("pytest_llmserve")
+    level = root.level
+    root.addHandler(handler)
+    root.setLevel(logging.INFO)
+    try:
+        yield
+    finally:
+        root.removeHandler(handler)
+        root.setLevel(level)
+
+
 def _compare(args: argparse.Namespace) -> int:
     # lazy: the build runs' modules (386 ms), which the other commands do not need
     from pytest_llmserve.gates.builds import BuildRunner
@@ -100,7 +119,7 @@ def _compare(args: argparse.Namespace) -> int:
     builds = [parse_build(args.a, source="llmserve builds compare A"),
               parse_build(args.b, source="llmserve builds compare B")]
     settings, out = _settings(args), _out(args, "compare")
-    with BuildRunner(builds, _base(), settings, out) as runner:
+    with progress_on_stderr(), BuildRunner(builds, _base(), settings, out) as runner:
         step = runner.compare()
     print((out / "summary.md").read_text())
     bad = step.verdict == "regressed" or not step.correctness_ok
@@ -117,7 +136,7 @@ def _bisect(args: argparse.Namespace) -> int:
         raise ConfigError(f"--builds: {len(args.builds)} given; a bisect needs a good and a bad end")
     builds = parse_builds(args.builds, source="llmserve bisect --builds")
     settings, out = _settings(args, args.find_change), _out(args, "bisect")
-    with BuildRunner(builds, _base(), settings, out) as runner:
+    with progress_on_stderr(), BuildRunner(builds, _base(), settings, out) as runner:
         result = runner.bisect()
     print((out / "summary.md").read_text())
     print(f"{result.status}: {result.message}; reports in {out}", file=sys.stderr if result.status != "found" else None)

@@ -1,29 +1,39 @@
 """The A/B runner: two configured servers benchmarked in one run, rounds interleaved A B A B, judged by the
 benchmark gate's sequential rule (:func:`pytest_llmserve.gates.bench.until_verdict`), B against A.
 
-It shares the gate's round (:func:`~pytest_llmserve.gates.rounds.run_round`, each round alone on its server, a
-contended one measured again: :func:`~pytest_llmserve.gates.rounds.clean_round`, one invalid only for measurement
-artefacts of the machine too: :func:`~pytest_llmserve.gates.rounds.again_on_artefacts`) and records a
-:class:`~pytest_llmserve.report.outcome.BenchOutcome` like the gate; ``llmserve builds`` measures its steps with it.
+It shares the gate's loop of rounds (:class:`~pytest_llmserve.gates.rounds.RoundLoop`: each round alone on its
+server; a contended one, or one invalid only for measurement artefacts of the machine, measured again) and returns a
+:class:`~pytest_llmserve.report.outcome.BenchOutcome` like the gate, its ``ending`` saying what a test makes of it;
+``llmserve builds`` measures its steps with it and reads :attr:`ABRunner.stop` when the rounds ended early.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Literal
 
 from pytest_llmserve.config import LLMServeConfig, ServerSpec
 from pytest_llmserve.errors import ConfigError
 from pytest_llmserve.gates.bench import format_values, measured_resolution, resolution_record, until_verdict
 from pytest_llmserve.gates.context import build_context
-from pytest_llmserve.gates.rounds import again_on_artefacts, clean_round, round_samples, run_round, sample_series
+from pytest_llmserve.gates.rounds import (
+    Confounded,
+    Invalid,
+    Measured,
+    RoundLoop,
+    RoundMeasure,
+    RoundsEnded,
+    log,
+    measure_round,
+    sample_series,
+)
 from pytest_llmserve.load.contention import wait_until_quiet
 from pytest_llmserve.load.prompts import build_prompts
 from pytest_llmserve.metrics import higher_is_better
 from pytest_llmserve.options import BenchDefaults
-from pytest_llmserve.report.outcome import BenchOutcome
+from pytest_llmserve.report.outcome import BenchOutcome, Ending
 from pytest_llmserve.server.handle import RunningServer
 from pytest_llmserve.store.baselines import BenchKey
 from pytest_llmserve.verdicts import stats
@@ -31,6 +41,14 @@ from pytest_llmserve.verdicts.comparability import diff_context
 
 if TYPE_CHECKING:
     from pytest_llmserve.server.pool import ServerPool
+
+
+@dataclass(frozen=True, slots=True)
+class ABStop:
+    """Why an A/B's rounds ended before a verdict, and on which side the round that ended them ran."""
+
+    side: Literal["A", "B"]
+    stop: Invalid | Confounded
 
 
 class ABRunner:
@@ -42,15 +60,13 @@ class ABRunner:
     """
 
     def __init__(self, *, pool: ServerPool, cfg: LLMServeConfig, test_id: str, results_dir: Path,
-                 record: Callable[[BenchOutcome], None], fail: Callable[[str], None],
-                 say: Callable[[str], None] | None = None) -> None:
+                 measure: RoundMeasure = measure_round) -> None:
         self.pool = pool
         self.cfg = cfg
         self.test_id = test_id
         self.results_dir = results_dir
-        self.record = record
-        self.fail = fail
-        self.say = say or (lambda msg: None)
+        self.measure_round = measure  # one round's measurement (a stand-in in unit tests)
+        self.stop: ABStop | None = None  # the last run's early end, if its rounds ended before a verdict
 
     def spec(self, ident: str) -> ServerSpec:
         for spec in self.cfg.all_specs():
@@ -69,15 +85,15 @@ class ABRunner:
         ``judged_by_caller``: these rounds are a part of a comparison the caller decides (a bisect step's
         attempt, pooled with the attempts before it): their own verdict is recorded but neither announced
         as the answer nor failed on. ``contention_bound`` (default the setting's default): a round during which
-        other processes took more of the host is measured again (:func:`clean_round`), and so is one invalid only
-        for measurement artefacts of the machine (:func:`again_on_artefacts`)."""
+        other processes took more of the host is measured again (:class:`RoundLoop`), and so is one invalid only
+        for measurement artefacts of the machine. Rounds that end before a verdict (an invalid round, a host that
+        stayed busy) end the outcome "fail", and :attr:`stop` says on which side and why, as a value."""
         spec_a, spec_b = self.spec(a), self.spec(b)
         wl = self.cfg.workload(workload, where=self.test_id)
         server_a = self.pool.get(spec_a)
         server_b = self.pool.get(spec_b, keep=(spec_a,))
         diffs = diff_context(build_context(spec_a, wl, engine_version=None),
                              build_context(spec_b, wl, engine_version=None))
-        prompts = build_prompts(wl, tokenize=server_a.client().tokenize)
         hib = higher_is_better(metric)
         side: dict[str, list[dict[str, float]]] = {"A": [], "B": []}
         servers = {"A": server_a, "B": server_b}
@@ -87,27 +103,23 @@ class ABRunner:
         started = time.monotonic()
         done = 0
         bound = BenchDefaults().contention_bound if contention_bound is None else contention_bound
-        contended: list[dict[str, Any]] = []
-        discarded: list[dict[str, Any]] = []  # rounds run again as measurement artefacts (again_on_artefacts)
+        loop = RoundLoop(wl, build_prompts(wl, tokenize=server_a.client().tokenize), metric=metric,
+                         contention_bound=bound, measure=self.measure_round)
+        self.stop = None
 
         def pair() -> None:
             nonlocal done
             for name in ("A", "B"):
                 server = servers[name]
                 settle(servers["B" if name == "A" else "A"], server)
-
-                def measure(what: str, server: RunningServer = server) -> Any:
-                    return again_on_artefacts(
-                        lambda invalid: run_round(server, wl, prompts, what, invalid, contention_bound=bound),
-                        what, self.fail, discarded=discarded, say=self.say)
-
-                result = clean_round(measure, f"A/B round {done + 1} on {name} ({server.spec.id})", bound=bound,
-                                     contended=contended, say=self.say,
-                                     confounded=lambda message: self.fail(f"{self.test_id}: {message}"))
+                got = loop.measure(server, f"A/B round {done + 1} on {name} ({server.spec.id})")
+                if not isinstance(got, Measured):
+                    self.stop = ABStop("A" if name == "A" else "B", got)
+                    raise RoundsEnded(got, side["B"])
                 if done >= warmup_rounds:  # the first round of each side warms caches and is not counted
-                    side[name].append(round_samples(result))
-                    self.say(f"A/B round {done + 1 - warmup_rounds}/{rounds}..{cap}: {name} {metric} "
-                             f"{side[name][-1].get(metric, float('nan')):.2f}")
+                    side[name].append(got.samples)
+                    log.info("A/B round %d/%d..%d: %s %s %.2f", done + 1 - warmup_rounds, rounds, cap, name, metric,
+                             side[name][-1].get(metric, float("nan")))
             done += 1
 
         def settle(other: RunningServer, server: RunningServer) -> None:
@@ -115,48 +127,73 @@ class ABRunner:
             # would count it as host contention. Half the bound, so the rest of the host keeps its share.
             if other is server:
                 return
-            quiet = wait_until_quiet(getattr(other, "server_pid", None), bound=bound / 2)
+            quiet = wait_until_quiet(other.server_pid, bound=bound / 2)
             if not quiet.settled:
-                self.say(f"A/B: {other.spec.id} still took {quiet.share:.1%} of the machine after "
-                         f"{quiet.seconds:.1f} s of waiting for it to go quiet; the round on {server.spec.id} is "
-                         "measured anyway, its host contention judged")
+                log.info("A/B: %s still took %.1f%% of the machine after %.1f s of waiting for it to go quiet; the "
+                         "round on %s is measured anyway, its host contention judged", other.spec.id,
+                         quiet.share * 100, quiet.seconds, server.spec.id)
 
         def judge() -> stats.Verdict:
-            # A round a script let through as invalid (its ``fail`` did not end the run) is not a number.
             return stats.decide_sequential([s[metric] for s in side["A"] if metric in s],
                                            [s[metric] for s in side["B"] if metric in s], plan=plan,
                                            higher_is_better=hib, tolerance=tolerance, metric=metric)
 
-        for _ in range(warmup_rounds + rounds):
-            pair()
-        verdict = until_verdict(judge, pair, lambda: len(side["B"]), cap)
-        series_a, series_b = sample_series(side["A"]), sample_series(side["B"])
         outcome = BenchOutcome(
             test_id=self.test_id, server_id=f"B={spec_b.id} vs A={spec_a.id}", workload=wl.name, metric=metric,
-            higher_is_better=hib, tolerance=tolerance, verdict=verdict, samples=series_b,
-            baseline_samples=list(series_a.get(metric, [])), baseline_series=series_a, rounds=len(side["B"]),
-            note=verdict.reason, seconds=time.monotonic() - started, ab=True,
-            differences=[d.describe() for d in diffs], contended_rounds=contended, discarded_rounds=discarded,
+            higher_is_better=hib, tolerance=tolerance, ab=True, differences=[d.describe() for d in diffs],
+            contended_rounds=loop.contended, discarded_rounds=loop.discarded,
             baseline_key=BenchKey(test=self.test_id, server=f"{spec_a.id}|{spec_b.id}", workload=wl.name))
+        try:
+            for _ in range(warmup_rounds + rounds):
+                pair()
+            verdict = until_verdict(judge, pair, lambda: len(side["B"]), cap)
+        except RoundsEnded as ended:
+            assert self.stop is not None
+            where = f"workload: {asdict(wl)}\nserver: {servers[self.stop.side].describe()}"
+            return self._ended(outcome, ended.stop, side, loop, started, where)
+        series_a, series_b = sample_series(side["A"]), sample_series(side["B"])
+        outcome.verdict, outcome.samples, outcome.baseline_series = verdict, series_b, series_a
+        outcome.baseline_samples = list(series_a.get(metric, []))
+        outcome.rounds, outcome.note, outcome.seconds = len(side["B"]), verdict.reason, time.monotonic() - started
         if verdict.outcome == "inconclusive":
             resolved = measured_resolution(series_a.get(metric, []), series_b.get(metric, []), plan, tolerance,
                                            both_sides_grow=True)
             if resolved is not None:
                 outcome.resolution = resolution_record(resolved)
                 outcome.note = f"{verdict.reason}\nresolution: {outcome.resolution['line']}"
-        self.record(outcome)
+        outcome.summarize_samples()
         a_s, b_s = stats.summarize(series_a[metric]), stats.summarize(series_b[metric])
         if judged_by_caller:
-            self.say(f"these {len(side['B'])} rounds a side: A median {a_s.median:.2f}, B median {b_s.median:.2f}")
+            log.info("these %d rounds a side: A median %.2f, B median %.2f", len(side["B"]), a_s.median, b_s.median)
             return outcome
-        self.say(f"A/B {metric}: A={spec_a.id} median {a_s.median:.2f}, B={spec_b.id} median {b_s.median:.2f}, "
-                 f"change {verdict.change:+.1%}: {verdict.outcome}")
+        log.info("A/B %s: A=%s median %.2f, B=%s median %.2f, change %+.1f%%: %s", metric, spec_a.id, a_s.median,
+                 spec_b.id, b_s.median, verdict.change * 100, verdict.outcome)
         if outcome.resolution is not None:
-            self.say(f"A/B resolution: {outcome.resolution['line']}")
+            log.info("A/B resolution: %s", outcome.resolution["line"])
         if verdict.outcome == "regressed":
-            self.fail(f"A/B: B={spec_b.id} REGRESSED against A={spec_a.id} on {metric} (workload {wl.name})\n"
-                      f"  A: median {a_s.median:.3f} {format_values(series_a[metric])}\n"
-                      f"  B: median {b_s.median:.3f} {format_values(series_b[metric])}\n"
-                      f"  change {verdict.change:+.1%} (tolerance {tolerance:.0%}); {verdict.reason}\n"
-                      f"  configurations differ in: {'; '.join(d.describe() for d in diffs) or 'nothing'}")
+            outcome.ending = Ending("fail", (
+                f"A/B: B={spec_b.id} REGRESSED against A={spec_a.id} on {metric} (workload {wl.name})\n"
+                f"  A: median {a_s.median:.3f} {format_values(series_a[metric])}\n"
+                f"  B: median {b_s.median:.3f} {format_values(series_b[metric])}\n"
+                f"  change {verdict.change:+.1%} (tolerance {tolerance:.0%}); {verdict.reason}\n"
+                f"  configurations differ in: {'; '.join(d.describe() for d in diffs) or 'nothing'}"))
+        return outcome
+
+    def _ended(self, outcome: BenchOutcome, stop: Invalid | Confounded, side: dict[str, list[dict[str, float]]],
+               loop: RoundLoop, started: float, where: str) -> BenchOutcome:
+        """The outcome of rounds that ended before a verdict: an invalid round (not a number), or a host that stayed
+        busy (confounded); the rounds measured before it are kept."""
+        outcome.samples, outcome.rounds = sample_series(side["B"]), len(side["B"])
+        outcome.baseline_series = sample_series(side["A"])
+        outcome.baseline_samples = list(outcome.baseline_series.get(outcome.metric, []))
+        outcome.seconds = time.monotonic() - started
+        if isinstance(stop, Invalid):
+            message = stop.describe(where) + loop.discarded_note()
+            outcome.error = f"{stop.what} is INVALID (not a number): " + " | ".join(stop.reasons)
+        else:
+            message = f"{self.test_id}: {stop.describe()}"
+            outcome.confounded = True
+        outcome.note = message
+        outcome.ending = Ending("fail", message)
+        outcome.summarize_samples()
         return outcome

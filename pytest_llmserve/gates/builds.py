@@ -17,25 +17,23 @@ import os
 import signal
 import sys
 import tempfile
-from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import psutil
 
 from pytest_llmserve.builds import BuildEnv, Installer
 from pytest_llmserve.config import WORKLOAD_PRESETS, BuildSpec, LLMServeConfig, ServerSpec, Workload
 from pytest_llmserve.errors import ConfigError, LLMServeError
-from pytest_llmserve.gates.ab import ABRunner
+from pytest_llmserve.gates.ab import ABRunner, ABStop
 from pytest_llmserve.gates.context import build_context
 from pytest_llmserve.gates.decode import DecodeCheck
-from pytest_llmserve.gates.rounds import invalid_round_reasons, round_samples, run_round
-from pytest_llmserve.load.metrics import output_fault
+from pytest_llmserve.gates.rounds import Confounded, RoundLoop, log
+from pytest_llmserve.gates.rounds import Measured as MeasuredRound
 from pytest_llmserve.load.prompts import build_prompts
 from pytest_llmserve.metrics import higher_is_better
 from pytest_llmserve.report.builds import Measured, results_document, write_build_reports
-from pytest_llmserve.report.outcome import BenchOutcome
 from pytest_llmserve.server.pool import ServerPool
 from pytest_llmserve.verdicts.bisect import BisectResult, StepResult, bisect, judge_step
 from pytest_llmserve.verdicts.comparability import IGNORED_CONTEXT_KEYS, comparability
@@ -57,10 +55,6 @@ class RunSettings:
     max_attempts: int = 2  # a step still inconclusive after this many measurements is reported so
     find_change: bool = False
     both_up: bool | None = None  # None: decided from the available memory
-
-
-class _RoundFailed(LLMServeError):
-    """A round's ``fail`` callback fired (an invalid round, or ABRunner's regression after its record)."""
 
 
 def spec_for(base: ServerSpec, env: BuildEnv, index: int) -> ServerSpec:
@@ -113,13 +107,12 @@ class BuildRunner:
     """Installs the builds, boots their servers through one pool, measures steps, writes the reports."""
 
     def __init__(self, builds: list[BuildSpec], base: ServerSpec, settings: RunSettings, out_dir: Path, *,
-                 installer: Installer | None = None, say: Callable[[str], None] | None = None) -> None:
+                 installer: Installer | None = None) -> None:
         self.builds = builds
         self.base = base
         self.settings = settings
         self.out_dir = out_dir
-        self.say = say or (lambda msg: print(f"[llmserve] {msg}", file=sys.stderr, flush=True))
-        self.installer = installer or Installer(progress=self.say)
+        self.installer = installer or Installer(progress=log.info)
         self.pool: Any = None
         self.measured: Measured | None = None
         self.load: dict[str, list[float]] = {}
@@ -148,7 +141,7 @@ class BuildRunner:
         if index not in self.measured.correctness:
             ok, detail = correctness(server)
             self.measured.correctness[index] = (ok, detail)
-            self.say(f"{self.label(index)}: correctness {'passed' if ok else 'FAILED: ' + detail}")
+            log.info("%s: correctness %s", self.label(index), "passed" if ok else f"FAILED: {detail}")
         return server
 
     def label(self, index: int) -> str:
@@ -164,28 +157,20 @@ class BuildRunner:
         if both:
             self._server(ref)
             self._server(index, keep=(spec_ref,))
-            outcomes: list[BenchOutcome] = []
-
-            def fail(message: str) -> None:
-                raise _RoundFailed(message)  # an invalid round: the step is not a number
-
             runner = ABRunner(pool=self.pool, cfg=self._cfg(), test_id=f"{self.label(index)} vs {self.label(ref)}",
-                              results_dir=self.out_dir, record=outcomes.append, fail=fail, say=self.say)
-            try:
-                runner.run(spec_ref.id, spec.id, workload=s.workload.name, rounds=s.rounds, metric=s.metric,
-                           tolerance=s.tolerance, alpha=s.alpha, warmup_rounds=s.warmup_rounds if attempt == 1 else 0,
-                           judged_by_caller=True)
-            except _RoundFailed as exc:
-                if not outcomes:  # an invalid round (failed requests, text-less tokens): not a number
-                    return self._invalid(ref, index, attempt, str(exc))
-            out = outcomes[-1]
+                              results_dir=self.out_dir)
+            out = runner.run(spec_ref.id, spec.id, workload=s.workload.name, rounds=s.rounds, metric=s.metric,
+                             tolerance=s.tolerance, alpha=s.alpha,
+                             warmup_rounds=s.warmup_rounds if attempt == 1 else 0, judged_by_caller=True)
+            if runner.stop is not None:  # an invalid round, or a busy host: this step is not a number
+                return self._invalid(ref, index, attempt, runner.stop)
             ref_new, cand_new = list(out.baseline_series.get(s.metric, [])), list(out.samples.get(s.metric, []))
             self.measured.outcomes.append(out)
         else:
-            try:
-                ref_new, cand_new = self._alternating(ref, index, warm=attempt == 1)
-            except _RoundFailed as exc:
-                return self._invalid(ref, index, attempt, str(exc))
+            measured = self._alternating(ref, index, warm=attempt == 1)
+            if isinstance(measured, ABStop):
+                return self._invalid(ref, index, attempt, measured)
+            ref_new, cand_new = measured
         old_ref, old_cand = acc.get(index, ([], []))
         acc[index] = (old_ref + ref_new, old_cand + cand_new)
         self.measured.samples.setdefault(ref, []).extend(ref_new)
@@ -197,56 +182,57 @@ class BuildRunner:
                             correctness_detail=detail, attempt=attempt, metric=s.metric, not_worse=not_worse)
         self.steps.append(result)
         change = f", change {result.change:+.1%}" if result.change is not None else ""
-        self.say(f"step {self.label(index)} vs {self.label(ref)} (attempt {attempt}, {result.rounds} rounds a side"
-                 f"{change}): {result.verdict}, correctness {'ok' if ok else 'FAILED'}")
+        log.info("step %s vs %s (attempt %d, %d rounds a side%s): %s, correctness %s", self.label(index),
+                 self.label(ref), attempt, result.rounds, change, result.verdict, "ok" if ok else "FAILED")
         return result
 
-    def _invalid(self, ref: int, index: int, attempt: int, message: str) -> StepResult:
-        """A round that is not a number. On the good end it is an error (nothing to compare against). On the
-        build under test, wrong output (failed requests, tokens without text, decode collapse) makes the step
-        bad, like a correctness failure; a measurement artefact (chunks merged on a starved machine, other
-        traffic) makes this attempt inconclusive: no look is spent, and the next attempt measures again."""
-        assert self.measured is not None
-        lines = message.splitlines() if message else ["invalid round"]
-        reasons = invalid_round_reasons(message) or lines[:1]
-        if f"on A ({self.measured.specs[ref].id})" in lines[0]:
-            raise LLMServeError(f"the good end {self.label(ref)} produced an invalid round: {message}")
-        what = f"{lines[0]} {'; '.join(reasons)}"
-        faulty = any(output_fault(r) for r in reasons)
-        self.say(f"step {self.label(index)}: {what} -> "
-                 + ("wrong output: the build is bad" if faulty else "not a number: this attempt is inconclusive"))
+    def _invalid(self, ref: int, index: int, attempt: int, ended: ABStop) -> StepResult:
+        """Rounds that ended before a number. On the good end (side A) it is an error (nothing to compare against).
+        On the build under test, wrong output (failed requests, tokens without text, decode collapse: a reason
+        that blames the server) makes the step bad, like a correctness failure; a measurement artefact (chunks
+        merged on a starved machine, other traffic) or a busy host makes this attempt inconclusive: no look is
+        spent, and the next attempt measures again."""
+        stop = ended.stop
+        if isinstance(stop, Confounded):
+            what, faulty = stop.describe().splitlines()[0], False
+        else:
+            what, faulty = f"{stop.what} is INVALID (not a number): {'; '.join(stop.reasons)}", stop.server_fault
+            if ended.side == "A":
+                raise LLMServeError(f"the good end {self.label(ref)} produced an invalid round: {stop.describe()}")
+        log.info("step %s: %s -> %s", self.label(index), what,
+                 "wrong output: the build is bad" if faulty else "not a number: this attempt is inconclusive")
         return StepResult(index, "inconclusive", not faulty, attempt=attempt,
                           correctness_detail=f"invalid round: {what}" if faulty else "",
                           extra={"invalid_round": what})
 
-    def _alternating(self, ref: int, index: int, *, warm: bool) -> tuple[list[float], list[float]]:
+    def _alternating(self, ref: int, index: int, *, warm: bool) -> tuple[list[float], list[float]] | ABStop:
         """One server at a time (memory allows no more): two blocks per side, A B A B, each block booting its
-        server (the pool stops the other), the first round of a fresh boot not counted."""
+        server (the pool stops the other), the first round of a fresh boot not counted; the rounds' loop is the
+        gate's (:class:`~pytest_llmserve.gates.rounds.RoundLoop`), without a contention bound."""
         assert self.measured is not None
         s = self.settings
         got: dict[int, list[float]] = {ref: [], index: []}
         first_block = (s.rounds + 1) // 2
-        prompts = None
+        loop: RoundLoop | None = None
         for block, n in enumerate((first_block, s.rounds - first_block)):
             for side in (ref, index):
                 server = self._server(side)
-                prompts = prompts or build_prompts(s.workload, tokenize=server.client().tokenize)
-
-                def fail(message: str) -> None:
-                    raise _RoundFailed(message)
-
+                loop = loop or RoundLoop(s.workload, build_prompts(s.workload, tokenize=server.client().tokenize),
+                                         metric=s.metric, contention_bound=None)
                 for r in range(n + 1):
-                    what = f"block {block + 1} round {r} on {'A' if side == ref else 'B'} ({server.spec.id})"
-                    result = run_round(server, s.workload, prompts, what, fail)
+                    name: Literal["A", "B"] = "A" if side == ref else "B"
+                    result = loop.measure(server, f"block {block + 1} round {r} on {name} ({server.spec.id})")
+                    if not isinstance(result, MeasuredRound):
+                        return ABStop(name, result)
                     if r > 0:  # a fresh boot's first round warms caches
-                        got[side].append(round_samples(result)[s.metric])
+                        got[side].append(result.samples[s.metric])
         return got[ref], got[index]
 
     def __enter__(self) -> BuildRunner:
         self.out_dir.mkdir(parents=True, exist_ok=False)
         run_dir = Path(tempfile.mkdtemp(prefix="llmserve-builds-"))
         both = self.settings.both_up if self.settings.both_up is not None else both_fit()
-        self.pool = ServerPool(run_dir, self.out_dir / "logs", say=self.say, max_alive=2 if both else 1)
+        self.pool = ServerPool(run_dir, self.out_dir / "logs", say=log.info, max_alive=2 if both else 1)
         # SIGTERM must run __exit__, or the servers would outlive the command.
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
         self.load["start"] = load_average()
@@ -298,4 +284,4 @@ class BuildRunner:
                                 metric=s.metric, tolerance=s.tolerance, alpha=s.alpha, workload=s.workload,
                                 base_server=self.base.id, load=self.load, builds=self.builds, measured=self.measured,
                                 steps=steps, labels=[self.label(i) for i in range(len(self.builds))], result=result)
-        write_build_reports(self.out_dir, data, measured=self.measured, steps=steps, say=self.say)
+        write_build_reports(self.out_dir, data, measured=self.measured, steps=steps, say=log.info)

@@ -1,29 +1,42 @@
-"""One measured round of a benchmark, shared by the gate (:mod:`pytest_llmserve.gates.bench`), the A/B runner
+"""The rounds of a benchmark, shared by the gate (:mod:`pytest_llmserve.gates.bench`), the A/B runner
 (:mod:`pytest_llmserve.gates.ab`) and the build runner (:mod:`pytest_llmserve.gates.builds`).
 
-A round runs alone on its server (:func:`run_round`: the server's request lock held exclusively, its requests counted
-as request time); an invalid round is never a number. A round during which other processes took more of the host
-than the bound is not a sample: it is discarded and measured again, and after :data:`MAX_CONTENDED_ROUNDS` of them
-the benchmark is "confounded: host busy" (:func:`clean_round`). :func:`round_samples` is a round's sample of every
-metric; :func:`sample_series` the rounds' samples by metric. A round invalid only for measurement artefacts of
-the machine (chunks merged or buffered on a starved client: none of its reasons says the server's output was wrong)
-is discarded and run again, at most :data:`ARTEFACT_RETRIES` times per benchmark (:func:`again_on_artefacts`), by
-the gate and the A/B runner alike.
+A round is a value, never a message (:data:`RoundResult`): :class:`Measured` (its samples), :class:`Invalid` (the
+typed reasons of :mod:`pytest_llmserve.load.metrics`, each classified where its check is made: the server's output
+was wrong, or the measurement is an artefact of the machine) or :class:`Contended` (other processes took more of the
+host than ``contention_bound`` during it). :func:`measure_round` runs one round alone on its server;
+:func:`judge_round` makes the value. A round invalid only for artefacts of chunk timing (chunks merged or buffered
+on a starved client) is :class:`Measured` for a metric those artefacts do not touch (the throughputs, counted from
+the server's usage over the round's duration); its per-token timing figures are withheld and the reasons kept
+(``unmeasured``).
+
+:class:`RoundLoop` is the one loop of a benchmark's rounds: each round measured again while it is
+:class:`Contended` (after :data:`MAX_CONTENDED_ROUNDS` of them the benchmark is :class:`Confounded`), or
+:class:`Invalid` only for measurement artefacts (at most :data:`ARTEFACT_RETRIES` per benchmark); what it returns is
+:class:`Measured`, :class:`Invalid` (a server fault, or one artefact too many) or :class:`Confounded`. The caller
+turns the last two into its outcome; only the pytest layer turns an outcome into a failure or a skip. Progress is
+logged on the ``pytest_llmserve.bench`` logger (:data:`log`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
 from collections.abc import Callable
-from dataclasses import asdict
+from dataclasses import dataclass
 from typing import Any
 
 from pytest_llmserve.config import Workload, untrained_reason
-from pytest_llmserve.load.contention import contention_reason
-from pytest_llmserve.load.metrics import only_artefacts
-from pytest_llmserve.load.runner import judge_contention, run_workload
+from pytest_llmserve.load.contention import HostContention, contention_reason
+from pytest_llmserve.load.metrics import Blame, InvalidReason, RunResult, only_artefacts, server_fault, timing_only
+from pytest_llmserve.load.runner import run_workload
+from pytest_llmserve.metrics import LATENCY_METRICS
+from pytest_llmserve.report.outcome import ContendedRound, DiscardedRound
 from pytest_llmserve.server.handle import RunningServer, engine_of
+
+#: Where the benchmark path says what it does (shown by pytest's live log and, under the plugin, on the terminal).
+log = logging.getLogger("pytest_llmserve.bench")
 
 # Contended rounds discarded before a benchmark gives up with "confounded: host busy": one or two let a
 # passing burst (a cron job, a package index refresh) go by at the cost of a round each; a host that stays
@@ -38,134 +51,130 @@ ARTEFACT_RETRIES = 2
 HOST_CONTENTION = "host_contention"
 
 
+# --------------------------------------------------------------------------- what a round is
+
+
+@dataclass(frozen=True, slots=True)
+class Measured:
+    """A round that is a sample: ``samples`` of every metric it measured (and :data:`HOST_CONTENTION`).
+    ``unmeasured``: artefacts of chunk timing that withheld its per-token timing figures (none: all measured)."""
+
+    what: str
+    result: Any  # the RunResult (a stand-in's in unit tests)
+    samples: dict[str, float]
+    unmeasured: tuple[InvalidReason, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Invalid:
+    """A round that is not a number, for ``reasons``; ``host``: the contention measured during it, if sampled."""
+
+    what: str
+    reasons: tuple[InvalidReason, ...]
+    host: HostContention | None = None
+
+    @property
+    def server_fault(self) -> bool:
+        """Whether a reason says the server's output was wrong (never run again)."""
+        return server_fault(self.reasons)
+
+    def describe(self, context: str = "") -> str:
+        """The round, its reasons one a line, then ``context`` (the workload, the server) and the host's share."""
+        busy = f"\nhost: {self.host.describe()}" if self.host is not None else ""
+        return (f"{self.what} is INVALID (not a number):\n  - " + "\n  - ".join(self.reasons)
+                + (f"\n{context}" if context else "") + busy)
+
+
+@dataclass(frozen=True, slots=True)
+class Contended:
+    """A round during which other processes took more of the host than the bound: not a sample. ``artefacts``:
+    measurement artefacts it also had (likelier the busy host's than the server's)."""
+
+    what: str
+    reason: str
+    host: HostContention
+    artefacts: tuple[InvalidReason, ...] = ()
+
+
+RoundResult = Measured | Invalid | Contended
+
+
+@dataclass(frozen=True, slots=True)
+class Confounded:
+    """The benchmark's end when the host stayed busy: :data:`MAX_CONTENDED_ROUNDS` rounds discarded; no verdict,
+    the server is not blamed for the machine."""
+
+    rounds: tuple[ContendedRound, ...]
+    bound: float
+
+    def describe(self) -> str:
+        lines = "\n".join(f"  - {c.round}: {c.reason}" for c in self.rounds)
+        return (f"confounded: host busy: {len(self.rounds)} rounds discarded because other processes took more than "
+                f"{self.bound:.0%} of the host (contention_bound) during them; no verdict, the server is not blamed "
+                f"for the machine:\n{lines}\nRun again on a quiet host (or raise contention_bound, knowing the "
+                "figures then include the others' share).")
+
+
+# --------------------------------------------------------------------------- one round
+
+
 def round_samples(result: Any) -> dict[str, float]:
     """The per-round sample of every metric (throughputs; latency mean/median/p90/p99 in ms), and the host
     contention measured during the round (:data:`HOST_CONTENTION`, a share of the machine) when sampled."""
     out = {name: float(value) for name, value in result.metrics.items()
            if isinstance(value, int | float) and math.isfinite(value)}
-    busy = getattr(result, "host_contention", None)
+    busy = result.host_contention
     if busy is not None and math.isfinite(busy.share):
         out[HOST_CONTENTION] = float(busy.share)
     return out
 
 
-def clean_round(run: Callable[[str], Any], what: str, *, bound: float, contended: list[dict[str, Any]],
-                say: Callable[[str], None], confounded: Callable[[str], None]) -> Any:
-    """One round that is a sample: ``run(what)`` again while the host was busier than ``bound`` during it
-    (:func:`pytest_llmserve.load.runner.judge_contention`). Each discarded round goes to ``contended`` (shared by
-    the benchmark's rounds); at :data:`MAX_CONTENDED_ROUNDS` of them ``confounded`` gets the message
-    ("confounded: host busy", naming the processes) and the last result is returned (invalid) if it returns."""
-    first = what
-    while True:
-        result = run(what)
-        busy = getattr(result, "host_contention", None)
-        if busy is None:  # not sampled (a stand-in round, a script's runner)
-            return result
-        artefacts = [] if getattr(result, "valid", True) else list(result.invalid_reasons)
-        reason = judge_contention(result, bound)
-        if reason is None:
-            say(f"{what}: {busy.describe()}")
-            return result
-        if artefacts:  # run_round let it through: only measurement artefacts, on a busy host
-            reason += f"; its measurement artefacts, likelier the busy host's than the server's: {'; '.join(artefacts)}"
-        contended.append({"round": what, "reason": reason, "host_contention": busy.to_dict()})
-        say(f"{what} is not a sample: {reason}")
-        if len(contended) >= MAX_CONTENDED_ROUNDS:
-            lines = "\n".join(f"  - {c['round']}: {c['reason']}" for c in contended)
-            confounded(f"confounded: host busy: {len(contended)} rounds discarded because other processes took "
-                       f"more than {bound:.0%} of the host (contention_bound) during them; no verdict, the server "
-                       f"is not blamed for the machine:\n{lines}\nRun again on a quiet host (or raise "
-                       "contention_bound, knowing the figures then include the others' share).")
-            return result
-        what = f"{first} (again: {len(contended)} contended so far)"
+def judge_round(result: Any, what: str, *, metric: str, contention_bound: float | None) -> RoundResult:
+    """What a measured round is: :class:`Contended` when other processes took more of the host than
+    ``contention_bound`` (None: not judged) and nothing blames the server; :class:`Invalid` when it is not a
+    number for ``metric``; else :class:`Measured`. A round invalid only for artefacts of chunk timing is measured
+    for a ``metric`` that is no per-token timing figure: its throughputs and counts, from the diagnostics."""
+    reasons = tuple(result.invalid_reasons) if not result.valid else ()
+    host: HostContention | None = result.host_contention
+    if contention_bound is not None and not server_fault(reasons):
+        busy = contention_reason(host, contention_bound)
+        if busy is not None and host is not None:
+            return Contended(what, busy, host, reasons)
+    if not reasons:
+        return Measured(what, result, round_samples(result))
+    if timing_only(reasons) and metric not in LATENCY_METRICS:
+        samples = {name: float(value) for name, value in result.diagnostics.items()
+                   if name not in LATENCY_METRICS and isinstance(value, int | float) and math.isfinite(value)}
+        if metric in samples:
+            if host is not None and math.isfinite(host.share):
+                samples[HOST_CONTENTION] = float(host.share)
+            return Measured(what, result, samples, unmeasured=reasons)
+    return Invalid(what, reasons, host)
 
 
-def run_round(server: RunningServer, workload: Workload, prompts: Any, what: str, fail: Callable[[str], Any], *,
-              contention_bound: float | None = None) -> Any:
-    """One measured round on a live ``server`` (its requests counted as request time, bounded by the server's
-    ``request_timeout_s``); an invalid round is never a number: ``fail`` gets what made it invalid. With a
-    ``contention_bound`` (callers that discard contended rounds with :func:`clean_round`), a round invalid only
-    for measurement artefacts (chunks merged on a starved client: none of its reasons says the server's output
-    was wrong, :func:`pytest_llmserve.load.metrics.output_fault`) during which other processes took more of the
-    host than the bound is returned instead: the busy host is the likelier cause, and ``clean_round`` discards
-    it as contended (and, on a host that stays busy, says "confounded") rather than failing the server.
+def measure_round(server: RunningServer, workload: Workload, prompts: Any) -> RunResult:
+    """One round of ``workload`` on a live ``server``: its requests counted as request time, bounded by the
+    server's ``request_timeout_s``.
 
     The round has the server to itself: it holds the server's request lock exclusively (no other request
     of this run, from any xdist worker, reaches the server meanwhile), and the engine's own
     running-requests gauge, sampled during the round, must never exceed the round's concurrency. What other
-    processes took of the host during it is sampled into ``result.host_contention`` (judged by the caller:
-    :func:`clean_round`). On an
-    untrained model (:func:`pytest_llmserve.config.untrained_reason`) the sampled answers' collapse is not
-    judged; failed requests, wrong lengths and NaN still make the round invalid."""
+    processes took of the host during it is sampled into ``result.host_contention`` (judged by
+    :func:`judge_round`). On an untrained model (:func:`pytest_llmserve.config.untrained_reason`) the sampled
+    answers' collapse is not judged; failed requests, wrong lengths and NaN still make the round invalid."""
     server.ensure_alive()
-    engine = _engine_of(server)
+    engine = engine_of(server)
     with _alone(server), _requests(server):
-        result = run_workload(server.base_url, server.model_name, workload, prompts=prompts,
-                              api_key=server.spec.api_key, progress=False,
-                              timeout_s=server.spec.request_timeout_s,
-                              server_counter=engine.generation_counter,
-                              running_gauge=engine.running_requests_gauge,
-                              untrained=untrained_reason(getattr(server, "spec_for_checks", None) or server.spec),
-                              host_contention=True, server_pid=getattr(server, "server_pid", None),
-                              gpu_scope=getattr(server, "gpu_scope", None))
-    if not result.valid and contention_bound is not None and _busy_artefact(result, contention_bound):
-        return result
-    if not result.valid:
-        busy = f"\nhost: {result.host_contention.describe()}" if result.host_contention is not None else ""
-        fail(f"{what} is INVALID (not a number):\n  - " + "\n  - ".join(result.invalid_reasons)
-             + f"\nworkload: {asdict(workload)}\nserver: {server.describe()}{busy}")
-    return result
-
-
-def again_on_artefacts(run: Callable[[Callable[[str], None]], Any], what: str, fail: Callable[[str], None], *,
-                       discarded: list[dict[str, Any]], say: Callable[[str], None]) -> Any:
-    """``run(invalid)`` (a round whose runner calls ``invalid`` with :func:`run_round`'s message when the round is
-    invalid), run again while the message's reasons are all measurement artefacts and fewer than
-    :data:`ARTEFACT_RETRIES` rounds of the benchmark were discarded so far: each discarded round goes to
-    ``discarded`` (shared by the benchmark's rounds: ``round``, ``reasons``) and is said. Any other invalid round
-    goes to ``fail``."""
-
-    def invalid(message: str) -> None:
-        reasons = invalid_round_reasons(message)
-        if not only_artefacts(reasons) or len(discarded) >= ARTEFACT_RETRIES:
-            fail(message)
-            return
-        discarded.append({"round": what, "reasons": reasons})
-        say(f"{what} is not a number ({'; '.join(reasons)}): a measurement artefact of the machine, not the "
-            f"server's output; discarded and run again ({len(discarded)} of {ARTEFACT_RETRIES} allowed)")
-        raise _ArtefactRound
-
-    while True:
-        try:
-            return run(invalid)
-        except _ArtefactRound:
-            continue
-
-
-class _ArtefactRound(Exception):
-    """An invalid round that is run again (:func:`again_on_artefacts`): unwinds the round runner."""
-
-
-def invalid_round_reasons(message: str) -> list[str]:
-    """The reasons listed in :func:`run_round`'s message for an invalid round (its "  - " lines)."""
-    return [line.strip()[2:] for line in message.splitlines() if line.strip().startswith("- ")]
-
-
-def _busy_artefact(result: Any, bound: float) -> bool:
-    """Whether an invalid round has only measurement-artefact reasons and was measured on a host busier than
-    ``bound`` (see :func:`run_round`)."""
-    return only_artefacts(result.invalid_reasons) and contention_reason(result.host_contention, bound) is not None
-
-
-def _engine_of(server: RunningServer) -> Any:
-    """The engine's adapter, for its metric names: a worker attached to another worker's server reaches it
-    as ``external``, but the engine is the one configured (``spec_for_checks``)."""
-    return engine_of(server)
+        return run_workload(server.base_url, server.model_name, workload, prompts=prompts,
+                            api_key=server.spec.api_key, progress=False, timeout_s=server.spec.request_timeout_s,
+                            server_counter=engine.generation_counter, running_gauge=engine.running_requests_gauge,
+                            untrained=untrained_reason(server.spec_for_checks or server.spec),
+                            host_contention=True, server_pid=server.server_pid, gpu_scope=server.gpu_scope)
 
 
 def _alone(server: RunningServer) -> Any:
     """The server's request lock held exclusively (none when the server was not given one: a script's)."""
-    lock = getattr(server, "request_lock", None)
+    lock = server.request_lock
     return lock.exclusive() if lock is not None else contextlib.nullcontext()
 
 
@@ -174,6 +183,84 @@ def _requests(server: RunningServer) -> Any:
     return acc.requests("benchmark") if acc is not None else contextlib.nullcontext()
 
 
+#: One round's measurement: (server, workload, prompts) -> its RunResult (:func:`measure_round`; a stand-in in
+#: unit tests).
+RoundMeasure = Callable[[Any, Workload, Any], Any]
+
+
+# --------------------------------------------------------------------------- the loop
+
+
+class RoundLoop:
+    """The rounds of one benchmark: :meth:`measure` gives a round that is a sample, measuring again a contended
+    round and one invalid only for measurement artefacts, within the benchmark's allowances; ``discarded`` and
+    ``contended`` hold every round set aside, in order (shared by all the benchmark's rounds, on every server)."""
+
+    def __init__(self, workload: Workload, prompts: Any, *, metric: str, contention_bound: float | None,
+                 measure: RoundMeasure = measure_round) -> None:
+        self.workload = workload
+        self.prompts = prompts
+        self.metric = metric
+        self.contention_bound = contention_bound
+        self._measure = measure
+        self.discarded: list[DiscardedRound] = []
+        self.contended: list[ContendedRound] = []
+
+    def measure(self, server: Any, what: str) -> Measured | Invalid | Confounded:
+        first = what
+        while True:
+            got = judge_round(self._measure(server, self.workload, self.prompts), what, metric=self.metric,
+                              contention_bound=self.contention_bound)
+            if isinstance(got, Contended):
+                reason = got.reason
+                if got.artefacts:
+                    reason += ("; its measurement artefacts, likelier the busy host's than the server's: "
+                               + "; ".join(got.artefacts))
+                self.contended.append(ContendedRound(what, reason, got.host.to_dict()))
+                log.info("%s is not a sample: %s", what, reason)
+                if len(self.contended) >= MAX_CONTENDED_ROUNDS:
+                    return Confounded(tuple(self.contended), self.contention_bound or 0.0)
+                what = f"{first} (again: {len(self.contended)} contended so far)"
+                continue
+            if isinstance(got, Invalid) and only_artefacts(got.reasons) and len(self.discarded) < ARTEFACT_RETRIES:
+                self.discarded.append(DiscardedRound(what, tuple(str(r) for r in got.reasons)))
+                log.info("%s is not a number (%s): a measurement artefact of the machine, not the server's output; "
+                         "discarded and run again (%d of %d allowed)", what, "; ".join(got.reasons),
+                         len(self.discarded), ARTEFACT_RETRIES)
+                continue
+            if isinstance(got, Measured):
+                if got.unmeasured:
+                    log.info("%s: per-token timing not measured (%s); %s counted from the server's usage",
+                             what, "; ".join(got.unmeasured), self.metric)
+                if got.result.host_contention is not None:
+                    log.info("%s: %s", what, got.result.host_contention.describe())
+            return got
+
+    def discarded_note(self) -> str:
+        """A line for an invalid round's message: the rounds discarded before it as artefacts."""
+        if not self.discarded:
+            return ""
+        return (f"\n{len(self.discarded)} earlier round(s) of this benchmark were discarded as measurement artefacts "
+                "(is the machine busy?): "
+                + " | ".join(f"{d.round}: {'; '.join(d.reasons)}" for d in self.discarded))
+
+
+class RoundsEnded(Exception):
+    """The rounds ended before a verdict: an invalid round, or a host that stayed busy. Carries the typed value of
+    the round that ended them, and the samples measured before it, up the caller's own loop (the sequential looks)
+    to where the caller makes its outcome."""
+
+    def __init__(self, stop: Invalid | Confounded, measured: list[dict[str, float]]) -> None:
+        super().__init__(stop)
+        self.stop = stop
+        self.measured = measured
+
+
 def sample_series(samples: list[dict[str, float]]) -> dict[str, list[float]]:
     names = sorted(set().union(*[set(s) for s in samples])) if samples else []
     return {n: [s[n] for s in samples if n in s] for n in names}
+
+
+__all__ = ["ARTEFACT_RETRIES", "HOST_CONTENTION", "MAX_CONTENDED_ROUNDS", "Blame", "Confounded", "Contended",
+           "ContendedRound", "DiscardedRound", "Invalid", "InvalidReason", "Measured", "RoundLoop", "RoundMeasure",
+           "RoundResult", "RoundsEnded", "judge_round", "log", "measure_round", "round_samples", "sample_series"]

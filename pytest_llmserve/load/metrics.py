@@ -10,10 +10,16 @@ from ``output_len`` or is missing, when the client's content-chunk count differs
 token count, when a TPOT is negative (or zero for half the requests or more), when a request of n >= 2
 tokens arrived as one chunk (empty ITL: the stream was buffered), or when the server's own token
 counter disagrees.
+
+Each reason is an :class:`InvalidReason`: its text for people, and what code acts on, classified here where the
+check is made: its :class:`Blame` (the server's output was wrong, or the measurement is an artefact of the machine)
+and whether only the per-token timing figures are touched (``timing_only``: chunks merged or buffered, so TTFT,
+TPOT and ITL are not measured, while the tokens counted from the server's usage over the round's duration are).
 """
 
 from __future__ import annotations
 
+import enum
 import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -29,8 +35,61 @@ from pytest_llmserve.load.prompts import WorkloadPrompt
 from pytest_llmserve.verdicts.coherence import CoherenceThresholds, coherence_findings
 from pytest_llmserve.verdicts.stats import Summary, summarize
 
-__all__ = ["InvalidRunError", "RequestRecord", "RunResult", "compute_metrics", "cross_check", "evaluate",
-           "invalid_reasons", "latency_samples", "server_counter_throughput", "summarize_ms"]
+__all__ = ["Blame", "InvalidReason", "InvalidRunError", "RequestRecord", "RunResult", "compute_metrics",
+           "cross_check", "evaluate", "invalid_reasons", "latency_samples", "server_counter_throughput",
+           "summarize_ms"]
+
+
+class Blame(enum.Enum):
+    """Who an invalid round's reason points at."""
+
+    #: The server answered wrongly (failed requests, wrong lengths, tokens without text, NaN or collapse in a
+    #: sampled answer): a build that answers so is bad, and the round is never run again.
+    SERVER = "server output"
+    #: The round is not a number, but nothing says the server's output was wrong (chunks merged or buffered on a
+    #: starved client, other traffic on the server, a busy host): run again, never blamed on the server.
+    MACHINE = "measurement artefact"
+
+
+class InvalidReason(str):
+    """Why a round is not a number: the text people read (it is a ``str``), and, for code, its :class:`Blame` and
+    whether only the per-token timing figures are touched (``timing_only``). Classified where the check is made;
+    nothing downstream reads the words."""
+
+    blame: Blame
+    timing_only: bool
+
+    def __new__(cls, text: str, blame: Blame, *, timing_only: bool = False) -> InvalidReason:
+        reason = super().__new__(cls, text)
+        reason.blame = blame
+        reason.timing_only = timing_only
+        return reason
+
+    def __reduce__(self) -> tuple[Any, ...]:  # pickled with its classification (across client processes)
+        return (_reason, (str(self), self.blame.value, self.timing_only))
+
+    @property
+    def server_fault(self) -> bool:
+        return self.blame is Blame.SERVER
+
+
+def _reason(text: str, blame: str, timing_only: bool) -> InvalidReason:
+    return InvalidReason(text, Blame(blame), timing_only=timing_only)
+
+
+def server_fault(reasons: Sequence[InvalidReason]) -> bool:
+    """Whether any reason says the server's output was wrong."""
+    return any(reason.blame is Blame.SERVER for reason in reasons)
+
+
+def only_artefacts(reasons: Sequence[InvalidReason]) -> bool:
+    """Whether a round is invalid only for measurement artefacts: there is a reason, and none blames the server."""
+    return bool(reasons) and not server_fault(reasons)
+
+
+def timing_only(reasons: Sequence[InvalidReason]) -> bool:
+    """Whether a round is invalid only for artefacts of chunk timing: its throughputs and counts still stand."""
+    return only_artefacts(reasons) and all(reason.timing_only for reason in reasons)
 
 
 class InvalidRunError(LLMServeError):
@@ -139,88 +198,80 @@ def _examples(items: Sequence[str], limit: int = 3) -> str:
 
 def invalid_reasons(records: Sequence[RequestRecord], workload: Workload, *,
                     warmup: Sequence[RequestRecord] = (),
-                    allow_multi_token_chunks: bool = False, untrained: str | None = None) -> list[str]:
+                    allow_multi_token_chunks: bool = False,
+                    untrained: str | None = None) -> list[InvalidReason]:
     """Why these records cannot give a valid measurement (empty list = valid). ``untrained``: why the model
     is untrained, if it is: its sampled answers' collapse is then not judged (see :func:`sample_findings`)."""
-    reasons: list[str] = []
+    reasons: list[InvalidReason] = []
     if not records:
-        return ["no timed requests were sent"]
+        return [InvalidReason("no timed requests were sent", Blame.MACHINE)]
     failed = [r for r in records if not r.ok]
     if failed:
-        reasons.append(f"{len(failed)} of {len(records)} requests failed (requests are never retried): "
-                       + _examples([f"request {r.index}: {r.error}" for r in failed], 2))
+        reasons.append(InvalidReason(f"{len(failed)} of {len(records)} requests failed (requests are never "
+                                     "retried): " + _examples([f"request {r.index}: {r.error}" for r in failed], 2),
+                                     Blame.SERVER))
     warm_failed = [r for r in warmup if not r.ok]
     if warm_failed:
-        reasons.append(f"{len(warm_failed)} of {len(warmup)} warm-up requests failed: {warm_failed[0].error}")
+        reasons.append(InvalidReason(f"{len(warm_failed)} of {len(warmup)} warm-up requests failed: "
+                                     f"{warm_failed[0].error}", Blame.SERVER))
     ok = [r for r in records if r.ok]
     no_usage = [r for r in ok if r.output_tokens is None]
     if no_usage:
-        reasons.append(f"{len(no_usage)} requests got no usage.completion_tokens from the server "
-                       "(stream_options.include_usage not honoured?): output tokens cannot be counted")
+        reasons.append(InvalidReason(f"{len(no_usage)} requests got no usage.completion_tokens from the server "
+                                     "(stream_options.include_usage not honoured?): output tokens cannot be counted",
+                                     Blame.MACHINE))
     wrong_len = [r for r in ok if r.output_tokens is not None and r.output_tokens != workload.output_len]
     if wrong_len:
-        reasons.append(f"{len(wrong_len)} requests produced a number of tokens other than output_len="
-                       f"{workload.output_len} (ignore_eos not honoured, or the server stopped early): "
-                       + _examples([f"request {r.index}: {r.output_tokens} tokens, finish_reason="
-                                    f"{r.finish_reason}" for r in wrong_len]))
+        reasons.append(InvalidReason(
+            f"{len(wrong_len)} requests produced a number of tokens other than output_len={workload.output_len} "
+            "(ignore_eos not honoured, or the server stopped early): "
+            + _examples([f"request {r.index}: {r.output_tokens} tokens, finish_reason={r.finish_reason}"
+                         for r in wrong_len]), Blame.SERVER))
     # One chunk short is accepted (evaluate notes it): vLLM 0.26 on the H200 streamed 127 content chunks for 128
     # tokens in every request, two tokens in one delta; the figures count tokens from usage, not chunks.
     mismatch = [r for r in ok if r.output_tokens is not None and r.chunks != r.output_tokens
                 and r.chunks != r.output_tokens - 1
                 and not (allow_multi_token_chunks and 0 < r.chunks < r.output_tokens)]
     if mismatch:
-        reasons.append(f"{len(mismatch)} requests: the client counted a different number of content chunks "
-                       "than the server's usage.completion_tokens (multi-token chunks from speculative "
-                       "decoding need allow_multi_token_chunks=True): "
-                       + _examples([f"request {r.index}: {r.chunks} chunks vs {r.output_tokens} tokens"
-                                    for r in mismatch]))
+        reasons.append(InvalidReason(
+            f"{len(mismatch)} requests: the client counted a different number of content chunks than the server's "
+            "usage.completion_tokens (multi-token chunks from speculative decoding need "
+            "allow_multi_token_chunks=True): "
+            + _examples([f"request {r.index}: {r.chunks} chunks vs {r.output_tokens} tokens" for r in mismatch]),
+            Blame.MACHINE, timing_only=True))
     single = [r for r in ok if (r.output_tokens or 0) >= 2 and not r.itl]
     if single:
-        reasons.append(f"{len(single)} requests of >= 2 tokens arrived as a single chunk (empty ITL): the "
-                       "stream was buffered (by a proxy, or the server did not stream)")
+        reasons.append(InvalidReason(f"{len(single)} requests of >= 2 tokens arrived as a single chunk (empty ITL): "
+                                     "the stream was buffered (by a proxy, or the server did not stream)",
+                                     Blame.MACHINE, timing_only=True))
     negative = [r for r in ok if (t := r.tpot) is not None and t < 0]
     if negative:
-        reasons.append(f"{len(negative)} requests have a negative TPOT (last chunk before the first): "
-                       + _examples([f"request {r.index}: {r.tpot!r} s" for r in negative]))
+        reasons.append(InvalidReason(f"{len(negative)} requests have a negative TPOT (last chunk before the "
+                                     "first): " + _examples([f"request {r.index}: {r.tpot!r} s" for r in negative]),
+                                     Blame.MACHINE, timing_only=True))
     # A zero TPOT means every chunk of that request came in one read. On a starved 2-core machine a
     # few requests can be delivered that way; when half or more are, the stream was not streamed.
     zero = [r for r in ok if r.tpot == 0]
     if zero and 2 * len(zero) >= len(ok):
-        reasons.append(f"{len(zero)} of {len(ok)} requests have TPOT = 0 (all chunks in one read): the "
-                       "stream was buffered (by a proxy, or the server did not stream): "
-                       + _examples([f"request {r.index}" for r in zero]))
+        reasons.append(InvalidReason(f"{len(zero)} of {len(ok)} requests have TPOT = 0 (all chunks in one read): "
+                                     "the stream was buffered (by a proxy, or the server did not stream): "
+                                     + _examples([f"request {r.index}" for r in zero]),
+                                     Blame.MACHINE, timing_only=True))
     # Tokens without text: NaN logits decode to a special token (empty text) at every step, and the
     # server still answers 200 with the requested number of tokens; such a round measures nothing.
     textless = [r for r in ok if (r.output_tokens or 0) >= 2 and r.chunks > 0 and r.empty_chunks >= r.chunks]
     if textless:
-        reasons.append(f"{len(textless)} of {len(ok)} requests generated tokens but no text (every content chunk "
-                       "empty: NaN logits decode to an empty special token; see the correctness checks): "
-                       + _examples([f"request {r.index}: {r.output_tokens} tokens, 0 characters"
-                                    for r in textless]))
-    reasons += sample_findings(ok, judge_text=untrained is None)
+        reasons.append(InvalidReason(
+            f"{len(textless)} of {len(ok)} requests generated tokens but no text (every content chunk empty: NaN "
+            "logits decode to an empty special token; see the correctness checks): "
+            + _examples([f"request {r.index}: {r.output_tokens} tokens, 0 characters" for r in textless]),
+            Blame.SERVER))
+    reasons += [InvalidReason(finding, Blame.SERVER) for finding in sample_findings(ok, judge_text=untrained is None)]
     starts = min(r.start for r in records)
     ends = max(r.end for r in records)
     if ends - starts <= 0:
-        reasons.append(f"duration {ends - starts!r} s is not positive")
+        reasons.append(InvalidReason(f"duration {ends - starts!r} s is not positive", Blame.MACHINE))
     return reasons
-
-
-# Words of the reasons above that say the server answered wrongly (a build that answers so is bad), as
-# opposed to the others, which say only that the round is not a number (chunks merged or buffered on a
-# starved machine, other traffic, a timing artefact): a bisect retries those and counts these as bad.
-OUTPUT_FAULT_WORDS = ("requests failed", "tokens other than output_len", "generated tokens but no text",
-                      "sampled request")
-
-
-def output_fault(reason: str) -> bool:
-    """Whether an invalid round's reason is the server's output being wrong (see OUTPUT_FAULT_WORDS)."""
-    return any(word in reason for word in OUTPUT_FAULT_WORDS)
-
-
-def only_artefacts(reasons: Sequence[str]) -> bool:
-    """Whether an invalid round's ``reasons`` are all measurement artefacts: there is one, and none is an
-    :func:`output_fault`."""
-    return bool(reasons) and not any(output_fault(reason) for reason in reasons)
 
 
 def sample_findings(records: Sequence[RequestRecord], *, judge_text: bool = True) -> list[str]:
@@ -265,7 +316,7 @@ class RunResult:
     metrics: dict[str, float]
     summaries: dict[str, Summary]
     valid: bool
-    invalid_reasons: list[str]
+    invalid_reasons: list[InvalidReason]
     started_at: float  # wall clock of the first timed request's start
     ended_at: float  # wall clock of the last timed request's end
     warmup: list[RequestRecord] = field(default_factory=list)
@@ -386,7 +437,8 @@ def evaluate(records: Sequence[RequestRecord], workload: Workload, *, transport:
             server_tps = server_tokens / duration
             ok, check = cross_check(metrics.get("output_throughput", 0.0), server_tps, cross_check_bound)
             if not ok:
-                reasons.append(check + " (other traffic on the server, or a token-counting bug)")
+                reasons.append(InvalidReason(check + " (other traffic on the server, or a token-counting bug)",
+                                             Blame.MACHINE))
     valid = not reasons
     started = recs[0].start if recs else math.nan
     ended = max((r.end for r in recs), default=math.nan)

@@ -27,7 +27,14 @@ from pytest_llmserve.config import Workload
 from pytest_llmserve.errors import LLMServeError
 from pytest_llmserve.evidence.prometheus import parse as parse_prometheus
 from pytest_llmserve.load.contention import HostContentionSampler, contention_reason
-from pytest_llmserve.load.metrics import RequestRecord, RunResult, evaluate, server_counter_throughput
+from pytest_llmserve.load.metrics import (
+    Blame,
+    InvalidReason,
+    RequestRecord,
+    RunResult,
+    evaluate,
+    server_counter_throughput,
+)
 from pytest_llmserve.load.prompts import Detokenize, Tokenize, WorkloadPrompt, build_prompts
 from pytest_llmserve.load.transport import (
     DEFAULT_TIMEOUT_S,
@@ -323,11 +330,11 @@ def judge_isolation(result: RunResult, gauge: str, readings: Sequence[GaugeReadi
                             "is not verified")
     if reason is not None:
         result.diagnostics["server_running_requests_max"] = max(answered_in_time)
-        _invalidate(result, reason)
+        _invalidate(result, InvalidReason(reason, Blame.MACHINE))  # another client's requests, not the server
     return result
 
 
-def _invalidate(result: RunResult, reason: str) -> None:
+def _invalidate(result: RunResult, reason: InvalidReason) -> None:
     """Make a round invalid for ``reason``: its figures move to ``diagnostics``, as for any invalid run."""
     if result.valid:
         result.diagnostics.update(result.metrics)
@@ -342,10 +349,10 @@ def judge_contention(result: RunResult, bound: float) -> str | None:
     (:func:`pytest_llmserve.load.contention.contention_reason`): the round becomes invalid, its figures moved to
     ``diagnostics`` as for any invalid run, and the reason (naming the top processes) is returned; else None.
     This is host *contention* (others' CPU/GPU), not *contamination* (others' requests: :func:`judge_isolation`)."""
-    reason = contention_reason(getattr(result, "host_contention", None), bound)
+    reason = contention_reason(result.host_contention, bound)
     if reason is None:
         return None
-    _invalidate(result, reason)
+    _invalidate(result, InvalidReason(reason, Blame.MACHINE))
     return reason
 
 

@@ -53,7 +53,8 @@ def ab_outcome_dict(outcome: BenchOutcome) -> dict[str, Any]:
            "verdict": outcome.status, "verdict_detail": outcome.verdict.to_dict() if outcome.verdict else None,
            "baseline": outcome.baseline_series, "current": outcome.samples, "rounds": outcome.rounds,
            "message": outcome.note, "seconds": outcome.seconds, "ab": outcome.ab,
-           "differences": outcome.differences, "contended_rounds": outcome.contended_rounds,
+           "differences": outcome.differences,
+           "contended_rounds": [c.to_dict() for c in outcome.contended_rounds],
            "key": outcome.key.as_dict()}
     if outcome.resolution is not None:
         out["resolution"] = outcome.resolution

@@ -15,11 +15,53 @@ import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from pytest_llmserve.store.baselines import BenchKey
 from pytest_llmserve.verdicts.comparability import Comparability
 from pytest_llmserve.verdicts.stats import NOISY_CV, Summary, Verdict, log_sd, summarize
+
+
+@dataclass(frozen=True, slots=True)
+class DiscardedRound:
+    """A round of a benchmark run again because it was invalid only for measurement artefacts of the machine."""
+
+    round: str
+    reasons: tuple[str, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"round": self.round, "reasons": list(self.reasons)}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> DiscardedRound:
+        return cls(round=str(data.get("round", "")), reasons=tuple(str(r) for r in data.get("reasons") or ()))
+
+
+@dataclass(frozen=True, slots=True)
+class ContendedRound:
+    """A round discarded because the host was busy: the reason names the processes."""
+
+    round: str
+    reason: str
+    host_contention: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"round": self.round, "reason": self.reason, "host_contention": self.host_contention}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> ContendedRound:
+        return cls(round=str(data.get("round", "a round")), reason=str(data.get("reason", "host busy")),
+                   host_contention=dict(data.get("host_contention") or {}))
+
+
+@dataclass(frozen=True, slots=True)
+class Ending:
+    """What the pytest layer makes of an outcome (the gates decide it, :mod:`pytest_llmserve.bench_face` acts on it):
+    ``fail`` or ``skip`` the test with ``message``, or ``warn`` it as ``warning`` (a Warning subclass)."""
+
+    action: Literal["fail", "skip", "warn"]
+    message: str
+    warning: type[Warning] | None = None
 
 
 @dataclass
@@ -70,10 +112,10 @@ class BenchOutcome:
     saved: bool = False  # this run's samples were recorded as the baseline (nothing compared)
     baseline_key: BenchKey | None = None  # the store key, when it is not (test_id, server_id, workload)
     warmup: dict[str, Any] | None = None
-    discarded_rounds: list[dict[str, Any]] = field(default_factory=list)
+    discarded_rounds: list[DiscardedRound] = field(default_factory=list)
     resolution: dict[str, Any] | None = None
     extension: dict[str, Any] | None = None
-    contended_rounds: list[dict[str, Any]] = field(default_factory=list)
+    contended_rounds: list[ContendedRound] = field(default_factory=list)
     confounded: bool = False  # no verdict: the host stayed busy (contended_rounds); skipped, never failed
     rounds: int = 0
     seconds: float | None = None
@@ -86,6 +128,8 @@ class BenchOutcome:
     differences: list[str] = field(default_factory=list)
     ab: bool = False
     before_boot: bool = False
+    # What the pytest layer does with it (decided by the gate; never stored: the status and note say it).
+    ending: Ending | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         self.summarize_samples()
@@ -157,10 +201,9 @@ class BenchOutcome:
             out.append(str(self.warmup["note"]))
         if self.discarded_rounds:
             out.append(f"{len(self.discarded_rounds)} round(s) discarded as measurement artefacts of the machine and "
-                       "run again: " + " | ".join(f"{d.get('round')}: {'; '.join(d.get('reasons') or [])}"
-                                                  for d in self.discarded_rounds))
+                       "run again: " + " | ".join(f"{d.round}: {'; '.join(d.reasons)}" for d in self.discarded_rounds))
         for busy in self.contended_rounds:
-            out.append(f"not a sample: {busy.get('round', 'a round')}: {busy.get('reason', 'host busy')}")
+            out.append(f"not a sample: {busy.round}: {busy.reason}")
         spread = self.spread
         if spread["noisy"]:
             out.append(f"the rounds are noisy: {self.metric} CV {spread['cv']:.1%} over {spread['rounds']} rounds "
@@ -205,11 +248,11 @@ class BenchOutcome:
             "key": self.key.as_dict(),
             "spread": self.spread,
             "warmup": self.warmup,
-            "discarded_rounds": self.discarded_rounds,
+            "discarded_rounds": [d.to_dict() for d in self.discarded_rounds],
             "resolution": self.resolution,
             "extension": self.extension,
             "host_contention": self.host_contention,
-            "contended_rounds": self.contended_rounds,
+            "contended_rounds": [c.to_dict() for c in self.contended_rounds],
             "confounded": self.confounded,
         }
 
@@ -257,7 +300,8 @@ class BenchOutcome:
             saved=bool(data.get("saved", False)),
             baseline_key=BenchKey.from_dict(data["key"]) if data.get("key") else None,
             warmup=dict(data["warmup"]) if isinstance(data.get("warmup"), Mapping) else None,
-            discarded_rounds=[dict(d) for d in data.get("discarded_rounds") or [] if isinstance(d, Mapping)],
+            discarded_rounds=[DiscardedRound.from_dict(d) for d in data.get("discarded_rounds") or []
+                              if isinstance(d, Mapping)],
             resolution=dict(data["resolution"]) if isinstance(data.get("resolution"), Mapping) else None,
             extension=dict(data["extension"]) if isinstance(data.get("extension"), Mapping) else None,
             contended_rounds=_contended(data),
@@ -281,6 +325,6 @@ RECORD_ONLY = ("rounds", "seconds", "cross_check", "correctness_failed", "inconc
                "baseline_ci_half_width", "baseline_series", "differences", "ab", "before_boot")
 
 
-def _contended(data: Mapping[str, Any]) -> list[dict[str, Any]]:
+def _contended(data: Mapping[str, Any]) -> list[ContendedRound]:
     items = data.get("contended_rounds")
-    return [dict(c) for c in items if isinstance(c, Mapping)] if isinstance(items, list) else []
+    return [ContendedRound.from_dict(c) for c in items if isinstance(c, Mapping)] if isinstance(items, list) else []

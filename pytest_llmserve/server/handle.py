@@ -75,6 +75,11 @@ class RunningServer(Protocol):
     request_lock: isolation.RequestLock | None
     log_path: Path | None  # None: not launched here, no log
     port: int
+    #: The server's GPU processes, found once when it is ready (None: no GPU, or not launched here).
+    gpu_scope: GpuScope | None
+
+    @property
+    def server_pid(self) -> int | None: ...  # the launched process (None: a server named by url)
 
     @property
     def base_url(self) -> str: ...
@@ -105,7 +110,7 @@ def engine_of(server: RunningServer) -> EngineAdapter:
     """The adapter of the engine the server runs, for its log lines, NaN patterns and checks: an attached
     server is reached as ``external`` (``server.adapter``), but its engine is the configured one
     (``spec_for_checks``: a server attached by url, or another xdist worker's)."""
-    configured = getattr(server, "spec_for_checks", None)  # a script's own stand-in may not have it
+    configured = server.spec_for_checks
     return adapter_for(configured) if configured is not None else server.adapter
 
 

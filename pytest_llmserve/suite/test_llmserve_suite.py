@@ -12,8 +12,8 @@ import pytest
 from pytest_llmserve.suite import suite_requests
 
 if TYPE_CHECKING:
+    from pytest_llmserve.bench_face import BenchFace
     from pytest_llmserve.evidence.client import LLMClient
-    from pytest_llmserve.gates.bench import BenchGate
     from pytest_llmserve.gates.decode import DecodeCheck
     from pytest_llmserve.server.handle import RunningServer
     from pytest_llmserve.verdicts.batch_sizes import BatchCase
@@ -87,6 +87,6 @@ def test_matches_reference(decode_check: DecodeCheck) -> None:
 
 
 @pytest.mark.llmserve_benchmark
-def test_throughput(llm_bench: BenchGate) -> None:
+def test_throughput(llm_bench: BenchFace) -> None:
     """Throughput gate against the stored baseline (several rounds, statistical verdict)."""
     llm_bench.run()

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
-from pytest_llmserve.gates.ab import ABRunner
+from pytest_llmserve.bench_face import ABFace
 from pytest_llmserve.report.outcome import BenchOutcome
 
 ABExpectation = Literal["improved", "regressed", "pass", "decided"]
@@ -64,7 +64,7 @@ def round_problems(outcome: BenchOutcome, min_rounds: int) -> list[str]:
         return [f"the A/B was invalid: {outcome.error}"]
     if outcome.confounded:
         return ["no verdict: the host stayed busy (confounded): "
-                + "; ".join(str(r.get("reason", "")) for r in outcome.contended_rounds)]
+                + "; ".join(r.reason for r in outcome.contended_rounds)]
     problems = []
     side_a = outcome.baseline_samples
     side_b = outcome.samples.get(outcome.metric, [])
@@ -127,7 +127,7 @@ def check_ab(outcome: BenchOutcome, expected: ABExpectation, *, min_rounds: int)
                    story=story(outcome))
 
 
-def run_expected_ab(llm_ab: ABRunner, record_property: RecordProperty, *, a: str, b: str, workload: str,
+def run_expected_ab(llm_ab: ABFace, record_property: RecordProperty, *, a: str, b: str, workload: str,
                     expected: ABExpectation, rounds: int = 5, max_rounds: int = 8, tolerance: float = 0.10,
                     metric: str = "output_throughput") -> ABCheck:
     """Run the A/B and judge it against ``expected``; the check's verdict and direction go into the junit XML

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 
-from pytest_llmserve.gates.ab import ABRunner
+from pytest_llmserve.bench_face import ABFace
 from scripts.gpu.ab_expectations import RecordProperty, run_expected_ab
 
 GRAPHS_OFF = "smollm2[cuda_graph=off]"
@@ -20,7 +20,7 @@ GRAPHS_ON = "smollm2[cuda_graph=on(max=64)]"
 
 
 @pytest.mark.gpu
-def test_sglang_cuda_graphs_ab_decode_c1(llm_ab: ABRunner, record_property: RecordProperty) -> None:
+def test_sglang_cuda_graphs_ab_decode_c1(llm_ab: ABFace, record_property: RecordProperty) -> None:
     """Graphs on (B) must come out "improved" against graphs off (A) at concurrency 1.
 
     Measured on this H200 with the same SGLang 0.5.15, triton attention and SmolLM2-135M's architecture (trained
@@ -34,7 +34,7 @@ def test_sglang_cuda_graphs_ab_decode_c1(llm_ab: ABRunner, record_property: Reco
 
 
 @pytest.mark.gpu
-def test_sglang_cuda_graphs_ab_saturated(llm_ab: ABRunner, record_property: RecordProperty) -> None:
+def test_sglang_cuda_graphs_ab_saturated(llm_ab: ABFace, record_property: RecordProperty) -> None:
     """At saturation (64 x 256/256 at once) the direction is not known in advance: the seeds reported graphs hurting
     saturated throughput, this pair has never been measured on the GPU (docs/gpu.md, "Not run": no device time
     left), and with graphs captured up to 64 every decode step of this workload may run on one. So the test asks for a

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from pytest_llmserve.gates.ab import ABRunner
+from pytest_llmserve.bench_face import ABFace
 from scripts.gpu.ab_expectations import RecordProperty, run_expected_ab
 
 GRAPHS_OFF = "smollm2[cuda_graph=off,flash_attention=on]"
@@ -19,7 +19,7 @@ FA_OFF = "smollm2[cuda_graph=on,flash_attention=off]"
 
 
 @pytest.mark.gpu
-def test_cuda_graphs_speed_up_decode(llm_ab: ABRunner, record_property: RecordProperty) -> None:
+def test_cuda_graphs_speed_up_decode(llm_ab: ABFace, record_property: RecordProperty) -> None:
     """Graphs on (B) must come out "improved" against graphs off (A) at concurrency 1: measured on the lent H200 with
     this llama.cpp, 2026-11-30 (docs/gpu.md, "A/B verdicts on real hardware"; docs/gpu/ab_summary.md): 342.4 tok/s
     without graphs, 736.7 tok/s with them, +115.2 % (95 % CI +92.3 %..+163.4 %), "improved"."""
@@ -29,7 +29,7 @@ def test_cuda_graphs_speed_up_decode(llm_ab: ABRunner, record_property: RecordPr
 
 
 @pytest.mark.gpu
-def test_flash_attention_ab(llm_ab: ABRunner, record_property: RecordProperty) -> None:
+def test_flash_attention_ab(llm_ab: ABFace, record_property: RecordProperty) -> None:
     """Flash attention on (B) must come out "improved" against off (A), graphs on both, beyond 5 % (half the 10 %
     tolerance): measured on the lent H200, 2026-11-30 (docs/gpu.md; docs/gpu/ab_summary.md), 630.1 tok/s off and
     711.2 tok/s on, +12.9 % with a 95 % CI of +8.8 %..+24.3 %. That interval clears 5 %, not 10 % (its lower end is

@@ -29,7 +29,7 @@ from typing import Any
 
 import pytest
 
-from pytest_llmserve.gates.rounds import run_round
+from pytest_llmserve.gates.rounds import measure_round
 from pytest_llmserve.load import runner
 from pytest_llmserve.load.prompts import build_prompts
 from pytest_llmserve.load.runner import judge_contention
@@ -37,6 +37,14 @@ from pytest_llmserve.options import BenchDefaults
 from pytest_llmserve.server.gpu import ProcessUtilization, process_utilization
 
 BOUND = BenchDefaults().contention_bound
+
+
+def run_round(server: Any, wl: Any, prompts: Any, what: str, invalid: Any) -> Any:
+    """One round as the gate measures it (gates/rounds.measure_round); ``invalid`` gets an invalid round's reasons."""
+    result = measure_round(server, wl, prompts)
+    if not result.valid:
+        invalid(f"{what} is INVALID (not a number): " + " | ".join(result.invalid_reasons))
+    return result
 OUT = Path(os.environ.get("LLMSERVE_CONTENTION_OUT", "."))
 # A loop of 8192 x 8192 bf16 matmuls: on a Hopper GPU it keeps the SMs busy nearly all the time.
 MATMUL = ("import torch\n"

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 
-from pytest_llmserve.gates.ab import ABRunner
+from pytest_llmserve.bench_face import ABFace
 from pytest_llmserve.gates.decode import DecodeCheck
 from scripts.gpu.ab_expectations import RecordProperty, run_expected_ab
 
@@ -23,7 +23,7 @@ VLLM_FULL_AND_PIECEWISE = "vllm[cuda_graph=on(FULL_AND_PIECEWISE:1,2,4,8)]"
 
 
 @pytest.mark.gpu
-def test_sglang_cuda_graphs_ab_decode_c1(llm_ab: ABRunner, record_property: RecordProperty) -> None:
+def test_sglang_cuda_graphs_ab_decode_c1(llm_ab: ABFace, record_property: RecordProperty) -> None:
     """Graphs on (B) must come out "improved" against graphs off (A) at concurrency 1: measured on the lent H200,
     2026-12-01 (docs/gpu.md, "A/B verdicts"), 53.6 tok/s without graphs and 478.0 tok/s with them, +792 % (95 % CI
     +626 %..+1245 %), "improved"."""
@@ -33,7 +33,7 @@ def test_sglang_cuda_graphs_ab_decode_c1(llm_ab: ABRunner, record_property: Reco
 
 
 @pytest.mark.gpu
-def test_sglang_cuda_graphs_ab_saturated_64(llm_ab: ABRunner, record_property: RecordProperty) -> None:
+def test_sglang_cuda_graphs_ab_saturated_64(llm_ab: ABFace, record_property: RecordProperty) -> None:
     """At 64 at once the direction is not known in advance: never measured (docs/gpu.md, "Not run": the device
     budget ended), most decode steps run above the largest captured size (8) on both sides, and the seeds reported
     graphs hurting saturated throughput. So: a decided verdict (pass, improved or regressed; inconclusive fails),
@@ -44,7 +44,7 @@ def test_sglang_cuda_graphs_ab_saturated_64(llm_ab: ABRunner, record_property: R
 
 
 @pytest.mark.gpu
-def test_vllm_full_and_piecewise_vs_eager_ab_decode_c1(llm_ab: ABRunner, record_property: RecordProperty) -> None:
+def test_vllm_full_and_piecewise_vs_eager_ab_decode_c1(llm_ab: ABFace, record_property: RecordProperty) -> None:
     """FULL_AND_PIECEWISE graphs (B) must come out "improved" against eager (A) at concurrency 1. The A/B itself has
     no valid measurement yet (its first rounds on 2026-12-01 were refused by a validity rule since fixed), but the
     same two servers on the same H200 did: the suite's smoke throughput (16 prompts, 8 at once, 64/64, inside the
@@ -56,7 +56,7 @@ def test_vllm_full_and_piecewise_vs_eager_ab_decode_c1(llm_ab: ABRunner, record_
 
 
 @pytest.mark.gpu
-def test_vllm_full_and_piecewise_vs_eager_ab_saturated_64(llm_ab: ABRunner,
+def test_vllm_full_and_piecewise_vs_eager_ab_saturated_64(llm_ab: ABFace,
                                                           record_property: RecordProperty) -> None:
     """At 64 at once the direction is not known in advance: never measured on the GPU, and most decode steps run
     above the largest captured size (8), where B has no graph to run either. So: a decided verdict (inconclusive

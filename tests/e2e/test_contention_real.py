@@ -62,11 +62,19 @@ TESTS = """
     import pytest
 
     from pytest_llmserve.options import BenchDefaults
-    from pytest_llmserve.gates.bench import run_round
+    from pytest_llmserve.gates.rounds import measure_round
     from pytest_llmserve.load.prompts import build_prompts
     from pytest_llmserve.load.runner import judge_contention
 
     HERE = pathlib.Path(__file__).parent
+
+
+    def run_round(server, wl, prompts, what, invalid):
+        # One round as the gate measures it (gates/rounds.measure_round); ``invalid`` gets an invalid round's reasons.
+        result = measure_round(server, wl, prompts)
+        if not result.valid:
+            invalid(f"{what} is INVALID (not a number): " + " | ".join(result.invalid_reasons))
+        return result
     BOUND = BenchDefaults().contention_bound
     QUIET_ROUNDS = int(os.environ["QUIET_ROUNDS"])
 

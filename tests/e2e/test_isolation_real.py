@@ -42,10 +42,18 @@ TESTS = """
     import httpx
     import pytest
 
-    from pytest_llmserve.gates.bench import run_round
+    from pytest_llmserve.gates.rounds import measure_round
     from pytest_llmserve.load.prompts import build_prompts
 
     HERE = pathlib.Path(__file__).parent
+
+
+    def run_round(server, wl, prompts, what, invalid):
+        # One round as the gate measures it (gates/rounds.measure_round); ``invalid`` gets an invalid round's reasons.
+        result = measure_round(server, wl, prompts)
+        if not result.valid:
+            invalid(f"{what} is INVALID (not a number): " + " | ".join(result.invalid_reasons))
+        return result
 
 
     def wait_for(name, timeout_s=300):

@@ -14,7 +14,7 @@ from typing import Any, cast
 
 import pytest
 
-from pytest_llmserve.gates.ab import ABRunner
+from pytest_llmserve.bench_face import ABFace
 from pytest_llmserve.report.checks import as_checks
 from pytest_llmserve.report.outcome import BenchOutcome
 from pytest_llmserve.report.session import new_run_dir, point_latest
@@ -297,7 +297,7 @@ def test_run_expected_ab_lets_the_caller_judge_only_an_open_direction(
         capsys: pytest.CaptureFixture[str]) -> None:
     runner = StubRunner(recorded_ab(REGRESSED))
     properties: dict[str, object] = {}
-    check = run_expected_ab(cast(ABRunner, runner), properties.__setitem__, a="A", b="B", workload="w",
+    check = run_expected_ab(cast(ABFace, runner), properties.__setitem__, a="A", b="B", workload="w",
                             expected=expected)
     assert check.met, check.failure_message()
     assert runner.calls == [{"a": "A", "b": "B", "workload": "w", "rounds": 5, "max_rounds": max_rounds,

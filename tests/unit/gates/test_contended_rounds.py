@@ -3,41 +3,44 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from pytest_llmserve.bench_face import BenchFace
 from pytest_llmserve.config import ServerSpec
 from pytest_llmserve.errors import ConfigError
-from pytest_llmserve.gates.bench import BenchGate
-from pytest_llmserve.gates.rounds import HOST_CONTENTION, MAX_CONTENDED_ROUNDS
+from pytest_llmserve.gates.rounds import (
+    HOST_CONTENTION,
+    MAX_CONTENDED_ROUNDS,
+    Contended,
+    Invalid,
+    Measured,
+    judge_round,
+)
 from pytest_llmserve.load.contention import BusyProcess, HostContention
+from pytest_llmserve.load.metrics import Blame, InvalidReason
 from pytest_llmserve.report.outcome import BenchOutcome
 from pytest_llmserve.report.text import format_markdown
 from pytest_llmserve.settings import BenchSpec, Sources, bench_spec, resolve_settings
-from tests.unit.gates.standins import CFG, SPEC, TEST_ID, StandinServer
+from tests.unit.gates.standins import (
+    CONTAMINATED,
+    FAILED_REQUESTS,
+    SPEC,
+    TIMING_ARTEFACT,
+    StandinResult,
+    StandinServer,
+    stand_in_gate,
+)
 
 # The synthetic rounds of one stand-in do not differ between runs: the spread between runs (a prior with a one-run
 # baseline) is tests/unit/verdicts/test_between_runs.py's subject, not this file's.
 GATE = BenchSpec(workload="tiny", metric="output_throughput", tolerance=0.10, rounds=2, max_rounds=8, alpha=0.02,
                  warmup_rounds=0, contention_bound=0.10, between_run_sd=0.0)
 BURNER = 4242
-
-
-@dataclass
-class _Result:
-    """The part of a RunResult the gate and judge_contention touch."""
-
-    metrics: dict[str, float]
-    host_contention: HostContention
-    valid: bool = True
-    summaries: dict[str, Any] = field(default_factory=dict)
-    diagnostics: dict[str, float] = field(default_factory=dict)
-    invalid_reasons: list[str] = field(default_factory=list)
-    server_check: Any = None
 
 
 def _host(share: float) -> HostContention:
@@ -52,39 +55,18 @@ class Rounds:
 
     figures: Sequence[float]
     contention: Sequence[float]
-    calls: list[str] = field(default_factory=list)
+    calls: list[int] = field(default_factory=list)
 
-    def __call__(self, server: Any, workload: Any, prompts: Any, what: str, fail: Callable[[str], Any]) -> _Result:
-        self.calls.append(what)
-        k = len(self.calls) - 1
-        return _Result({"output_throughput": self.figures[k]}, _host(self.contention[k]))
-
-
-class Failed(Exception):
-    pass
+    def __call__(self, server: Any, workload: Any, prompts: Any) -> StandinResult:
+        k = len(self.calls)
+        self.calls.append(k)
+        return StandinResult({"output_throughput": self.figures[k]}, _host(self.contention[k]))
 
 
-def _fail(message: str) -> None:
-    raise Failed(message)
-
-
-class Skipped(Exception):
-    pass
-
-
-def _skip(message: str) -> None:
-    raise Skipped(message)
-
-
-def gate(tmp_path: Path, rounds: Rounds, *, save: bool = False, skip: Any = None,
-         **options: int) -> tuple[BenchGate, list[BenchOutcome], list[str]]:
-    recorded: list[BenchOutcome] = []
-    said: list[str] = []
-    made = BenchGate(server=StandinServer(), cfg=CFG, options=replace(GATE, **({"rounds": options["first_look"]} if options else {})),  # type: ignore[arg-type]
-                     store_dir=tmp_path / "baselines", results_dir=tmp_path / "results", save=save,
-                     allow_confounded=False, test_id=TEST_ID, key_test="tests/test_perf.py::test_throughput",
-                     record=recorded.append, fail=_fail, say=said.append, round_runner=rounds, skip=skip)
-    return made, recorded, said
+def gate(tmp_path: Path, rounds: Rounds, *, save: bool = False,
+         first_look: int | None = None) -> tuple[BenchFace, list[BenchOutcome], list[str]]:
+    spec = replace(GATE, rounds=first_look) if first_look is not None else GATE
+    return stand_in_gate(tmp_path, rounds, options=spec, save=save)
 
 
 def test_a_contended_round_is_not_a_sample_and_is_measured_again(tmp_path: Path) -> None:
@@ -95,11 +77,13 @@ def test_a_contended_round_is_not_a_sample_and_is_measured_again(tmp_path: Path)
     assert outcome.samples["output_throughput"] == [100.0, 101.0]  # the 55 never reaches the figures
     assert outcome.samples[HOST_CONTENTION] == [0.01, 0.02]  # stored with each sample
     assert len(outcome.contended_rounds) == 1
-    assert outcome.contended_rounds[0]["reason"].startswith(
+    assert outcome.contended_rounds[0].reason.startswith(
         "confounded: host busy: other processes took 47.0% of the machine's 2 cores during the round (bound 10%): "
         f"pid {BURNER} python (47.0%); by command: python 47.0% (1 process)")
     assert any("is not a sample: confounded: host busy" in line for line in said)
-    assert rounds.calls[2].endswith("(again: 1 contended so far)")
+    assert outcome.contended_rounds[0].round == "benchmark round 2 on cpu"
+    assert any(line.startswith("benchmark round 2 on cpu (again: 1 contended so far): host contention")
+               for line in said), said
     # The round's terminal line shows its contention; the reports carry the column and the discarded round.
     assert any(line.endswith("host contention 1.0% of the machine (2 cores, 10.0 s): no other process used CPU")
                for line in said)
@@ -112,9 +96,9 @@ def test_a_busy_host_is_confounded_never_regressed(tmp_path: Path) -> None:
     gate(tmp_path, baseline, save=True)[0].run()
     # Every round now runs beside a CPU-bound process, and is slow: from these alone a verdict would say REGRESSED.
     busy = Rounds([55.0] * 10, [0.47] * 10)
-    # Under pytest the gate skips (no verdict either way); a caller without skip gets a failure instead.
-    bench, recorded, _ = gate(tmp_path, busy, skip=_skip)
-    with pytest.raises(Skipped) as skipped:
+    # Under pytest the gate skips (no verdict either way).
+    bench, recorded, _ = gate(tmp_path, busy)
+    with pytest.raises(pytest.skip.Exception) as skipped:
         bench.run()
     message = str(skipped.value)
     assert f"confounded: host busy: {MAX_CONTENDED_ROUNDS} rounds discarded" in message
@@ -125,9 +109,10 @@ def test_a_busy_host_is_confounded_never_regressed(tmp_path: Path) -> None:
     report = BenchOutcome.from_json(recorded[-1].to_json())
     assert (report.status, report.failed) == ("confounded", False)
     assert BenchOutcome.from_dict(report.to_dict()).status == "confounded"
-    without_skip, _, _ = gate(tmp_path, Rounds([55.0] * 10, [0.47] * 10))
-    with pytest.raises(Failed, match="confounded: host busy"):
-        without_skip.run()
+    # The gate itself never calls pytest: it returns the outcome and what it means for a test.
+    core = gate(tmp_path, Rounds([55.0] * 10, [0.47] * 10))[0].gate.run()
+    assert core.status == "confounded" and core.ending is not None and core.ending.action == "skip"
+    assert "confounded: host busy" in core.ending.message
 
 
 def test_clean_rounds_between_busy_ones_are_judged_alone(tmp_path: Path) -> None:
@@ -146,8 +131,8 @@ def test_a_clear_regression_in_the_clean_rounds_before_a_busy_host_fails_and_the
     host: before, "confounded" (skipped) hid the drop; now the clean rounds are judged first."""
     gate(tmp_path, Rounds([100.0, 101.0, 99.0, 100.5, 100.2], [0.01] * 5), save=True)[0].run()
     slow_then_busy = Rounds([70.0, 70.5, 55.0, 55.0, 55.0], [0.01, 0.02, 0.47, 0.47, 0.47])
-    bench, recorded, _ = gate(tmp_path, slow_then_busy, skip=_skip, first_look=3)
-    with pytest.raises(Failed) as failed:
+    bench, recorded, _ = gate(tmp_path, slow_then_busy, first_look=3)
+    with pytest.raises(pytest.fail.Exception) as failed:
         bench.run()
     message = str(failed.value)
     assert "regressed in the clean rounds before the host got busy" in message
@@ -160,8 +145,8 @@ def test_a_clear_regression_in_the_clean_rounds_before_a_busy_host_fails_and_the
 def test_clean_rounds_that_agree_before_a_busy_host_stay_confounded_with_their_verdict_shown(tmp_path: Path) -> None:
     gate(tmp_path, Rounds([100.0, 101.0, 99.0, 100.5, 100.2], [0.01] * 5), save=True)[0].run()
     fine_then_busy = Rounds([100.3, 99.9, 55.0, 55.0, 55.0], [0.01, 0.02, 0.47, 0.47, 0.47])
-    bench, recorded, _ = gate(tmp_path, fine_then_busy, skip=_skip, first_look=3)
-    with pytest.raises(Skipped) as skipped:
+    bench, recorded, _ = gate(tmp_path, fine_then_busy, first_look=3)
+    with pytest.raises(pytest.skip.Exception) as skipped:
         bench.run()
     assert "judged alone: " in str(skipped.value) and "judged alone: regressed" not in str(skipped.value)
     assert recorded[-1].status == "confounded"
@@ -183,47 +168,39 @@ def test_the_bound_is_a_setting_from_every_source_and_the_marker(tmp_path: Path)
 
 # --------------------------------------------------------------------------- invalid rounds on a busy host
 
-ARTEFACT = "8 requests of >= 2 tokens arrived as a single chunk (empty ITL): chunks merged on a starved client"
-OUTPUT_FAULT = "3 of 8 requests failed (requests are never retried): connection reset"
-
-
 class RoundServer(StandinServer):
-    """The stand-in server with what the real round (run_round) reads: no lock, no accounting."""
+    """The stand-in server with what the real round (measure_round) reads: no lock, no accounting, no process."""
 
     spec_for_checks = SPEC  # the engine's metric names (vLLM's)
     base_url = "http://127.0.0.1:9"
     model_name = "m"
     accounting = None
+    request_lock = None
+    server_pid = None
+    gpu_scope = None
 
     def ensure_alive(self) -> None:
         return None
 
-    def describe(self) -> str:
-        return "cpu (stand-in)"
 
-
-def _invalid(reason: str, share: float) -> _Result:
-    return _Result({}, _host(share), valid=False, invalid_reasons=[reason])
-
-
-@pytest.mark.parametrize(("reason", "share", "bound", "returned"), [
-    (ARTEFACT, 0.47, 0.10, True),        # only artefacts, on a busy host: the caller's clean_round discards it
-    (ARTEFACT, 0.01, 0.10, False),       # artefacts on a quiet host: invalid, as before
-    (OUTPUT_FAULT, 0.47, 0.10, False),   # the server's output was wrong: never blamed on the host
-    (ARTEFACT, 0.47, None, False),       # a caller that does not discard contended rounds (the build runner)
-], ids=["artefact-busy", "artefact-quiet", "output-fault-busy", "no-bound"])
-def test_run_round_lets_through_only_an_artefact_round_on_a_busy_host(
-        monkeypatch: pytest.MonkeyPatch, reason: str, share: float, bound: float | None, returned: bool) -> None:
-    from pytest_llmserve.gates import rounds as rounds_module
-
-    monkeypatch.setattr(rounds_module, "run_workload", lambda *a, **k: _invalid(reason, share))
-    failed: list[str] = []
-    result = rounds_module.run_round(RoundServer(), CFG.workloads["tiny"], None, "round 1", failed.append,  # type: ignore[arg-type]
-                                     contention_bound=bound)
-    assert (not failed) is returned, failed
-    assert result.valid is False  # never a number either way
-    if failed:
-        assert reason in failed[0] and "is INVALID (not a number)" in failed[0]
+@pytest.mark.parametrize(("reason", "share", "bound", "kind"), [
+    (CONTAMINATED, 0.47, 0.10, Contended),   # only artefacts, on a busy host: measured again as contended
+    (CONTAMINATED, 0.01, 0.10, Invalid),     # artefacts on a quiet host: invalid (run again as an artefact)
+    (FAILED_REQUESTS, 0.47, 0.10, Invalid),  # the server's output was wrong: never blamed on the host
+    (CONTAMINATED, 0.47, None, Invalid),     # a caller that does not judge contention (the build runner)
+    (TIMING_ARTEFACT, 0.01, 0.10, Measured),  # chunk timing only: a sample of throughput, its timing withheld
+], ids=["artefact-busy", "artefact-quiet", "output-fault-busy", "no-bound", "timing-quiet"])
+def test_a_round_is_judged_from_its_typed_reasons_and_the_host(reason: InvalidReason, share: float,
+                                                               bound: float | None, kind: type) -> None:
+    result = StandinResult.invalid({"output_throughput": 50.0, "mean_tpot_ms": 0.0}, reason, host=_host(share))
+    got = judge_round(result, "round 1", metric="output_throughput", contention_bound=bound)
+    assert isinstance(got, kind), got
+    if isinstance(got, Invalid):
+        assert got.reasons == (reason,) and "round 1 is INVALID (not a number)" in got.describe()
+        assert got.server_fault is (reason.blame is Blame.SERVER)
+    if isinstance(got, Measured):
+        assert got.samples["output_throughput"] == 50.0 and "mean_tpot_ms" not in got.samples
+        assert got.unmeasured == (reason,)
 
 
 def test_artefact_rounds_on_a_busy_host_are_confounded_not_an_error(
@@ -234,20 +211,16 @@ def test_artefact_rounds_on_a_busy_host_are_confounded_not_an_error(
     # gate ran it again twice as an artefact and then failed the benchmark as an error, blaming the server.
     calls: list[str] = []
 
-    def busy_invalid(*args: Any, **kwargs: Any) -> _Result:
+    def busy_invalid(*args: Any, **kwargs: Any) -> StandinResult:
         calls.append("round")
-        return _invalid(ARTEFACT, 0.47)
+        return StandinResult.invalid({"output_throughput": 50.0}, CONTAMINATED, host=_host(0.47))
 
     monkeypatch.setattr(rounds_module, "run_workload", busy_invalid)
-    recorded: list[BenchOutcome] = []
-    bench = BenchGate(server=RoundServer(), cfg=CFG, options=GATE,  # type: ignore[arg-type]
-                      store_dir=tmp_path / "baselines", results_dir=tmp_path / "results", save=False,
-                      allow_confounded=False, test_id=TEST_ID, key_test="tests/test_perf.py::test_throughput",
-                      record=recorded.append, fail=_fail, say=lambda msg: None, skip=_skip)
-    with pytest.raises(Skipped) as skipped:
+    bench, recorded, _ = stand_in_gate(tmp_path, rounds_module.measure_round, options=GATE, server=RoundServer())
+    with pytest.raises(pytest.skip.Exception) as skipped:
         bench.run()
     message = str(skipped.value)
     assert f"confounded: host busy: {MAX_CONTENDED_ROUNDS} rounds discarded" in message
-    assert "measurement artefacts, likelier the busy host's than the server's" in message and ARTEFACT in message
-    assert len(calls) == MAX_CONTENDED_ROUNDS and not bench.discarded_rounds
+    assert "measurement artefacts, likelier the busy host's than the server's" in message and CONTAMINATED in message
+    assert len(calls) == MAX_CONTENDED_ROUNDS and not bench.gate.discarded_rounds
     assert recorded[-1].status == "confounded" and recorded[-1].error is None

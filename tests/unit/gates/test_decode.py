@@ -30,6 +30,7 @@ class FakeHandle:
 
     def __init__(self, spec: ServerSpec, server: FakeServer) -> None:
         self.spec = spec
+        self.spec_for_checks: ServerSpec | None = None  # launched as configured (RunningServer)
         self.fake = server
         self.adapter = Adapter()
         self.alive_checks = 0

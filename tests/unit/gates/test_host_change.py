@@ -9,24 +9,15 @@ from typing import Any
 
 import pytest
 
-from pytest_llmserve.gates.bench import BenchGate
 from pytest_llmserve.gates.context import build_context
 from pytest_llmserve.gates.preflight import preflight_refusal
 from pytest_llmserve.report.outcome import BenchOutcome
 from pytest_llmserve.server.hardware import hardware_context
 from pytest_llmserve.store.baselines import BaselineStore, BenchKey
-from tests.unit.gates.standins import CFG, SPEC, TEST_ID, StandinServer
-from tests.unit.gates.test_warmup import GATE, Failed, Rounds, _fail
+from tests.unit.gates.standins import CFG, SPEC, TEST_ID, stand_in_gate
+from tests.unit.gates.test_warmup import GATE, Rounds
 
 KEY_TEST = "tests/test_perf.py::test_throughput"
-
-
-class Skipped(Exception):
-    pass
-
-
-def _skip(message: str) -> None:
-    raise Skipped(message)
 
 
 def store_baseline(tmp_path: Path, hardware: dict[str, Any]) -> Path:
@@ -42,22 +33,17 @@ def store_baseline(tmp_path: Path, hardware: dict[str, Any]) -> Path:
 
 
 def run_gate(tmp_path: Path, *, allow_host_change: bool = False) -> tuple[BenchOutcome, list[str]]:
-    said: list[str] = []
-    recorded: list[BenchOutcome] = []
     rounds = Rounds([100.0, 100.5, 99.8, 100.2, 100.1, 99.9, 100.3, 100.0, 100.4])
-    gate = BenchGate(server=StandinServer(), cfg=CFG, options=GATE,  # type: ignore[arg-type]
-                     store_dir=tmp_path / "baselines", results_dir=tmp_path / "results", save=False,
-                     allow_confounded=False, allow_host_change=allow_host_change, test_id=TEST_ID,
-                     key_test=KEY_TEST, record=recorded.append, fail=_fail, skip=_skip, say=said.append,
-                     round_runner=rounds, clock=rounds.clock)
-    gate.run()
+    bench, recorded, said = stand_in_gate(tmp_path, rounds, options=GATE, clock=rounds.clock,
+                                          allow_host_change=allow_host_change, key_test=KEY_TEST)
+    bench.run()
     return recorded[-1], said
 
 
 def test_a_baseline_of_a_host_without_avx2_is_skipped_with_a_figure_the_fields_and_the_command(tmp_path: Path) -> None:
     here = hardware_context()
     store_baseline(tmp_path, {**here, "cpu_flags": sorted(set(here["cpu_flags"]) ^ {"avx2"})})
-    with pytest.raises(Skipped) as skipped:
+    with pytest.raises(pytest.skip.Exception) as skipped:
         run_gate(tmp_path)
     message = str(skipped.value)
     assert message.startswith("output_throughput: median ")  # a figure
@@ -69,7 +55,7 @@ def test_a_baseline_recorded_before_host_identity_is_an_unknown_host_skipped_wit
     here = hardware_context()
     store_baseline(tmp_path, {k: here[k] for k in ("cpu_model", "cpu_count", "gpu_name", "gpu_count", "driver",
                                                   "cuda")})  # the six keys of the committed baseline
-    with pytest.raises(Skipped) as skipped:
+    with pytest.raises(pytest.skip.Exception) as skipped:
         run_gate(tmp_path)
     message = str(skipped.value)
     assert "from an unknown host, re-record it on this one" in message
@@ -101,5 +87,5 @@ def test_allow_host_change_does_not_allow_another_server_environment(tmp_path: P
     assert refusal is not None and refusal.status == "refused"  # before any boot
     message = str(refusal.note)
     assert "server_args.args" in message and "  ~ hardware.cpu_flags" in message
-    with pytest.raises(Failed):  # and the gate, had it booted, fails it: not environment-only
+    with pytest.raises(pytest.fail.Exception):  # and the gate, had it booted, fails it: not environment-only
         run_gate(tmp_path, allow_host_change=True)

@@ -3,6 +3,7 @@ all samples, every invalidity reason, merged client processes, the server-counte
 
 from __future__ import annotations
 
+import pickle
 import random
 import statistics
 
@@ -11,13 +12,16 @@ import pytest
 from pytest_llmserve.config import Workload
 from pytest_llmserve.evidence.prometheus import counter_total
 from pytest_llmserve.load.metrics import (
+    Blame,
     RequestRecord,
     compute_metrics,
     cross_check,
     evaluate,
     invalid_reasons,
-    output_fault,
+    only_artefacts,
     server_counter_throughput,
+    server_fault,
+    timing_only,
 )
 from pytest_llmserve.load.runner import merge_records, split_evenly
 from pytest_llmserve.metrics import LATENCIES, METRICS
@@ -105,8 +109,9 @@ def test_invalid_reasons_cover_each_fault() -> None:
     assert any("warm-up" in r for r in invalid_reasons([rec(0, 0.0, 0.5, [0.1] * 3)], wl, warmup=[warm_fail]))
 
 
-def test_output_fault_tells_wrong_output_from_a_measurement_artefact() -> None:
-    # The reasons as invalid_reasons words them (a bisect counts the first kind as a bad build, retries the other).
+def test_each_reason_is_classified_where_its_check_is_made() -> None:
+    # The reasons carry their blame (a bisect counts the server's kind as a bad build, retries the other) and whether
+    # only chunk timing is touched; nothing downstream reads their words.
     wl = Workload("w", num_prompts=1, output_len=4)
     textless = rec(0, 0.0, 0.5, [0.1] * 3)
     textless.empty_chunks = textless.chunks
@@ -120,9 +125,19 @@ def test_output_fault_tells_wrong_output_from_a_measurement_artefact() -> None:
         "TPOT = 0": invalid_reasons([rec(0, 0.0, 0.5, [0.0, 0.0, 0.0])], wl),
     }
     for kind, reasons in wrong_output.items():
-        assert reasons and any(output_fault(r) for r in reasons), (kind, reasons)
+        assert reasons and server_fault(reasons) and not only_artefacts(reasons), (kind, reasons)
+        assert not timing_only(reasons), (kind, reasons)
     for kind, reasons in artefacts.items():
-        assert reasons and not any(output_fault(r) for r in reasons), (kind, reasons)
+        assert reasons and not server_fault(reasons) and only_artefacts(reasons), (kind, reasons)
+        assert timing_only(reasons) and all(r.blame is Blame.MACHINE for r in reasons), (kind, reasons)
+    # Not only timing: without usage the tokens cannot be counted, so the throughput is no number either.
+    no_usage = rec(0, 0.0, 0.5, [0.1] * 3)
+    no_usage.output_tokens = None
+    reasons = invalid_reasons([no_usage], wl)
+    assert only_artefacts(reasons) and not timing_only(reasons), reasons
+    # The classification travels with a reason pickled across client processes.
+    again = pickle.loads(pickle.dumps(artefacts["TPOT = 0"]))
+    assert again == artefacts["TPOT = 0"] and timing_only(again)
 
 
 def test_merge_gives_percentiles_over_all_samples() -> None:
