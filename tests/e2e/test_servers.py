@@ -22,6 +22,8 @@ import pytest
 from tests.e2e.conftest import TINY_WORKLOAD, boots_line, default_server_toml, expect_outcomes
 from tests.e2e.shared import SharedServers
 
+pytestmark = pytest.mark.slow
+
 SHARED_SERVERS = ("healthy",)  # the shared servers (tests/e2e/shared.py) this module attaches to
 
 FACTS_TEST = """
