@@ -28,7 +28,7 @@ from tests.e2e.test_faults import Workdir
 
 SHARED_SERVERS = ("healthy",)  # the shared servers (tests/e2e/shared.py) this module attaches to
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.bench]
 
 BOUND = BenchDefaults().contention_bound
 # The false-confounded rate is measured over this many quiet rounds. The test used to try up to 5 quiet rounds and

@@ -11,7 +11,7 @@ import pytest
 
 from tests.e2e.conftest import TINY_WORKLOAD, boots_line, default_server_toml, expect_outcomes
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.bench]
 
 
 def test_suite_save_recheck_and_slower_configuration_fails(
