@@ -11,9 +11,10 @@ default server and the ``smoke`` workload are used unless ``--config`` gives an 
   ``httpx.AsyncClient.stream`` (whole streamed bodies) and ``load.runner._execute`` (the load generator's
   lean transport, whole runs).
 
-The same calls are where the plugin itself should mark its time (see docs/performance.md). While
-nothing is marked, a sampler counts the main thread's innermost ``pytest_llmserve`` frame every 20 ms,
-which says where the plugin's own time goes. Prints the split and writes JSON.
+The plugin marks its own time at the same places (its boots, teardowns and requests: the ``time:`` line at the
+end of a run; docs/performance.md, section 3). While nothing is marked, a sampler counts the main thread's
+innermost ``pytest_llmserve`` frame every 20 ms, which says where the plugin's own time goes. Prints the split
+and writes JSON.
 
     python benchmarks/suite_accounting.py [--json OUT.json] [-- extra pytest args]
 """

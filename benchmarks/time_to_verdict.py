@@ -15,7 +15,7 @@ Not a test: a measurement for docs/performance.md ("Time to verdict"). Two parts
   ``--extend-budget-s``.
 
     .venv/bin/python benchmarks/time_to_verdict.py --trials 2000 --seed 2026 --out docs/time_to_verdict.json
-    .venv/bin/python benchmarks/time_to_verdict.py --trials 0 --real docs/time_to_verdict_real.json
+    .venv/bin/python benchmarks/time_to_verdict.py --trials 0 --real docs/time_to_verdict_real_loaded.json
     .venv/bin/python benchmarks/time_to_verdict.py --trials 0 --real docs/time_to_verdict_real_quiet.json \
         --extend-trials 200
 """

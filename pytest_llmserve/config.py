@@ -240,8 +240,8 @@ class ServerSpec:
     # The long-context probes (contexts past a DSA model's index_topk) in the differential and the batch cases:
     # None: on for a model whose config.json has index_topk; false: off; true: required (an error without it).
     long_context_probes: bool | None = None
-    # The suite's test_matches_reference: the bound on max |Δlogprob| of the chosen tokens before the first
-    # divergence from the matrix's reference combination (None: oracles.DEFAULT_MAX_LOGPROB_DELTA).
+    # The suite's test_matches_reference: the bound on max |Δlogprob| of the chosen tokens before the first divergence
+    # from the matrix's reference combination (None: the default in verdicts/differential.DifferentialTolerance).
     differential_max_logprob_delta: float | None = None
     variant: tuple[tuple[str, str], ...] = ()  # matrix values that made this spec, for ids
 

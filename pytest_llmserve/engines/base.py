@@ -30,7 +30,7 @@ class LaunchPlan:
 
 #: Prefixes of environment variables that the libraries under every engine read (CUDA, NCCL, OpenMP, MKL,
 #: PyTorch, Triton, Hugging Face): a launched server inherits them from the shell, so they enter the baseline
-#: context (:func:`pytest_llmserve.evidence.environment.engine_environment`) beside each engine's own.
+#: context (:func:`pytest_llmserve.engines.engine_environment`) beside each engine's own.
 GENERIC_ENV_PREFIXES: tuple[str, ...] = ("CUDA_", "NCCL_", "OMP_", "MKL_", "KMP_", "TORCH_", "PYTORCH_",
                                          "TORCHINDUCTOR_", "TRITON_", "HF_", "TRANSFORMERS_", "NVIDIA_")
 

@@ -76,7 +76,7 @@ def server_state(generated_before: float | None, seconds_since_ready: float | No
     seconds since it became ready. The benchmark's own warm-up rounds come after this reading.
 
     A benchmark alone on a fresh boot and the same benchmark after a suite's other traffic differ (+31.5 % on the
-    development host, docs/testing.md): a comparison across states is refused, naming them."""
+    development host, docs/changelog.md, 2026-12-03): a comparison across states is refused, naming them."""
     if generated_before is None:
         state = "unknown"
     elif generated_before <= FRESH_TOKEN_ALLOWANCE:

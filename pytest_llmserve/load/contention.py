@@ -212,9 +212,10 @@ def _tree(pid: int | None) -> set[int]:
 
 
 def _load_generator() -> set[int]:
-    """This process and its client processes (multiprocessing children, :func:`run_workload_multiprocess`'s).
-    Other children of this process are not the load generator: a test's own subprocess (a CPU-bound one beside
-    the round) is contention like any other; a server launched from here is the server's tree."""
+    """This process and its client processes (multiprocessing children,
+    :func:`pytest_llmserve.load.runner.run_workload_multiprocess`'s). Other children of this process are not the
+    load generator: a test's own subprocess (a CPU-bound one beside the round) is contention like any other; a
+    server launched from here is the server's tree."""
     me = os.getpid()
     pids = {me}
     with contextlib.suppress(psutil.Error, OSError):

@@ -607,7 +607,7 @@ def _interconnect(gpus: Sequence[GpuInfo]) -> str | None:
 def gpu_summary(snap: GpuSnapshot | None = None) -> dict[str, Any]:
     """The GPUs' identity (:data:`GPU_IDENTITY_FIELDS`) and per-GPU memory, for baseline keys and reports.
 
-    The identity keys are the GPU part of :func:`pytest_llmserve.evidence.environment.hardware_context`:
+    The identity keys are the GPU part of :func:`pytest_llmserve.server.hardware.hardware_context`:
     name, count, driver, CUDA version, memory (MiB), compute capability, power limit (W) and interconnect;
     a value the GPUs do not share is the sorted list of theirs.
     """

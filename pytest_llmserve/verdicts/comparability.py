@@ -1,6 +1,6 @@
 """May a run be compared with a baseline? The context diff and the policy that decides it.
 
-Two contexts (:func:`pytest_llmserve.evidence.environment.build_context`) are flattened to dotted keys and
+Two contexts (:func:`pytest_llmserve.gates.context.build_context`) are flattened to dotted keys and
 compared. Keys under :data:`IGNORED_CONTEXT_KEYS` (identities, bookkeeping, timeouts) never count. A
 comparison is allowed when nothing else differs, or only the declared variable under test does; otherwise it
 is refused with every differing key named, unless a confounded comparison is forced explicitly

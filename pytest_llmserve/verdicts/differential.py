@@ -4,9 +4,9 @@ It judges every pair of answers the oracles compare: a configuration against its
 (backend A vs backend B, graphs vs eager), batch N against batch 1 on one server, a run against itself
 (determinism), a candidate against a reference booted beside it (``decode_check.matches``).
 
-vLLM's ``check_logprobs_close`` (tests/models/utils.py) walks the two answers to their first different token,
-asks that each side's token be in the other side's top-k there, and stops. That rule passes a decode kernel that
-is off by a nat: its first decode token flips to the reference's fifth choice 4 nats down, which is still in the
+vLLM's ``check_logprobs_close`` (in vLLM's tests/models/utils.py) walks the two answers to their first different
+token, asks that each side's token be in the other side's top-k there, and stops. That rule passes a decode kernel
+that is off by a nat: its first decode token flips to the reference's fifth choice 4 nats down, which is still in the
 top-5, and nothing before or after is measured. This rule is stricter in four ways, each a typed figure of
 :class:`PairComparison`:
 

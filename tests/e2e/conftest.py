@@ -3,7 +3,7 @@
 Inner pytest runs (pytester, in a subprocess) whose case is about booting, sharing, tearing down or the
 launch configuration boot their own server(s). The others attach to a server of ``shared_servers`` (one boot
 per configuration for the whole test run, tests/e2e/shared.py). Inner runs use tiny workloads so a round
-takes seconds.
+takes seconds. Each module marks itself ``slow``: a conftest's ``pytestmark`` marks no test.
 """
 
 from __future__ import annotations
@@ -18,8 +18,6 @@ from pytest_llmserve.config import CACHE_ENV, cache_dir
 from pytest_llmserve.engines import embedded
 from tests.e2e.shared import SharedServers
 from tests.standins.helpers import server_toml
-
-pytestmark = pytest.mark.slow
 
 # pytester points HOME at a temporary directory; inner runs must still find the real cache.
 REAL_CACHE = str(cache_dir())

@@ -28,14 +28,14 @@ from tests.e2e.test_faults import Workdir
 
 SHARED_SERVERS = ("healthy",)  # the shared servers (tests/e2e/shared.py) this module attaches to
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.bench]
 
 BOUND = BenchDefaults().contention_bound
 # The false-confounded rate is measured over this many quiet rounds. The test used to try up to 5 quiet rounds and
 # stop at the first below the bound (one round on a quiet host); 5 every time costs 4 tiny rounds more there. The
-# round beside the burners took 1.4 s on the 2-core host (docs/testing.md, the fresh-clone rehearsal of 9ea51c2) and
-# a quiet one takes no longer, so about 6 s more beside a file of about 80 s (docs/testing.md: 79.9-85.2 s in the
-# rehearsals since the shared servers boot in its set-up); on a busy host, what the old tries already cost.
+# round beside the burners took 1.4 s on the 2-core host (docs/changelog.md, 2026-12-05: the fresh-clone rehearsal of
+# 9ea51c2) and a quiet one takes no longer, so about 6 s more beside a file of about 80 s (docs/changelog.md: 79.9-85.2 s
+# in the rehearsals since the shared servers boot in its set-up); on a busy host, what the old tries already cost.
 QUIET_ROUNDS = 5
 # A contended round is measured again (gates/rounds.py, clean_round; a benchmark is confounded after 3), so one false
 # alarm in 5 costs a round; two or more mean the host's own background is above the bound a good part of the time,

@@ -16,6 +16,8 @@ import pytest
 
 from tests.e2e.conftest import TINY_WORKLOAD, default_server_toml, expect_outcomes
 
+pytestmark = [pytest.mark.slow, pytest.mark.bench]
+
 KV_TEST = """
 import os
 

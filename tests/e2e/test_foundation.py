@@ -11,6 +11,8 @@ import pytest
 
 from tests.e2e.conftest import TINY_WORKLOAD, boots_line, default_server_toml, expect_outcomes
 
+pytestmark = [pytest.mark.slow, pytest.mark.bench]
+
 
 def test_suite_save_recheck_and_slower_configuration_fails(
         pytester: pytest.Pytester, write_config: Callable[[str], Path]) -> None:

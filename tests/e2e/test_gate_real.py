@@ -32,6 +32,8 @@ from tests.e2e.conftest import TINY_WORKLOAD, boots_line, expect_outcomes
 from tests.e2e.shared import SharedServers
 from tests.e2e.test_oracles_real import outcomes_from_junit
 
+pytestmark = [pytest.mark.slow, pytest.mark.bench]
+
 SHARED_SERVERS = ("healthy", "nan")  # the shared servers (tests/e2e/shared.py) this module attaches to
 
 INNER_TESTS = """

@@ -20,7 +20,7 @@ import pytest
 
 from tests.e2e.test_faults import Inner, Workdir
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.bench]
 
 CONCURRENCY = 2
 WORKLOAD = f"""

@@ -19,6 +19,8 @@ import pytest
 from tests.e2e.conftest import boots_line
 from tests.e2e.shared import SharedServers
 
+pytestmark = pytest.mark.slow
+
 SHARED_SERVERS = ("healthy", "scrambled", "nan")  # the shared servers (tests/e2e/shared.py) this module attaches to
 
 INNER_TESTS = """

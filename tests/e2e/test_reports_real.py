@@ -22,6 +22,8 @@ import pytest
 from tests.e2e.conftest import TINY_WORKLOAD
 from tests.e2e.shared import SharedServers
 
+pytestmark = pytest.mark.slow
+
 SHARED_SERVERS = ("nan",)  # the shared servers (tests/e2e/shared.py) this module attaches to
 
 EARLIER_STEP = "## an earlier step's summary\n"

@@ -22,6 +22,8 @@ import pytest
 from tests.e2e.conftest import TINY_WORKLOAD, boots_line, default_server_toml, expect_outcomes
 from tests.e2e.shared import SharedServers
 
+pytestmark = pytest.mark.slow
+
 SHARED_SERVERS = ("healthy",)  # the shared servers (tests/e2e/shared.py) this module attaches to
 
 FACTS_TEST = """
@@ -53,6 +55,7 @@ def test_ab_eager_vs_compiled(llm_ab):
 """
 
 
+@pytest.mark.bench  # the A/B of eager against compiled and the baseline refused for a changed setting
 def test_matrix_boots_each_combination_once_with_facts_ab_reference_and_refusal(
         pytester: pytest.Pytester, write_config: Callable[[str], Path]) -> None:
     write_config(default_server_toml("cpu") + '[matrix.cpu]\neager = [true, false]\nreference = "eager=on"\n'

@@ -123,8 +123,8 @@ def answers_of(doc: Mapping[str, Any], server: str, mode: str) -> list[Completio
 
 
 def vllm_rule_passes(ref: Completion, cand: Completion) -> bool:
-    """vLLM's ``check_logprobs_close`` (tests/models/utils.py), the anchor this rule must beat: at the first
-    different token each side's token is among the other side's top-k; nothing else is judged."""
+    """vLLM's ``check_logprobs_close`` (in vLLM's tests/models/utils.py), the anchor this rule must beat: at the
+    first different token each side's token is among the other side's top-k; nothing else is judged."""
     for r, c in zip(ref.tokens, cand.tokens, strict=False):
         if r.token != c.token:
             return c.token in r.top and r.token in c.top

@@ -13,9 +13,9 @@ COUNTS_AND_TIMES = ("duration_s", "mean_concurrency", "total_output_tokens", "to
 
 
 def test_every_known_metric_has_the_direction_the_old_rules_gave() -> None:
-    """Before the vocabulary, load.HIGHER_IS_BETTER (the gate) and stats.default_higher_is_better (reports,
-    the baseline CLI: a name with throughput/per_s/tok_s/tokens_per/goodput/accuracy is higher-is-better)
-    decided. They agreed on every name a round produces; these are those answers."""
+    """Before the vocabulary, the gate's HIGHER_IS_BETTER table (then in load.py) and the stats module's
+    default_higher_is_better (reports, the baseline CLI: a name with throughput/per_s/tok_s/tokens_per/goodput/
+    accuracy is higher-is-better) decided. They agreed on every name a round produces; these are those answers."""
     latency_figures = [f"{stat}_{lat}_ms" for lat in ("ttft", "tpot", "itl", "e2e")
                        for stat in ("mean", "median", "p90", "p99", "std")]
     assert set(METRICS) == set(THROUGHPUTS) | set(COUNTS_AND_TIMES) | set(latency_figures)
