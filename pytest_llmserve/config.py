@@ -60,7 +60,7 @@ import os
 import shlex
 import tomllib
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -74,6 +74,7 @@ from pytest_llmserve.config_values import (
     parse_workload_value,
 )
 from pytest_llmserve.errors import ConfigError
+from pytest_llmserve.json_encoding import keep_nonfinite
 from pytest_llmserve.options import CONFIG_FILE_NAMES, BenchDefaults
 from pytest_llmserve.weights import DIGEST_CACHE_FILE, SHA_KEY, WEIGHTS_FILE, cached_sha256, safetensors_files
 
@@ -331,6 +332,12 @@ class Workload:
     warmup: int = 2  # requests sent first and excluded from the figures
     seed: int = 0
     burstiness: float = 1.0  # gamma shape of inter-arrival times (1.0 = Poisson)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The workload as plain data, an infinite ``request_rate`` written ``"inf"`` as the configuration file
+        writes it: a setting, not a figure, which the JSON policy's null would lose
+        (:mod:`pytest_llmserve.json_encoding`)."""
+        return {**asdict(self), "request_rate": keep_nonfinite(self.request_rate)}
 
 
 WORKLOAD_PRESETS: dict[str, Workload] = {

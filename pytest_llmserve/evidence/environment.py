@@ -2,21 +2,19 @@
 
 The context itself is gathered by :func:`pytest_llmserve.gates.context.build_context` (the engine and its
 version, the model, the server arguments, this host's hardware, the workload, the plugin and Python versions,
-the variables a launched server inherits); this module holds what makes it data: plain JSON
-(:func:`plain_json`), the server arguments of a spec (:func:`server_args`), paths under the plugin's cache
-written ``<cache>/...`` (:func:`portable_paths`) and secrets as ``***`` (:func:`redact_context`).
+the variables a launched server inherits); this module holds what makes it data: the server arguments of a spec
+(:func:`server_args`), paths under the plugin's cache written ``<cache>/...`` (:func:`portable_paths`) and secrets as
+``***`` (:func:`redact_context`), all as plain JSON (:func:`pytest_llmserve.json_encoding.to_plain`).
 """
 
 from __future__ import annotations
 
-import math
-import os
 import platform
 from collections.abc import Iterator, Mapping
-from dataclasses import asdict, is_dataclass
 from typing import Any
 
 from pytest_llmserve.config import ServerSpec, cache_dir, is_secret_name, redact_argv
+from pytest_llmserve.json_encoding import to_plain
 
 REDACTED = "***"
 
@@ -36,24 +34,6 @@ _SPEC_FIELDS_NOT_IN_ARGS = ("name", "source", "port", "variant", "log", "engine"
 _NOT_SECRET_KEYS = frozenset({"tokenizer", "tokenizer_mode", "tokenizer_revision", "skip_tokenizer_init"})
 
 
-def plain_json(value: Any) -> Any:
-    """Plain JSON data: tuples → lists, Paths → str, non-finite floats → "inf"/"-inf"/"nan"."""
-    if is_dataclass(value) and not isinstance(value, type):
-        return plain_json(asdict(value))
-    if isinstance(value, Mapping):
-        return {str(k): plain_json(v) for k, v in value.items()}
-    if isinstance(value, list | tuple | set | frozenset):
-        items = sorted(value, key=repr) if isinstance(value, set | frozenset) else value
-        return [plain_json(v) for v in items]
-    if isinstance(value, float) and not math.isfinite(value):
-        return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
-    if isinstance(value, str | int | float | bool) or value is None:
-        return value
-    if isinstance(value, os.PathLike):
-        return os.fspath(value)
-    return str(value)
-
-
 def python_label() -> str:
     """Interpreter that ran the client, e.g. ``CPython 3.11``; patch releases are deliberately left out."""
     major, minor, _ = platform.python_version_tuple()
@@ -68,7 +48,7 @@ def server_args(spec: ServerSpec) -> dict[str, Any]:
     out = spec.public_dict()
     for name in _SPEC_FIELDS_NOT_IN_ARGS:
         out.pop(name, None)
-    return plain_json(out)  # type: ignore[no-any-return]
+    return to_plain(out)  # type: ignore[no-any-return]
 
 
 def portable_paths(value: Any) -> Any:
@@ -112,7 +92,7 @@ def redact_context(context: Mapping[str, Any]) -> dict[str, Any]:
     :func:`~pytest_llmserve.config.is_secret_name`) anywhere in the tree, the values of secret flags
     in every list of strings (:func:`~pytest_llmserve.config.redact_argv`), and ``server_args.api_key``.
     """
-    out: dict[str, Any] = _redact_walk(plain_json(context), None)
+    out: dict[str, Any] = _redact_walk(to_plain(context), None)
     args = out.get("server_args")
     if isinstance(args, dict) and args.get("api_key") not in (None, "", REDACTED):
         args["api_key"] = REDACTED
@@ -123,7 +103,7 @@ def find_secrets(context: Mapping[str, Any]) -> list[str]:
     """Dotted paths of values in ``context`` that the redaction rules would hide (empty = safe to store)."""
     found: list[str] = []
     redacted = redact_context(context)
-    for path, old, new in _walk_pairs(plain_json(context), redacted, ""):
+    for path, old, new in _walk_pairs(to_plain(context), redacted, ""):
         if old != new:
             found.append(path)
     return found

@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Mapping
-from dataclasses import asdict
 from typing import Any
 
 from pytest_llmserve.config import ServerSpec, Workload
@@ -49,7 +48,7 @@ def build_context(
         "model": spec.model,
         "server_args": server_args(spec),
         "hardware": dict(hardware) if hardware is not None else hardware_context(),
-        "workload": asdict(workload),
+        "workload": workload.to_dict(),
         "plugin_version": __version__ if plugin_version is None else plugin_version,
         "python": python or python_label(),
     }
