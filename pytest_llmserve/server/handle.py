@@ -31,6 +31,7 @@ from pytest_llmserve.engines import adapter_for
 from pytest_llmserve.engines.base import EngineAdapter, LaunchPlan
 from pytest_llmserve.errors import PreflightError, ServerDiedError, ServerError, ServerStartError
 from pytest_llmserve.evidence.client import LLMClient
+from pytest_llmserve.json_encoding import dumps
 from pytest_llmserve.server import gpu, isolation, procs
 from pytest_llmserve.server.gpu import PreflightResult
 from pytest_llmserve.server.gpu_scope import GpuScope, server_gpu_scope
@@ -283,7 +284,7 @@ class ServerHandle:
         self._log_fh = open(self.log_path, "ab")  # noqa: SIM115 - kept open for the server's lifetime
         header = {"server": self.spec.id, "argv": redact_argv(plan.argv), "port": self.port,
                   "env_added": sorted(plan.env), "notes": plan.notes}
-        self._log_fh.write(("# llmserve launch " + json.dumps(header) + "\n").encode())
+        self._log_fh.write(("# llmserve launch " + dumps(header) + "\n").encode())
         self._log_fh.flush()
         env = {**os.environ, **plan.env, **self.marker_env}
         env.setdefault("PYTHONUNBUFFERED", "1")
@@ -557,7 +558,7 @@ def register_running(handle: ServerHandle) -> None:
              "log": str(handle.log_path), "started": time.time(), "marker": handle.marker,
              "owner": handle.marker_env[isolation.RUN_OWNER_ENV]}
     tmp = reg / f".{handle.pid}.json.tmp"
-    tmp.write_text(json.dumps(entry))
+    tmp.write_text(dumps(entry))
     os.replace(tmp, reg / f"{handle.pid}.json")  # a concurrent run's scan never reads half an entry
 
 
