@@ -6,6 +6,7 @@ The NaN policy, the one every file this package writes and every payload it hand
 them, refuse), and a figure that could not be computed (the spread of one sample, a ratio over zero) is "no
 value", which is what every reader of these files already takes ``null`` for. :func:`dumps` encodes with
 ``allow_nan=False`` after :func:`to_plain`, so it never raises on a float and never writes an invalid token.
+A reader that needs a float reads ``null`` back as NaN (:func:`float_or_nan`).
 
 Where *which* non-finite value it was is the datum, its owner keeps it as a string before encoding
 (:func:`keep_nonfinite`: ``"nan"``, ``"inf"``, ``"-inf"``, which ``float()`` reads back): a workload's
@@ -26,7 +27,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, is_dataclass
 from typing import Any
 
-__all__ = ["dumps", "keep_nonfinite", "to_plain"]
+__all__ = ["dumps", "float_or_nan", "keep_nonfinite", "to_plain"]
 
 
 def to_plain(value: Any) -> Any:
@@ -57,6 +58,12 @@ def dumps(value: Any, *, indent: int | None = None, sort_keys: bool = False,
           separators: tuple[str, str] | None = None) -> str:
     """``value`` as strict JSON text (:func:`to_plain`, then ``allow_nan=False``: never a ``NaN`` token)."""
     return json.dumps(to_plain(value), indent=indent, sort_keys=sort_keys, separators=separators, allow_nan=False)
+
+
+def float_or_nan(value: Any) -> float:
+    """A float field read back under the policy: ``null`` (a figure with no value) is NaN; a number, or a string
+    :func:`keep_nonfinite` wrote, is its float."""
+    return math.nan if value is None else float(value)
 
 
 def keep_nonfinite(value: float | None) -> float | str | None:

@@ -17,13 +17,14 @@ from hypothesis import strategies as st
 
 from pytest_llmserve.config import ServerSpec, Workload
 from pytest_llmserve.evidence.completion import Completion, TokenLogprob
-from pytest_llmserve.json_encoding import dumps, keep_nonfinite, to_plain
+from pytest_llmserve.json_encoding import dumps, float_or_nan, keep_nonfinite, to_plain
 from pytest_llmserve.report.benchmark_json import write_pytest_benchmark_json
 from pytest_llmserve.report.builds import Measured, results_document, write_build_reports
-from pytest_llmserve.report.json import write_results_json
+from pytest_llmserve.report.json import read_results_json, write_results_json
 from pytest_llmserve.report.outcome import BenchOutcome
 from pytest_llmserve.store import reference_answers
 from pytest_llmserve.store.baselines import BaselineStore, BenchKey
+from pytest_llmserve.verdicts.stats import Summary
 
 NAN, INF = math.nan, math.inf
 HW = {"cpu_model": "Test CPU", "cpu_count": 2, "gpu_name": None, "gpu_count": 0, "driver": None, "cuda": None}
@@ -134,6 +135,20 @@ def test_every_file_the_package_writes_is_strict_json_with_a_nan_and_an_infinity
     text = write(tmp_path).read_text(encoding="utf-8")
     assert "NaN" not in text and "Infinity" not in text
     strict_loads(text)
+
+
+def test_a_results_file_with_an_undefined_summary_reads_back_with_nan_figures(tmp_path: Path) -> None:
+    # Summary.undefined() (no samples) is all NaN: written null, read back NaN (this file was unreadable when
+    # written null and read with float()).
+    outcome = BenchOutcome(test_id="t", server_id="s", workload="w", metric="output_throughput",
+                           samples={"output_throughput": [100.0, 101.0]},
+                           metrics={"median_ttft_ms": Summary.undefined()})
+    path = write_results_json(tmp_path / "results.json", [outcome])
+    assert strict_loads(path.read_text())["benchmarks"][0]["metrics"]["median_ttft_ms"]["mean"] is None
+    _, (back,) = read_results_json(path)
+    figures = back.metrics["median_ttft_ms"]
+    assert figures.n == 0 and math.isnan(figures.mean) and math.isnan(figures.cv)
+    assert float_or_nan(None) != float_or_nan(None) and float_or_nan("-inf") == -INF and float_or_nan(2) == 2.0
 
 
 def test_the_policys_two_exceptions_survive_in_the_files() -> None:
