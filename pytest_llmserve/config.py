@@ -76,6 +76,7 @@ from pytest_llmserve.config_values import (
 from pytest_llmserve.errors import ConfigError
 from pytest_llmserve.json_encoding import keep_nonfinite
 from pytest_llmserve.options import CONFIG_FILE_NAMES, BenchDefaults
+from pytest_llmserve.redaction import mask, redact_argv, redact_env
 from pytest_llmserve.weights import DIGEST_CACHE_FILE, SHA_KEY, WEIGHTS_FILE, cached_sha256, safetensors_files
 
 CACHE_ENV = "PYTEST_LLMSERVE_CACHE"
@@ -273,9 +274,9 @@ class ServerSpec:
         for f in fields(self):
             value = getattr(self, f.name)
             if f.name == "api_key":
-                value = "***" if value else None
+                value = mask(value)
             elif f.name == "env":
-                value = {k: ("***" if is_secret_name(k) else v) for k, v in value}
+                value = redact_env(value)
             elif isinstance(value, BuildSpec):
                 value = value.text
             elif isinstance(value, CudaGraphSpec):
@@ -287,36 +288,6 @@ class ServerSpec:
         out["args"] = redact_argv(list(self.args))
         out["argv"] = redact_argv(list(self.argv))
         return out
-
-
-SECRET_WORDS = ("KEY", "TOKEN", "SECRET", "PASSWORD", "CREDENTIAL")
-SECRET_FLAGS = ("--api-key", "--hf-token", "--token", "--api_key")
-
-
-def is_secret_name(name: str) -> bool:
-    upper = name.upper().replace("TOKENIZER", "")  # TOKENIZERS_PARALLELISM is not a secret
-    return any(word in upper for word in SECRET_WORDS)
-
-
-def redact_argv(argv: list[str]) -> list[str]:
-    """Replace values of secret flags (``--api-key X`` or ``--api-key=X``) with ``***``."""
-    out: list[str] = []
-    hide_next = False
-    for arg in argv:
-        if hide_next:
-            out.append("***")
-            hide_next = False
-            continue
-        flag, eq, _ = arg.partition("=")
-        if flag in SECRET_FLAGS:
-            if eq:
-                out.append(flag + "=***")
-            else:
-                out.append(arg)
-                hide_next = True
-            continue
-        out.append(arg)
-    return out
 
 
 @dataclass(frozen=True, slots=True)

@@ -5,7 +5,8 @@ The engine and its version, the model, the server arguments, the hardware (this 
 variables a launched server inherits from the shell and its engine reads
 (:func:`pytest_llmserve.engines.engine_environment`, under ``engine_env``; none for a server attached by url).
 Before it is returned the context is made portable (paths under the plugin's cache are written
-``<cache>/...``) and safe to store (secrets become ``***``) by :mod:`pytest_llmserve.evidence.environment`.
+``<cache>/...``, :mod:`pytest_llmserve.evidence.environment`) and safe to store (secrets masked,
+:func:`pytest_llmserve.redaction.redact_context`).
 """
 
 from __future__ import annotations
@@ -17,8 +18,9 @@ from typing import Any
 
 from pytest_llmserve.config import ServerSpec, Workload
 from pytest_llmserve.engines import engine_environment
-from pytest_llmserve.evidence.environment import portable_paths, python_label, redact_context, server_args
+from pytest_llmserve.evidence.environment import portable_paths, python_label, server_args
 from pytest_llmserve.evidence.prometheus import counter_total
+from pytest_llmserve.redaction import redact_context
 from pytest_llmserve.server.handle import RunningServer, engine_of
 from pytest_llmserve.server.hardware import hardware_context
 from pytest_llmserve.version import __version__

@@ -26,12 +26,14 @@ import psutil
 import tenacity
 
 from pytest_llmserve.builds import install_build
-from pytest_llmserve.config import SECRET_FLAGS, ServerSpec, cache_dir, is_secret_name, redact_argv
+from pytest_llmserve.config import ServerSpec, cache_dir
 from pytest_llmserve.engines import adapter_for
 from pytest_llmserve.engines.base import EngineAdapter, LaunchPlan
 from pytest_llmserve.errors import PreflightError, ServerDiedError, ServerError, ServerStartError
 from pytest_llmserve.evidence.client import LLMClient
 from pytest_llmserve.json_encoding import dumps
+from pytest_llmserve.redaction import redact_argv, secret_strings
+from pytest_llmserve.redaction import redact_text as redact_text  # re-exported: report_hooks.py masks a log tail too
 from pytest_llmserve.server import gpu, isolation, procs
 from pytest_llmserve.server.gpu import PreflightResult
 from pytest_llmserve.server.gpu_scope import GpuScope, server_gpu_scope
@@ -125,23 +127,11 @@ def read_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
 
 
 def secret_values(spec: ServerSpec, argv: list[str] | None = None) -> list[str]:
-    """Secret strings a server may echo into its own log: the API key, values of secret flags in its argv,
-    and secret-named environment variables it is given or inherits (HF_TOKEN...)."""
-    found = [spec.api_key or ""]
-    args = list(argv if argv is not None else [*spec.argv, *spec.args])
-    for i, arg in enumerate(args):
-        flag, eq, value = arg.partition("=")
-        if flag in SECRET_FLAGS:
-            found.append(value if eq else (args[i + 1] if i + 1 < len(args) else ""))
-    env = {**os.environ, **dict(spec.env)}
-    found += [value for name, value in env.items() if is_secret_name(name)]
-    return sorted({v for v in found if len(v) >= 8}, key=len, reverse=True)  # short values are not secrets
-
-
-def redact_text(text: str, secrets: list[str]) -> str:
-    for value in secrets:
-        text = text.replace(value, "***")
-    return text
+    """Secret strings ``spec``'s server may echo into its own log (:func:`~pytest_llmserve.redaction.secret_strings`):
+    its API key, secret flags' values in ``argv`` (default: the spec's), and the secret-named variables it is given or
+    inherits (HF_TOKEN...)."""
+    args = argv if argv is not None else [*spec.argv, *spec.args]
+    return secret_strings(spec.api_key, args, {**os.environ, **dict(spec.env)})
 
 
 @dataclass

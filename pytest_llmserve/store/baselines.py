@@ -23,7 +23,7 @@ lock, so concurrent writers (xdist workers, two pytest runs) lose no record and 
 mid-write leaves the old file intact. A file that is not valid JSON or of another schema raises
 :class:`~pytest_llmserve.errors.BaselineError` naming it and is never overwritten, not even by a
 replace. Secrets (API keys, tokens) are redacted before anything is written
-(:func:`pytest_llmserve.evidence.environment.redact_context`). Files are strict JSON
+(:func:`pytest_llmserve.redaction.redact_context`). Files are strict JSON
 (:mod:`pytest_llmserve.json_encoding`: a figure that is not finite is null; samples are refused unless finite).
 """
 
@@ -44,8 +44,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 from pytest_llmserve.errors import BaselineError
-from pytest_llmserve.evidence.environment import find_secrets, redact_context
 from pytest_llmserve.json_encoding import dumps, to_plain
+from pytest_llmserve.redaction import find_secrets, redact_context
 from pytest_llmserve.verdicts.comparability import append_diffs
 from pytest_llmserve.verdicts.stats import summarize
 
