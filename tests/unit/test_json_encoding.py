@@ -25,9 +25,9 @@ from pytest_llmserve.report.outcome import BenchOutcome
 from pytest_llmserve.store import reference_answers
 from pytest_llmserve.store.baselines import BaselineStore, BenchKey
 from pytest_llmserve.verdicts.stats import Summary
+from tests.unit.contexts import HW
 
 NAN, INF = math.nan, math.inf
-HW = {"cpu_model": "Test CPU", "cpu_count": 2, "gpu_name": None, "gpu_count": 0, "driver": None, "cuda": None}
 
 
 def strict_loads(text: str) -> Any:

@@ -6,12 +6,10 @@ a typed :class:`Page`: its status and text, or why nothing came back."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
-import threading
 import time
 from collections.abc import Callable, Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from typing import Any
 
 import pytest
@@ -26,12 +24,13 @@ from pytest_llmserve.evidence.pages import Page, auth_header_lines, page_url, ra
 from pytest_llmserve.load import transport
 from pytest_llmserve.load.transport import StreamParser
 from pytest_llmserve.server.handle import ServerHandle
+from tests.unit.local_http import QuietHandler, serving, url_of
 
 KEY = "sk-page-key-0123456789"
 SSE = b'data: {"choices":[{"index":0,"text":"x"}]}\n\ndata: [DONE]\n\n'
 
 
-class _Server(BaseHTTPRequestHandler):
+class _Server(QuietHandler):
     """Pages of an OpenAI-compatible server; every request's method, path and Authorization header recorded."""
 
     protocol_version = "HTTP/1.1"
@@ -45,14 +44,6 @@ class _Server(BaseHTTPRequestHandler):
         "/warming": (503, "text/plain", b"still loading"),
     }
 
-    def _answer(self, status: int, content_type: str, body: bytes) -> None:
-        self.send_response(status)
-        self.send_header("content-type", content_type)
-        self.send_header("content-length", str(len(body)))
-        self.end_headers()
-        with contextlib.suppress(BrokenPipeError, ConnectionResetError):  # a reader that timed out has gone
-            self.wfile.write(body)
-
     def _record(self) -> None:
         self.server.seen.append((self.command, self.path, self.headers.get("Authorization")))  # type: ignore[attr-defined]
 
@@ -60,34 +51,21 @@ class _Server(BaseHTTPRequestHandler):
         self._record()
         if self.path == "/slow":
             time.sleep(1.0)
-        self._answer(*self.PAGES.get(self.path, (404, "text/plain", b"no such page")))
+        self.answer(*self.PAGES.get(self.path, (404, "text/plain", b"no such page")))
 
     def do_POST(self) -> None:  # noqa: N802
         self._record()
         self.rfile.read(int(self.headers.get("content-length") or 0))
         if self.headers.get("accept") == "text/event-stream":
-            self._answer(200, "text/event-stream", SSE)
+            self.answer(200, "text/event-stream", SSE)
         else:
-            self._answer(200, "application/json", b'{"choices": [{"index": 0, "text": "hi", "finish_reason": "length"}]}')
-
-    def log_message(self, *args: Any) -> None:
-        pass
+            self.answer(200, "application/json", b'{"choices": [{"index": 0, "text": "hi", "finish_reason": "length"}]}')
 
 
 @pytest.fixture
 def server() -> Iterator[ThreadingHTTPServer]:
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), _Server)
-    httpd.seen = []  # type: ignore[attr-defined]
-    httpd.daemon_threads = True
-    thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-    thread.start()
-    yield httpd
-    httpd.shutdown()
-    httpd.server_close()
-
-
-def _url(httpd: ThreadingHTTPServer) -> str:
-    return f"http://127.0.0.1:{httpd.server_address[1]}"
+    with serving(_Server, seen=[]) as httpd:
+        yield httpd
 
 
 def _handle(url: str, api_key: str | None, health: str = "/health", startup_s: float = 10.0) -> ServerHandle:
@@ -135,15 +113,15 @@ READERS: list[tuple[str, Callable[[str, str | None], Any], list[tuple[str, str]]
 @pytest.mark.parametrize(("call", "sent"), [(r[1], r[2]) for r in READERS], ids=[r[0] for r in READERS])
 def test_every_reader_and_sender_carries_the_api_key_and_none_without_one(
         server: ThreadingHTTPServer, call: Callable[[str, str | None], Any], sent: list[tuple[str, str]]) -> None:
-    call(_url(server), KEY)
+    call(url_of(server), KEY)
     assert server.seen == [(m, p, f"Bearer {KEY}") for m, p in sent]  # type: ignore[attr-defined]
     server.seen.clear()  # type: ignore[attr-defined]
-    call(_url(server), None)
+    call(url_of(server), None)
     assert server.seen == [(m, p, None) for m, p in sent]  # type: ignore[attr-defined]
 
 
 def test_what_each_reader_hands_back(server: ThreadingHTTPServer) -> None:
-    url = _url(server)
+    url = url_of(server)
     assert transport.fetch_text(url, "/metrics", KEY) == "vllm:num_requests_running 0\n"
     assert _client(url, KEY) == ("vllm:num_requests_running 0\n", {"version": "0.32.0"})
     assert _first_model(url + "/v1", KEY) == "served-model"
@@ -155,7 +133,7 @@ def test_what_each_reader_hands_back(server: ThreadingHTTPServer) -> None:
 
 
 def test_a_page_is_typed_its_status_and_text_or_why_nothing_came_back(server: ThreadingHTTPServer) -> None:
-    url = _url(server)
+    url = url_of(server)
     ok = read_page(url + "/v1/", "/version", KEY)
     assert ok == Page(f"{url}/version", 200, '{"version": "0.32.0"}') and ok.body == ok.text
     assert ok.json() == {"version": "0.32.0"}
@@ -174,7 +152,7 @@ def test_a_page_is_typed_its_status_and_text_or_why_nothing_came_back(server: Th
 
 
 def test_a_failed_readiness_probe_says_what_came_back(server: ThreadingHTTPServer) -> None:
-    handle = _handle(_url(server), KEY, health="/warming", startup_s=0.6)
+    handle = _handle(url_of(server), KEY, health="/warming", startup_s=0.6)
     with pytest.raises(ServerStartError, match=r"last readiness answer: GET /warming: HTTP 503 'still loading'"):
         handle.wait_ready()
 
