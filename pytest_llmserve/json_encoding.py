@@ -1,6 +1,7 @@
 """The package's JSON, written one way: plain data (:func:`to_plain`) encoded as strict JSON (:func:`dumps`).
 
-The NaN policy, the one every file this package writes and every payload it hands between xdist processes follows:
+The NaN policy, the one the JSON files this package writes follow (results, baselines, reference answers, the run
+directory's records, caches and markers) and the payloads it hands between xdist processes are to follow:
 **a non-finite float (NaN, +inf, -inf) becomes ``null``**. JSON has no NaN or infinity (Python's ``json`` writes
 ``NaN`` and ``Infinity`` tokens by default, which strict readers, ``jq`` and JavaScript's ``JSON.parse`` among
 them, refuse), and a figure that could not be computed (the spread of one sample, a ratio over zero) is "no
