@@ -36,6 +36,7 @@ from pytest_llmserve.config import BuildSpec, LLMServeConfig, ServerSpec, cache_
 from pytest_llmserve.engine_registry import engine_distributions
 from pytest_llmserve.engines import embedded
 from pytest_llmserve.errors import LLMServeError
+from pytest_llmserve.json_encoding import dumps
 
 Progress = Callable[[str], None]
 
@@ -248,7 +249,7 @@ class Installer:
         meta = {"build": spec.text, "kind": spec.kind, "target": spec.target, "resolved": resolved,
                 "version": version, "python_tag": self.python_tag(), "platform": platform_tag(),
                 "install_seconds": round(seconds, 1), "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-        (directory / READY_FILE).write_text(json.dumps(meta, indent=2) + "\n")
+        (directory / READY_FILE).write_text(dumps(meta, indent=2) + "\n")
         self.say(f"{spec.label}: installed in {seconds:.0f} s (engine version {version or 'unknown'})")
         return BuildEnv(spec, py, directory, resolved, version, reused=False, seconds=seconds)
 

@@ -60,7 +60,7 @@ import os
 import shlex
 import tomllib
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -74,7 +74,9 @@ from pytest_llmserve.config_values import (
     parse_workload_value,
 )
 from pytest_llmserve.errors import ConfigError
+from pytest_llmserve.json_encoding import keep_nonfinite
 from pytest_llmserve.options import CONFIG_FILE_NAMES, BenchDefaults
+from pytest_llmserve.redaction import mask, redact_argv, redact_env
 from pytest_llmserve.weights import DIGEST_CACHE_FILE, SHA_KEY, WEIGHTS_FILE, cached_sha256, safetensors_files
 
 CACHE_ENV = "PYTEST_LLMSERVE_CACHE"
@@ -272,9 +274,9 @@ class ServerSpec:
         for f in fields(self):
             value = getattr(self, f.name)
             if f.name == "api_key":
-                value = "***" if value else None
+                value = mask(value)
             elif f.name == "env":
-                value = {k: ("***" if is_secret_name(k) else v) for k, v in value}
+                value = redact_env(value)
             elif isinstance(value, BuildSpec):
                 value = value.text
             elif isinstance(value, CudaGraphSpec):
@@ -286,36 +288,6 @@ class ServerSpec:
         out["args"] = redact_argv(list(self.args))
         out["argv"] = redact_argv(list(self.argv))
         return out
-
-
-SECRET_WORDS = ("KEY", "TOKEN", "SECRET", "PASSWORD", "CREDENTIAL")
-SECRET_FLAGS = ("--api-key", "--hf-token", "--token", "--api_key")
-
-
-def is_secret_name(name: str) -> bool:
-    upper = name.upper().replace("TOKENIZER", "")  # TOKENIZERS_PARALLELISM is not a secret
-    return any(word in upper for word in SECRET_WORDS)
-
-
-def redact_argv(argv: list[str]) -> list[str]:
-    """Replace values of secret flags (``--api-key X`` or ``--api-key=X``) with ``***``."""
-    out: list[str] = []
-    hide_next = False
-    for arg in argv:
-        if hide_next:
-            out.append("***")
-            hide_next = False
-            continue
-        flag, eq, _ = arg.partition("=")
-        if flag in SECRET_FLAGS:
-            if eq:
-                out.append(flag + "=***")
-            else:
-                out.append(arg)
-                hide_next = True
-            continue
-        out.append(arg)
-    return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -331,6 +303,12 @@ class Workload:
     warmup: int = 2  # requests sent first and excluded from the figures
     seed: int = 0
     burstiness: float = 1.0  # gamma shape of inter-arrival times (1.0 = Poisson)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The workload as plain data, an infinite ``request_rate`` written ``"inf"`` as the configuration file
+        writes it: a setting, not a figure, which the JSON policy's null would lose
+        (:mod:`pytest_llmserve.json_encoding`)."""
+        return {**asdict(self), "request_rate": keep_nonfinite(self.request_rate)}
 
 
 WORKLOAD_PRESETS: dict[str, Workload] = {

@@ -24,6 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pytest_llmserve.json_encoding import dumps
+
 #: The marker's key (``llmserve-checkpoint.json``) that holds the sha256 of the model folder's
 #: :data:`WEIGHTS_FILE`; recorded reference answers use the same key for the model they were recorded on.
 SHA_KEY = "model_safetensors_sha256"
@@ -112,7 +114,7 @@ def _remember(cache_file: Path, key: str, entry: FileVersion) -> None:
     hashing later and never a wrong answer (each entry is checked against the file's size and mtime)."""
     entries = {path: known for path, known in read_digest_cache(cache_file).items() if _still_there(path, known)}
     entries[key] = entry
-    text = json.dumps({"schema": _CACHE_SCHEMA, "files": {k: v.to_dict() for k, v in sorted(entries.items())}},
+    text = dumps({"schema": _CACHE_SCHEMA, "files": {k: v.to_dict() for k, v in sorted(entries.items())}},
                       indent=1) + "\n"
     with contextlib.suppress(OSError):  # a read-only cache directory: the digest is still right, only not kept
         cache_file.parent.mkdir(parents=True, exist_ok=True)

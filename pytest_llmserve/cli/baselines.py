@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from pytest_llmserve.errors import BaselineError
+from pytest_llmserve.json_encoding import dumps
 from pytest_llmserve.metrics import higher_is_better
 from pytest_llmserve.options import BenchDefaults
 from pytest_llmserve.report.json import RESULTS_FORMAT, read_results_json
@@ -248,14 +249,14 @@ def cmd_show(args: argparse.Namespace) -> int:
     doc = read_baseline_file(path)
     out = _out(args)
     if args.json:
-        print(json.dumps(doc.to_dict(), indent=2), file=out)
+        print(dumps(doc.to_dict(), indent=2), file=out)
         return EXIT_OK
     direction = "higher is better" if doc.higher_is_better else "lower is better"
     print(f"file:     {path}", file=out)
     print(f"test:     {doc.key.test}\nserver:   {doc.key.server}\nworkload: {doc.key.workload}", file=out)
     print(f"metric:   {doc.metric} ({direction})", file=out)
     print("context:", file=out)
-    for line in json.dumps(doc.context, indent=2, sort_keys=True).splitlines():
+    for line in dumps(doc.context, indent=2, sort_keys=True).splitlines():
         print("  " + line, file=out)
     print(f"records ({len(doc.records)}):", file=out)
     for rec in doc.records:

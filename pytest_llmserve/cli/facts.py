@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from pytest_llmserve.engine_registry import ADAPTERS
+from pytest_llmserve.json_encoding import dumps
 
 #: What the command shows, in this order: (label, ServerFacts field).
 SHOWN = (
@@ -107,7 +108,7 @@ def run(args: argparse.Namespace) -> int:
         adapter = found
     facts = adapter.parse_facts(log, metrics, info)
     if args.json:
-        print(json.dumps(facts.to_dict(), indent=2, default=str))
+        print(dumps(facts.to_dict(), indent=2))
         return 0
     print(f"{args.log}: {adapter.name} server log" + ("" if args.engine else " (engine recognised from the log)"))
     shown = list(SHOWN) + [(f.name.replace("_", " "), f.name) for f in fields(facts) if f.name not in _NOT_SHOWN

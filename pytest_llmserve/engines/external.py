@@ -12,6 +12,7 @@ from pytest_llmserve.config import ServerSpec
 from pytest_llmserve.engines import adapter_for_metrics, adapter_named
 from pytest_llmserve.engines.base import EngineAdapter, LaunchPlan
 from pytest_llmserve.evidence.facts import ServerFacts
+from pytest_llmserve.evidence.pages import read_page
 
 
 class ExternalAdapter(EngineAdapter):
@@ -39,13 +40,8 @@ class ExternalAdapter(EngineAdapter):
 
 
 def _first_model(url: str, api_key: str | None) -> str | None:
-    # lazy: httpx takes ~120 ms to import (-X importtime)
-    import httpx
-
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    try:
-        resp = httpx.get(url.rstrip("/").removesuffix("/v1") + "/v1/models", timeout=10, headers=headers)
-        data = resp.json().get("data") or []
-        return str(data[0]["id"]) if data else None
-    except Exception:  # noqa: BLE001 - any failure means "unknown"; readiness will report the real problem
-        return None
+    """The first model ``/v1/models`` lists; None for any failure ("unknown": readiness reports the real problem)."""
+    models = read_page(url, "/v1/models", api_key).json()
+    data = models.get("data") if isinstance(models, dict) else None
+    first = data[0] if isinstance(data, list) and data else None
+    return str(first["id"]) if isinstance(first, dict) and "id" in first else None

@@ -13,7 +13,8 @@ Every generation goes out through one of two doors, :meth:`LLMClient.post_json` 
 ``/v1/chat/completions``) and :meth:`LLMClient.stream` (streamed ``/v1/completions``); a client given
 ``answers`` (requests already sent together, see :mod:`pytest_llmserve.gates.probes`) takes a request's
 answer from there first, so a check reads its responses the same way whether they were sent one at a time
-or in one batch ahead of it.
+or in one batch ahead of it. A server page (``/metrics``, ``/version``) is read through the one page reader,
+:func:`pytest_llmserve.evidence.pages.read_page` (:meth:`LLMClient.page`), on this client's connections.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ import httpx
 
 from pytest_llmserve.errors import RequestError
 from pytest_llmserve.evidence.completion import Completion, TokenLogprob, short_repr
+from pytest_llmserve.evidence.pages import Page, auth_headers, read_page
 
 
 @dataclass(slots=True)
@@ -180,7 +182,7 @@ class LLMClient:
         self.answers: Answers | None = None
         self.model = model
         self.timeout_s = timeout_s
-        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        headers = auth_headers(api_key)
         # No pool limit: a batch case of N concurrent requests must reach the server as N connections.
         limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
         transport: httpx.BaseTransport = httpx.HTTPTransport(limits=limits)
@@ -201,7 +203,13 @@ class LLMClient:
         """An auxiliary request's timeout (metrics, version, tokenize): its own, never above the client's."""
         return min(timeout_s, self.timeout_s)
 
+    def page(self, path: str, timeout_s: float = 10.0) -> Page:
+        """A page of the server (``/version``, ``/metrics``): :func:`~pytest_llmserve.evidence.pages.read_page` on
+        this client's connections."""
+        return read_page(self.base_url, path, timeout_s=self._aux(timeout_s), http=self._http)
+
     def get(self, path: str, timeout_s: float = 10.0) -> httpx.Response:
+        """Any GET, its raw response; a server's page is read with :meth:`page`."""
         return self._http.get(path, timeout=self._aux(timeout_s))
 
     def complete(self, prompt: str | list[int], max_tokens: int = 16, *, temperature: float = 0.0,
@@ -408,8 +416,4 @@ class LLMClient:
 
     def metrics_text(self) -> str | None:
         """The Prometheus /metrics page, or None when the server has none."""
-        try:
-            resp = self._http.get("/metrics", timeout=self._aux(10))
-        except httpx.HTTPError:
-            return None
-        return resp.text if resp.status_code == 200 else None
+        return self.page("/metrics").body

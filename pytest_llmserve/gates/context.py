@@ -5,7 +5,8 @@ The engine and its version, the model, the server arguments, the hardware (this 
 variables a launched server inherits from the shell and its engine reads
 (:func:`pytest_llmserve.engines.engine_environment`, under ``engine_env``; none for a server attached by url).
 Before it is returned the context is made portable (paths under the plugin's cache are written
-``<cache>/...``) and safe to store (secrets become ``***``) by :mod:`pytest_llmserve.evidence.environment`.
+``<cache>/...``, :mod:`pytest_llmserve.evidence.environment`) and safe to store (secrets masked,
+:func:`pytest_llmserve.redaction.redact_context`).
 """
 
 from __future__ import annotations
@@ -13,13 +14,13 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Mapping
-from dataclasses import asdict
 from typing import Any
 
 from pytest_llmserve.config import ServerSpec, Workload
 from pytest_llmserve.engines import engine_environment
-from pytest_llmserve.evidence.environment import portable_paths, python_label, redact_context, server_args
+from pytest_llmserve.evidence.environment import portable_paths, python_label, server_args
 from pytest_llmserve.evidence.prometheus import counter_total
+from pytest_llmserve.redaction import redact_context
 from pytest_llmserve.server.handle import RunningServer, engine_of
 from pytest_llmserve.server.hardware import hardware_context
 from pytest_llmserve.version import __version__
@@ -49,7 +50,7 @@ def build_context(
         "model": spec.model,
         "server_args": server_args(spec),
         "hardware": dict(hardware) if hardware is not None else hardware_context(),
-        "workload": asdict(workload),
+        "workload": workload.to_dict(),
         "plugin_version": __version__ if plugin_version is None else plugin_version,
         "python": python or python_label(),
     }

@@ -12,12 +12,14 @@ import json
 import os
 from pathlib import Path
 
+from pytest_llmserve.json_encoding import dumps
+
 CORRECTNESS_FAILURES_FILE = "correctness-failures.jsonl"
 
 
 def record_correctness_failure(run_dir: Path, server_id: str, test_id: str, summary: str) -> None:
     """Note that a correctness check of ``server_id`` failed in this run."""
-    line = json.dumps({"server": server_id, "test": test_id, "summary": summary[:500]}) + "\n"
+    line = dumps({"server": server_id, "test": test_id, "summary": summary[:500]}) + "\n"
     run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     fd = os.open(run_dir / CORRECTNESS_FAILURES_FILE, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
     try:

@@ -11,6 +11,11 @@ usage/finish/error events) and ``"httpx"`` (for proxies and to compare). The ope
 CPU per streamed token, which on a small machine is taken from the server under test; the lean client
 streams about twice as many tokens per core as vLLM's own benchmark client (benchmarks/client_ceiling.py),
 so change its fast paths only with that benchmark at hand.
+
+A server page (``/metrics``) is read through :mod:`pytest_llmserve.evidence.pages`, which builds every request's
+API-key header as well: :func:`fetch_text` around a run, and :func:`read_page_on_loop` during one, over a connection
+of its own and without httpx (the running-requests gauge: httpx's cost would be taken from the loop that timestamps
+the round's chunks), sending the request that module writes and answering with its ``Page``.
 """
 
 from __future__ import annotations
@@ -24,12 +29,21 @@ from typing import Literal
 from urllib.parse import urlsplit
 
 from pytest_llmserve.config import Workload
+from pytest_llmserve.evidence.pages import (
+    Page,
+    auth_header_lines,
+    auth_headers,
+    page_url,
+    raw_get_request,
+    read_page,
+    unanswered,
+)
 from pytest_llmserve.load.metrics import RequestRecord
 from pytest_llmserve.load.prompts import WorkloadPrompt
 
 __all__ = ["DEFAULT_TIMEOUT_S", "TEXT_SAMPLES", "HttpxTransport", "LeanTransport", "StreamParser",
            "TextKeepingParser", "Transport", "fetch_text", "get_page", "make_transport", "parser_for",
-           "request_body"]
+           "read_page_on_loop", "request_body"]
 
 Transport = Literal["lean", "httpx"]
 
@@ -537,10 +551,9 @@ class LeanTransport:
         self._ssl = _tls_context() if self.target.scheme == "https" else None
         self._idle: list[_HttpStream] = []
         self._all: set[_HttpStream] = set()
-        auth = f"Authorization: Bearer {api_key}\r\n" if api_key else ""
         self._head = (f"POST {self.target.prefix}/v1/completions HTTP/1.1\r\nHost: {self.target.netloc}\r\n"
                       f"User-Agent: pytest-llmserve\r\nAccept: text/event-stream\r\n"
-                      f"Content-Type: application/json\r\n{auth}").encode()
+                      f"Content-Type: application/json\r\n{auth_header_lines(api_key)}").encode()
 
     async def _open(self) -> _HttpStream:
         loop = asyncio.get_running_loop()
@@ -614,9 +627,7 @@ class HttpxTransport:
 
         self.target = _Target(base_url)
         headers = {"Accept": "text/event-stream", "Content-Type": "application/json",
-                   "User-Agent": "pytest-llmserve"}
-        if api_key:
-            headers["Authorization"] = f"Bearer {api_key}"
+                   "User-Agent": "pytest-llmserve", **auth_headers(api_key)}
         self._path = f"{self.target.prefix}/v1/completions"
         self._client = httpx.AsyncClient(
             base_url=f"{self.target.scheme}://{self.target.netloc}", headers=headers,
@@ -668,57 +679,55 @@ def request_body(model: str, prompt: WorkloadPrompt, workload: Workload) -> byte
 
 
 def fetch_text(base_url: str, path: str, api_key: str | None, timeout_s: float = 10.0) -> str | None:
-    """GET ``path`` under the server root (the /metrics scrapes around a run); None unless it answered 200."""
-    # lazy: httpx takes ~120 ms to import (-X importtime)
-    import httpx
+    """GET ``path`` under the server root (the /metrics scrapes around a run): its text, None unless it answered 200
+    (:func:`pytest_llmserve.evidence.pages.read_page`)."""
+    return read_page(base_url, path, api_key, timeout_s).body
 
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+
+async def read_page_on_loop(base_url: str, path: str, api_key: str | None, timeout_s: float = 5.0) -> Page:
+    """:func:`~pytest_llmserve.evidence.pages.read_page` on the running event loop (the running-requests gauge, read
+    while a round's requests stream on the same loop), within ``timeout_s``.
+
+    One request (:func:`~pytest_llmserve.evidence.pages.raw_get_request`) on a fresh connection, which shares no pool
+    with the round's; the body is framed by its Content-Length, by chunked encoding or by the close. No httpx: its
+    per-request cost would be taken from the loop that timestamps the round's chunks. A status other than 200 is
+    answered without reading the body."""
     target = _Target(base_url)
-    try:
-        resp = httpx.get(f"{target.scheme}://{target.netloc}{target.prefix}{path}", headers=headers,
-                         timeout=timeout_s)
-    except httpx.HTTPError:
-        return None
-    return resp.text if resp.status_code == 200 else None
-
-
-async def get_page(base_url: str, path: str, api_key: str | None, timeout_s: float = 5.0) -> str | None:
-    """GET ``path`` under the server root on the running event loop (the running-requests gauge, read while a
-    round's requests stream on the same loop); None unless it answered 200 within ``timeout_s``.
-
-    One request on a fresh connection (``Connection: close``); the body is framed by its Content-Length, by
-    chunked encoding or by the close. No httpx: its per-request cost would be taken from the loop that
-    timestamps the round's chunks."""
-    target = _Target(base_url)
-    auth = f"Authorization: Bearer {api_key}\r\n" if api_key else ""
-    request = (f"GET {target.prefix}{path} HTTP/1.1\r\nHost: {target.netloc}\r\n"
-               f"User-Agent: pytest-llmserve\r\nConnection: close\r\n{auth}\r\n").encode()
+    url = page_url(base_url, path)
     writer: asyncio.StreamWriter | None = None
     try:
         async with asyncio.timeout(timeout_s):
             reader, writer = await asyncio.open_connection(
                 target.host, target.port, ssl=_tls_context() if target.scheme == "https" else None)
-            writer.write(request)
+            writer.write(raw_get_request(base_url, path, api_key))
             status_line, _, header_block = (await reader.readuntil(b"\r\n\r\n")).partition(b"\r\n")
-            if status_line.split(b" ", 2)[1:2] != [b"200"]:
-                return None
+            status = int(status_line.split(b" ", 2)[1])
+            if status != 200:
+                return Page(url, status)
             chunked, length = _framing(header_block.lower())
             if chunked:
                 dechunker = _Dechunker()
-                parts = []
+                parts: list[bytes] = []
                 while not dechunker.ended:
                     data = await reader.read(65536)
                     if not data:
-                        return None  # cut short
+                        raise asyncio.IncompleteReadError(b"".join(parts), None)  # cut short
                     parts.append(dechunker.feed(data))
                 body = b"".join(parts)
             elif length >= 0:
                 body = await reader.readexactly(length)
             else:
                 body = await reader.read()
-    except (OSError, TimeoutError, ValueError, asyncio.IncompleteReadError, asyncio.LimitOverrunError):
-        return None
+    except TimeoutError as exc:
+        return unanswered(url, exc, timeout_s)
+    except (OSError, ValueError, IndexError, asyncio.IncompleteReadError, asyncio.LimitOverrunError) as exc:
+        return unanswered(url, exc)
     finally:
         if writer is not None:
             writer.close()
-    return body.decode("utf-8", "replace")
+    return Page(url, 200, body.decode("utf-8", "replace"))
+
+
+async def get_page(base_url: str, path: str, api_key: str | None, timeout_s: float = 5.0) -> str | None:
+    """:func:`read_page_on_loop`'s text of a 200 answer, None otherwise (what the gauge sampler reads)."""
+    return (await read_page_on_loop(base_url, path, api_key, timeout_s)).body

@@ -4,12 +4,12 @@ pytest-benchmark's tables assume "lower is better, in seconds", so ``stats`` hol
 metric's samples that keeps that meaning (:func:`stats_transform`): a higher-is-better metric v is stored as
 1/v (seconds per token for a throughput, so that ``ops`` is the throughput again), ``*_ms`` as v/1000,
 ``*_s`` as is. The statistics themselves are pytest-benchmark's own (``pytest_benchmark.stats.Stats``). The
-untransformed samples, every metric's summary, the verdict and the transform used are in ``extra_info``.
+untransformed samples, every metric's summary, the verdict and the transform used are in ``extra_info``. The file
+is strict JSON, a figure that is not finite written null (:mod:`pytest_llmserve.json_encoding`).
 """
 
 from __future__ import annotations
 
-import json
 import os
 import platform
 import subprocess
@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from pytest_llmserve.report.json import finite_json
+from pytest_llmserve.json_encoding import dumps, to_plain
 from pytest_llmserve.report.outcome import BenchOutcome
 from pytest_llmserve.server.hardware import hardware_context
 from pytest_llmserve.store.baselines import atomic_write_text, utc_timestamp
@@ -157,7 +157,7 @@ def to_pytest_benchmark_json(
                 "stats": benchmark_stats([transform(v) for v in raw]),
             }
         )
-    doc: dict[str, Any] = finite_json(
+    doc: dict[str, Any] = to_plain(
         {
             "machine_info": machine_info(hardware if hardware is not None else hardware_context()),
             "commit_info": dict(commit) if commit is not None else commit_info(),
@@ -179,5 +179,5 @@ def write_pytest_benchmark_json(
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
     doc = to_pytest_benchmark_json(outcomes, hardware=hardware, commit=commit)
-    atomic_write_text(p, json.dumps(doc, indent=4, allow_nan=False) + "\n")
+    atomic_write_text(p, dumps(doc, indent=4) + "\n")
     return p

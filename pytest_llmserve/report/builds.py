@@ -3,7 +3,7 @@ metric per build, from the typed records of the run (:class:`Measured`: each bui
 rounds, and the A/B steps' :class:`~pytest_llmserve.report.outcome.BenchOutcome`; the bisect's
 :class:`~pytest_llmserve.verdicts.bisect.StepResult` and :class:`~pytest_llmserve.verdicts.bisect.BisectResult`).
 
-results.json (written with ``json.dumps(..., default=str)``)::
+results.json (strict JSON, :func:`pytest_llmserve.json_encoding.dumps`: a figure that is not finite is null)::
 
     {"command": "compare" | "bisect", "error": str | null, "metric", "tolerance", "alpha",
      "workload": {...}, "base_server", "load_average": {"start": [...], "end": [...]},
@@ -21,7 +21,6 @@ results.json (written with ``json.dumps(..., default=str)``)::
 
 from __future__ import annotations
 
-import json
 import statistics
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -30,6 +29,7 @@ from typing import Any
 
 from pytest_llmserve.builds import BuildEnv
 from pytest_llmserve.config import BuildSpec, ServerSpec, Workload
+from pytest_llmserve.json_encoding import dumps
 from pytest_llmserve.report import plots
 from pytest_llmserve.report.outcome import BenchOutcome
 from pytest_llmserve.verdicts.bisect import BisectResult, StepResult
@@ -74,7 +74,7 @@ def results_document(*, command: str, error: str | None, metric: str, tolerance:
                              if i in m.correctness else None),
              "samples": m.samples.get(i, [])} for i, b in enumerate(builds)]
     return {"command": command, "error": error, "metric": metric, "tolerance": tolerance, "alpha": alpha,
-            "workload": asdict(workload), "base_server": base_server, "load_average": load, "builds": rows,
+            "workload": workload.to_dict(), "base_server": base_server, "load_average": load, "builds": rows,
             "steps": [_step_dict(st, labels[st.index]) for st in steps],
             "result": None if result is None else {"status": result.status, "first_bad": result.first_bad,
                                                    "last_good": result.last_good,
@@ -86,7 +86,7 @@ def results_document(*, command: str, error: str | None, metric: str, tolerance:
 def write_build_reports(out_dir: Path, data: dict[str, Any], *, measured: Measured, steps: list[StepResult],
                         say: Callable[[str], None]) -> None:
     """results.json, summary.md and (with matplotlib) throughput_per_build.png under ``out_dir``."""
-    (out_dir / "results.json").write_text(json.dumps(data, indent=2, default=str) + "\n")
+    (out_dir / "results.json").write_text(dumps(data, indent=2) + "\n")
     (out_dir / "summary.md").write_text(summary_markdown(data))
     missing = plots.matplotlib_missing()
     if missing:

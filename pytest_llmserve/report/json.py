@@ -1,6 +1,7 @@
 """The results of a session as JSON (``results.json``), written and read back.
 
-``llmserve baselines accept`` reads this file to record a run as the baseline. Layout::
+``llmserve baselines accept`` reads this file to record a run as the baseline. It is strict JSON, a figure that is
+not finite written null (:mod:`pytest_llmserve.json_encoding`). Layout::
 
     {"format": "pytest-llmserve-results", "schema": 1, "created_at": ISO-8601, "run_id": "...",
      "plugin_version": "...",
@@ -59,7 +60,6 @@ benchmark gate recorded before it filled a :class:`BenchOutcome` (``test``, ``se
 from __future__ import annotations
 
 import json
-import math
 import os
 import uuid
 from collections.abc import Mapping, Sequence
@@ -67,6 +67,7 @@ from pathlib import Path
 from typing import Any
 
 from pytest_llmserve.errors import BaselineError
+from pytest_llmserve.json_encoding import dumps
 from pytest_llmserve.metrics import higher_is_better
 from pytest_llmserve.report.checks import CheckOutcome, RunCompleteness, headline, headline_counts
 from pytest_llmserve.report.outcome import BenchOutcome
@@ -104,8 +105,8 @@ def write_results_json(
     """Write the results of a session (atomically); ``llmserve baselines accept`` reads this file."""
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
-    doc = finite_json(results_document(outcomes, checks, run_id=run_id, strict=strict, completeness=completeness))
-    atomic_write_text(p, json.dumps(doc, indent=2, allow_nan=False) + "\n")
+    doc = results_document(outcomes, checks, run_id=run_id, strict=strict, completeness=completeness)
+    atomic_write_text(p, dumps(doc, indent=2) + "\n")
     return p
 
 
@@ -158,17 +159,6 @@ def read_check_outcomes(path: str | os.PathLike[str]) -> list[CheckOutcome]:
         except (KeyError, TypeError, ValueError) as exc:
             raise BaselineError(f"{path}: checks[{i}] is malformed ({exc!r})") from None
     return checks
-
-
-def finite_json(value: Any) -> Any:
-    """``value`` with every non-finite float as None (JSON has no NaN or infinity)."""
-    if isinstance(value, dict):
-        return {k: finite_json(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [finite_json(v) for v in value]
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    return value
 
 
 def _from_gate_record(data: Mapping[str, Any]) -> BenchOutcome:

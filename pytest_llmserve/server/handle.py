@@ -26,11 +26,15 @@ import psutil
 import tenacity
 
 from pytest_llmserve.builds import install_build
-from pytest_llmserve.config import SECRET_FLAGS, ServerSpec, cache_dir, is_secret_name, redact_argv
+from pytest_llmserve.config import ServerSpec, cache_dir
 from pytest_llmserve.engines import adapter_for
 from pytest_llmserve.engines.base import EngineAdapter, LaunchPlan
 from pytest_llmserve.errors import PreflightError, ServerDiedError, ServerError, ServerStartError
 from pytest_llmserve.evidence.client import LLMClient
+from pytest_llmserve.evidence.pages import PAGE_TIMEOUT_S, Page, answer, auth_headers, read_page
+from pytest_llmserve.json_encoding import dumps
+from pytest_llmserve.redaction import redact_argv, secret_strings
+from pytest_llmserve.redaction import redact_text as redact_text  # re-exported: report_hooks.py masks a log tail too
 from pytest_llmserve.server import gpu, isolation, procs
 from pytest_llmserve.server.gpu import PreflightResult
 from pytest_llmserve.server.gpu_scope import GpuScope, server_gpu_scope
@@ -129,23 +133,11 @@ def read_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
 
 
 def secret_values(spec: ServerSpec, argv: list[str] | None = None) -> list[str]:
-    """Secret strings a server may echo into its own log: the API key, values of secret flags in its argv,
-    and secret-named environment variables it is given or inherits (HF_TOKEN...)."""
-    found = [spec.api_key or ""]
-    args = list(argv if argv is not None else [*spec.argv, *spec.args])
-    for i, arg in enumerate(args):
-        flag, eq, value = arg.partition("=")
-        if flag in SECRET_FLAGS:
-            found.append(value if eq else (args[i + 1] if i + 1 < len(args) else ""))
-    env = {**os.environ, **dict(spec.env)}
-    found += [value for name, value in env.items() if is_secret_name(name)]
-    return sorted({v for v in found if len(v) >= 8}, key=len, reverse=True)  # short values are not secrets
-
-
-def redact_text(text: str, secrets: list[str]) -> str:
-    for value in secrets:
-        text = text.replace(value, "***")
-    return text
+    """Secret strings ``spec``'s server may echo into its own log (:func:`~pytest_llmserve.redaction.secret_strings`):
+    its API key, secret flags' values in ``argv`` (default: the spec's), and the secret-named variables it is given or
+    inherits (HF_TOKEN...)."""
+    args = argv if argv is not None else [*spec.argv, *spec.args]
+    return secret_strings(spec.api_key, args, {**os.environ, **dict(spec.env)})
 
 
 @dataclass
@@ -288,7 +280,7 @@ class ServerHandle:
         self._log_fh = open(self.log_path, "ab")  # noqa: SIM115 - kept open for the server's lifetime
         header = {"server": self.spec.id, "argv": redact_argv(plan.argv), "port": self.port,
                   "env_added": sorted(plan.env), "notes": plan.notes}
-        self._log_fh.write(("# llmserve launch " + json.dumps(header) + "\n").encode())
+        self._log_fh.write(("# llmserve launch " + dumps(header) + "\n").encode())
         self._log_fh.flush()
         env = {**os.environ, **plan.env, **self.marker_env}
         env.setdefault("PYTHONUNBUFFERED", "1")
@@ -319,7 +311,7 @@ class ServerHandle:
         deadline_s = self.spec.startup_timeout_s
         start = time.monotonic()
         deadline = start + deadline_s
-        http = httpx.Client(timeout=10.0, headers=self._auth_headers())
+        http = httpx.Client(timeout=10.0, headers=auth_headers(self.spec.api_key))
 
         def attempt() -> bool:
             self._raise_if_exited(during="boot")
@@ -356,40 +348,29 @@ class ServerHandle:
         health = plan.health_path
         health_timeout = min(5.0 if health != "/health_generate" else 60.0, budget_s)
         if not self._probe_step(f"GET {health}", health_timeout,
-                                lambda t: http.get(plan.base_url + health, timeout=t)):
+                                lambda t: read_page(plan.base_url, health, timeout_s=t, http=http)):
             return False
         if not plan.generation_probe:
             self.last_readiness = f"GET {health}: 200"
             return True
         body = {"model": plan.model_name, "prompt": "Hello", "max_tokens": 1, "temperature": 0}
+        url = plan.base_url + "/v1/completions"
         # A worker attaching to a server another worker benchmarks must not probe it mid-round.
         with self.request_lock.shared() if self.request_lock is not None else contextlib.nullcontext():
             ready = self._probe_step("health 200, generation probe", max(0.1, min(120.0, budget_s)),
-                                     lambda t: http.post(plan.base_url + "/v1/completions", json=body, timeout=t),
+                                     lambda t: answer(url, t, lambda: http.post(url, json=body, timeout=t)),
                                      limit=300)
         if not ready:
             return False
         self.last_readiness = "health 200, one-token generation 200"
         return True
 
-    def _probe_step(self, label: str, timeout_s: float, send: Callable[[float], httpx.Response],
-                    limit: int = 200) -> bool:
+    def _probe_step(self, label: str, timeout_s: float, send: Callable[[float], Page], limit: int = 200) -> bool:
         """One readiness request: True on HTTP 200, else False with what came back in ``last_readiness``."""
-        try:
-            resp = send(timeout_s)
-        except httpx.TimeoutException as exc:
-            self.last_readiness = f"{label}: {type(exc).__name__} after {timeout_s:.1f} s"
-            return False
-        except httpx.HTTPError as exc:
-            self.last_readiness = f"{label}: {type(exc).__name__}"
-            return False
-        if resp.status_code != 200:
-            self.last_readiness = f"{label}: HTTP {resp.status_code} {resp.text[:limit]!r}"
-            return False
-        return True
-
-    def _auth_headers(self) -> dict[str, str]:
-        return {"Authorization": f"Bearer {self.spec.api_key}"} if self.spec.api_key else {}
+        page = send(timeout_s)
+        if not page.ok:
+            self.last_readiness = f"{label}: {page.failure(limit)}"
+        return page.ok
 
     def _tail(self) -> str:
         """The log's last lines for an error message, with secrets the engine may have echoed masked
@@ -487,17 +468,12 @@ class ServerHandle:
                          timeout_s=self.spec.request_timeout_s, accounting=self.accounting,
                          request_lock=self.request_lock)
 
-    def _aux_get(self, path: str) -> httpx.Response:
-        """An auxiliary GET (metrics, server info): 10 s at most, never longer than a request may take."""
-        return httpx.get(self.base_url + path, timeout=min(10.0, self.spec.request_timeout_s),
-                         headers=self._auth_headers())
+    def page(self, path: str) -> Page:
+        """One of the server's pages (metrics, server info): 10 s at most, never longer than a request may take."""
+        return read_page(self.base_url, path, self.spec.api_key, min(PAGE_TIMEOUT_S, self.spec.request_timeout_s))
 
     def metrics_text(self) -> str | None:
-        try:
-            resp = self._aux_get("/metrics")
-        except httpx.HTTPError:
-            return None
-        return resp.text if resp.status_code == 200 else None
+        return self.page("/metrics").body
 
     def server_info(self) -> dict[str, Any] | None:
         """The engine's own account of its resolved settings (SGLang ``/server_info``, llama.cpp ``/props``),
@@ -510,11 +486,7 @@ class ServerHandle:
         path = adapter.server_info_path
         if not path:
             return None
-        try:
-            resp = self._aux_get(path)
-            data = resp.json() if resp.status_code == 200 else None
-        except (httpx.HTTPError, ValueError):
-            return None
+        data = self.page(path).json()
         return data if isinstance(data, dict) else None
 
     def facts(self) -> ServerFacts:
@@ -562,7 +534,7 @@ def register_running(handle: ServerHandle) -> None:
              "log": str(handle.log_path), "started": time.time(), "marker": handle.marker,
              "owner": handle.marker_env[isolation.RUN_OWNER_ENV]}
     tmp = reg / f".{handle.pid}.json.tmp"
-    tmp.write_text(json.dumps(entry))
+    tmp.write_text(dumps(entry))
     os.replace(tmp, reg / f"{handle.pid}.json")  # a concurrent run's scan never reads half an entry
 
 

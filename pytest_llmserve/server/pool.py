@@ -32,6 +32,7 @@ from filelock import FileLock
 
 from pytest_llmserve.config import ServerSpec
 from pytest_llmserve.errors import ServerDiedError, ServerError
+from pytest_llmserve.json_encoding import dumps
 from pytest_llmserve.server import hosts, isolation, procs
 from pytest_llmserve.server.gpu_scope import GpuScope
 from pytest_llmserve.server.handle import ServerHandle, TimeAccount, engine_of, registry_dir
@@ -206,9 +207,9 @@ class ServerPool:
             try:
                 handle = self._boot(spec, key)
             except Exception as exc:
-                info_path.write_text(json.dumps({"error": str(exc)}))
+                info_path.write_text(dumps({"error": str(exc)}))
                 raise
-            info_path.write_text(json.dumps({
+            info_path.write_text(dumps({
                 "url": handle.base_url, "model": handle.model_name, "pid": handle.pid, "port": handle.port,
                 "create_time": procs.create_time(handle.pid) if handle.pid else None,
                 "log": str(handle.log_path) if handle.log_path else None, "owner_pid": os.getpid(),
@@ -238,7 +239,7 @@ class ServerPool:
                  "log": str(handle.log_path) if handle.log_path else None}
         path = self.run_dir / "launches.jsonl"
         with FileLock(str(path) + ".lock"), open(path, "a") as fh:
-            fh.write(json.dumps(entry) + "\n")
+            fh.write(dumps(entry) + "\n")
 
     def _record_boot(self, spec: ServerSpec, handle: ServerHandle, started: float, *, ok: bool,
                      error: str | None = None) -> None:
@@ -248,7 +249,7 @@ class ServerPool:
                  "url": handle.plan.base_url if handle.plan else spec.url,
                  "log": str(handle.log_path) if handle.log_path else None, "hostname": hosts.this_host()}
         with FileLock(str(self.run_dir / "boots.jsonl.lock")), open(self.run_dir / "boots.jsonl", "a") as fh:
-            fh.write(json.dumps(entry) + "\n")
+            fh.write(dumps(entry) + "\n")
 
     # ------------------------------------------------------------------ release
     def stop(self, key: str) -> None:
@@ -269,7 +270,7 @@ class ServerPool:
     def _record_stop(self, handle: ServerHandle, seconds: float) -> None:
         entry = {"server": handle.spec.id, "pid": handle.pid, "stop_s": round(seconds, 2)}
         with FileLock(str(self.run_dir / "stops.jsonl.lock")), open(self.run_dir / "stops.jsonl", "a") as fh:
-            fh.write(json.dumps(entry) + "\n")
+            fh.write(dumps(entry) + "\n")
 
     def stop_owned(self) -> list[str]:
         """A host-local worker's session end: stop the servers it booted (not those it attached to), and

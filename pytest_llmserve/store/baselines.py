@@ -23,7 +23,8 @@ lock, so concurrent writers (xdist workers, two pytest runs) lose no record and 
 mid-write leaves the old file intact. A file that is not valid JSON or of another schema raises
 :class:`~pytest_llmserve.errors.BaselineError` naming it and is never overwritten, not even by a
 replace. Secrets (API keys, tokens) are redacted before anything is written
-(:func:`pytest_llmserve.evidence.environment.redact_context`).
+(:func:`pytest_llmserve.redaction.redact_context`). Files are strict JSON
+(:mod:`pytest_llmserve.json_encoding`: a figure that is not finite is null; samples are refused unless finite).
 """
 
 from __future__ import annotations
@@ -43,7 +44,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 from pytest_llmserve.errors import BaselineError
-from pytest_llmserve.evidence.environment import find_secrets, plain_json, redact_context
+from pytest_llmserve.json_encoding import dumps, to_plain
+from pytest_llmserve.redaction import find_secrets, redact_context
 from pytest_llmserve.verdicts.comparability import append_diffs
 from pytest_llmserve.verdicts.stats import summarize
 
@@ -78,7 +80,7 @@ class BenchKey:
 
     @property
     def digest(self) -> str:
-        text = json.dumps(self.as_dict(), sort_keys=True, separators=(",", ":"))
+        text = dumps(self.as_dict(), sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(text.encode("utf-8")).hexdigest()[:10]
 
     @property
@@ -388,7 +390,7 @@ class BaselineStore:
             run_id=run_id or uuid.uuid4().hex[:12],
             samples=clean,
             summary={m: summarize(v).to_dict() for m, v in clean.items()},
-            info=plain_json(dict(info)) if info else {},
+            info=to_plain(dict(info)) if info else {},
         )
         path = self.path_for(key)
         self.root.mkdir(parents=True, exist_ok=True)
@@ -422,7 +424,7 @@ class BaselineStore:
                     records=[*existing.records, record],
                     path=path,
                 )
-            atomic_write_text(path, json.dumps(doc.to_dict(), indent=2, allow_nan=False) + "\n")
+            atomic_write_text(path, dumps(doc.to_dict(), indent=2) + "\n")
         return doc
 
     def _write_gitignore(self) -> None:

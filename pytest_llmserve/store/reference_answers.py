@@ -21,13 +21,14 @@ Model identity is the path (or hub id) and, where the model directory has one, t
 when both sides have that hash it alone decides (a copy of the model elsewhere is the same model), else the
 paths must match. A recording of another model, prompts, length or top-k is refused naming the differing
 fields. A file is written once: recording over an existing one is refused (nothing stored is overwritten).
+A non-finite logprob is NaN evidence and is kept as it came, written ``"nan"``, ``"-inf"`` or ``"inf"``
+(:func:`~pytest_llmserve.json_encoding.keep_nonfinite`; the file is strict JSON).
 """
 
 from __future__ import annotations
 
 import datetime as _dt
 import json
-import math
 import os
 import tempfile
 from collections.abc import Mapping, Sequence
@@ -38,6 +39,7 @@ from typing import Any
 from pytest_llmserve.config import ServerSpec, checkpoint_marker
 from pytest_llmserve.errors import ConfigError, ReferenceAnswersError
 from pytest_llmserve.evidence.completion import Completion, TokenLogprob
+from pytest_llmserve.json_encoding import dumps, keep_nonfinite
 from pytest_llmserve.verdicts.oracles import ProbePrompt
 from pytest_llmserve.weights import SHA_KEY as SHA_KEY  # the marker's key for the weights' hash, re-exported
 
@@ -70,13 +72,6 @@ def _prompt_dict(prompt: ProbePrompt) -> dict[str, Any]:
     return out
 
 
-def _number(value: float | None) -> Any:
-    # Plain JSON: a non-finite logprob (NaN evidence) is kept as a string, not as JSON's invalid NaN.
-    if value is None or math.isfinite(value):
-        return value
-    return str(value)
-
-
 def _float(value: Any) -> float | None:
     return None if value is None else float(value)
 
@@ -84,8 +79,8 @@ def _float(value: Any) -> float | None:
 def completion_to_dict(c: Completion) -> dict[str, Any]:
     return {"request": c.request, "status": c.status, "text": c.text, "finish_reason": c.finish_reason,
             "prompt_tokens": c.prompt_tokens, "completion_tokens": c.completion_tokens, "error": c.error,
-            "tokens": [{"token": t.token, "logprob": _number(t.logprob),
-                        "top": {k: _number(v) for k, v in t.top.items()}} for t in c.tokens]}
+            "tokens": [{"token": t.token, "logprob": keep_nonfinite(t.logprob),
+                        "top": {k: keep_nonfinite(v) for k, v in t.top.items()}} for t in c.tokens]}
 
 
 def completion_from_dict(data: Mapping[str, Any]) -> Completion:
@@ -162,7 +157,7 @@ def record(path: Path, answers: ReferenceAnswers) -> ReferenceAnswers:
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            json.dump(answers.to_dict(), fh, indent=1)
+            fh.write(dumps(answers.to_dict(), indent=1))
             fh.flush()
             os.fsync(fh.fileno())
         try:

@@ -120,6 +120,8 @@ from typing import Any, BinaryIO
 
 from filelock import FileLock
 
+from pytest_llmserve.json_encoding import dumps
+
 KINDS = ("nan", "scrambled", "healthy-copy", "nan-late", "wrong-eos", "lm-head-flip", "answer-swap", "attn-drift")
 MARKER = ".llmserve-derived.json"
 DERIVATION_VERSION = 1  # bump when a kind's recipe changes, so old derived dirs are rebuilt
@@ -345,7 +347,7 @@ def _derive_scrambled(src: Path, dst: Path, files: Sequence[Path]) -> dict[str, 
         data = json.loads(index.read_text())
         weight_map = data.get("weight_map", {})
         data["weight_map"] = {renamed.get(k, k): v for k, v in weight_map.items()}
-        (dst / index.name).write_text(json.dumps(data, indent=2))
+        (dst / index.name).write_text(dumps(data, indent=2))
     order = [layers[len(layers) - 1 - i] for i in range(len(layers))]
     return {"layer_order": order}
 
@@ -493,7 +495,7 @@ class _WeightFiles:
             metadata = data.get("metadata")
             if isinstance(metadata, dict) and isinstance(metadata.get("total_size"), int):
                 metadata["total_size"] += source.length
-            index.write_text(json.dumps(data, indent=2))
+            index.write_text(dumps(data, indent=2))
         self._index()
 
 
@@ -512,7 +514,7 @@ def _untie(weights: _WeightFiles, config_path: Path) -> bool:
         weights.append_copy(LM_HEAD, weights.named(EMBEDDING_SUFFIX))
     if tied or "tie_word_embeddings" not in config:
         config["tie_word_embeddings"] = False
-        config_path.write_text(json.dumps(config, indent=2) + "\n")
+        config_path.write_text(dumps(config, indent=2) + "\n")
     return tied
 
 
@@ -614,7 +616,7 @@ def _derive_wrong_eos(src: Path, dst: Path, files: Sequence[Path], layer: int | 
         raise CheckpointError(f"{src}: no eos_token_id in generation_config.json or config.json to extend")
     real = [eos] if isinstance(eos, int) else list(eos)
     generation["eos_token_id"] = real + [i for i in tokens.values() if i not in real]
-    path.write_text(json.dumps(generation, indent=2) + "\n")
+    path.write_text(dumps(generation, indent=2) + "\n")
     return {"eos_token_id": generation["eos_token_id"], "ordinary_stop_tokens": tokens}
 
 
@@ -726,7 +728,7 @@ def _derive_locked(src: Path, dst: Path, files: list[Path], kind: str, layer: in
             for path in files:
                 shutil.copyfile(path, tmp / path.name)
             details = {}
-        (tmp / MARKER).write_text(json.dumps({**want, **details}, indent=2) + "\n")
+        (tmp / MARKER).write_text(dumps({**want, **details}, indent=2) + "\n")
         os.replace(tmp, dst)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

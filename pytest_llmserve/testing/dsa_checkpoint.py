@@ -130,6 +130,7 @@ import numpy as np
 from pytest_llmserve.config import CHECKPOINT_MARKER
 from pytest_llmserve.engines.embedded import model_dir
 from pytest_llmserve.errors import LLMServeError
+from pytest_llmserve.json_encoding import dumps
 
 BUILDER = "dsa-tiny"
 MARKER = CHECKPOINT_MARKER  # the file every oracle reads random_weights from (config.untrained_reason)
@@ -569,7 +570,7 @@ def _build_locked(dst: Path, want: dict[str, Any], variant: str, seed: int, laye
     tmp = Path(tempfile.mkdtemp(prefix=f".{dst.name}.tmp-", dir=dst.parent))
     try:
         tmp.chmod(0o755)  # mkdtemp makes it 0700; the engine may run as another user
-        (tmp / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+        (tmp / "config.json").write_text(dumps(cfg, indent=2) + "\n")
         copied = []
         for name in TOKENIZER_FILES:
             if (tok_dir / name).is_file():
@@ -581,7 +582,7 @@ def _build_locked(dst: Path, want: dict[str, Any], variant: str, seed: int, laye
                   "num_tensors": num_tensors, "num_params": num_params, "std": STD,
                   "index_n_heads": cfg["index_n_heads"], "generator": GENERATOR,
                   "tokenizer_from": str(tok_dir), "tokenizer_files": copied, **details}
-        (tmp / MARKER).write_text(json.dumps(marker, indent=2) + "\n")
+        (tmp / MARKER).write_text(dumps(marker, indent=2) + "\n")
         if dst.exists():  # a build of other arguments, ours by its marker: replaced
             shutil.rmtree(dst)
         os.replace(tmp, dst)

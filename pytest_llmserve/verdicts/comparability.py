@@ -16,7 +16,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, replace
 from typing import Any, Literal
 
-from pytest_llmserve.evidence.environment import plain_json
+from pytest_llmserve.json_encoding import to_plain
 
 # Context keys (dotted paths; a prefix covers everything below it) that may differ between a baseline
 # and a run without making them incomparable: identities, bookkeeping, timeouts, where logs went.
@@ -103,8 +103,8 @@ def _under(key: str, prefixes: Iterable[str]) -> bool:
 
 
 def _diff_all(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[ContextDiff]:
-    flat_old = _flatten(plain_json(old), "", {})
-    flat_new = _flatten(plain_json(new), "", {})
+    flat_old = _flatten(to_plain(old), "", {})
+    flat_new = _flatten(to_plain(new), "", {})
     diffs = []
     for key in sorted(set(flat_old) | set(flat_new)):
         in_old, in_new = key in flat_old, key in flat_new

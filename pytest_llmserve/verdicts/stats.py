@@ -105,6 +105,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any, Literal
 
+from pytest_llmserve.json_encoding import float_or_nan
 from pytest_llmserve.verdicts.between_runs import between_run_difference, run_spread
 from pytest_llmserve.verdicts.two_sample import (
     bootstrap_change_ci,
@@ -157,16 +158,17 @@ class Summary:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Summary:
+        """A summary as :meth:`to_dict` wrote it; a figure written null (JSON has no NaN) is NaN again."""
         return cls(
             n=int(data["n"]),
-            mean=float(data["mean"]),
-            median=float(data["median"]),
-            stdev=float(data["stdev"]),
-            min=float(data["min"]),
-            max=float(data["max"]),
-            p90=float(data["p90"]),
-            p99=float(data["p99"]),
-            cv=float(data["cv"]),
+            mean=float_or_nan(data["mean"]),
+            median=float_or_nan(data["median"]),
+            stdev=float_or_nan(data["stdev"]),
+            min=float_or_nan(data["min"]),
+            max=float_or_nan(data["max"]),
+            p90=float_or_nan(data["p90"]),
+            p99=float_or_nan(data["p99"]),
+            cv=float_or_nan(data["cv"]),
         )
 
 

@@ -12,9 +12,9 @@ from pytest_llmserve.config import (
     ServerSpec,
     config_from_table,
     load_config,
-    redact_argv,
 )
 from pytest_llmserve.errors import ConfigError
+from pytest_llmserve.redaction import redact_argv
 
 
 def _default() -> ServerSpec:

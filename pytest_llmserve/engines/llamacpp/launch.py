@@ -53,6 +53,7 @@ from pytest_llmserve.engines.base import EngineAdapter, LaunchPlan
 from pytest_llmserve.engines.llamacpp.facts import check_llamacpp_execution, parse_llamacpp
 from pytest_llmserve.errors import ConfigError
 from pytest_llmserve.evidence.facts import ServerFacts
+from pytest_llmserve.evidence.pages import read_page
 from pytest_llmserve.verdicts.execution import CheckResult
 
 __all__ = [
@@ -330,29 +331,12 @@ class LlamaCppAdapter(EngineAdapter):
         self, base_url: str, api_key: str | None = None, timeout_s: float = 10.0
     ) -> dict[str, Any] | None:
         """``GET /props`` with ``GET /slots`` added under ``"slots"``; None when /props does not answer."""
-        # lazy: httpx takes ~120 ms to import (-X importtime)
-        import httpx
-
-        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        base = base_url.rstrip("/")
-        try:
-            props = httpx.get(base + "/props", timeout=timeout_s, headers=headers)
-        except httpx.HTTPError:
-            return None
-        if props.status_code != 200:
-            return None
-        try:
-            info = props.json()
-        except ValueError:
-            return None
+        info = read_page(base_url, "/props", api_key, timeout_s).json()
         if not isinstance(info, dict):
             return None
-        try:
-            slots = httpx.get(base + "/slots", timeout=timeout_s, headers=headers)
-            if slots.status_code == 200 and isinstance(slots.json(), list):
-                info["slots"] = slots.json()
-        except (httpx.HTTPError, ValueError):
-            pass
+        slots = read_page(base_url, "/slots", api_key, timeout_s).json()
+        if isinstance(slots, list):
+            info["slots"] = slots
         return info
 
     def parse_facts(

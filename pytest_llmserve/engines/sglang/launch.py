@@ -26,6 +26,7 @@ from pytest_llmserve.engines.sglang.facts import merge_sglang_metrics, parse_sgl
 from pytest_llmserve.errors import ConfigError, ServerStartError
 from pytest_llmserve.evidence.facts import ServerFacts, fill_missing
 from pytest_llmserve.evidence.prometheus import parse as parse_prometheus
+from pytest_llmserve.redaction import MASK
 
 if TYPE_CHECKING:
     from pytest_llmserve.config import ServerSpec
@@ -628,9 +629,9 @@ class SGLangAdapter(EngineAdapter):
                 "served_model_name", spec.served_model_name, ("--served-model-name",), spec.served_model_name
             )
         if spec.api_key:
-            plan.pick("api_key", "***", "--api-key")
+            plan.pick("api_key", MASK, "--api-key")
             plan.argv.extend(["--api-key", spec.api_key])
-            plan.notes.append("api_key -> --api-key ***")
+            plan.notes.append(f"api_key -> --api-key {MASK}")
         user_flags = {arg.split("=", 1)[0] for arg in spec.args if arg.startswith("--")}
         clashes = sorted(flag for flag in user_flags if flag in plan.owned)
         if clashes:

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 from pytest_llmserve.config import Workload
-from pytest_llmserve.evidence.environment import find_secrets
 from pytest_llmserve.gates.context import build_context
+from pytest_llmserve.redaction import find_secrets
 from pytest_llmserve.server import gpu
 from pytest_llmserve.server.hardware import HOST_FIELDS, hardware_context, parse_cpuinfo, probe_hardware
 from tests.unit.contexts import HW, spec

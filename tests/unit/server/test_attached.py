@@ -5,9 +5,8 @@ parsed by the configured engine's adapter from the named log (read when facts ar
 from __future__ import annotations
 
 import json
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +16,7 @@ from pytest_llmserve.config import ServerSpec
 from pytest_llmserve.errors import ServerError
 from pytest_llmserve.server.handle import engine_of
 from pytest_llmserve.server.pool import AttachedHandle, ServerPool, read_boots, url_key
+from tests.unit.local_http import QuietHandler, serving, url_of
 
 DATA = Path(__file__).resolve().parents[2] / "data" / "logs"
 SGLANG_INFO = json.loads((DATA / "real_sglang_0.5.15_h200_cuda_graph.server_info.json").read_text())
@@ -25,16 +25,11 @@ SGLANG_METRICS = (DATA / "real_sglang_0.5.15_h200_cuda_graph.metrics.txt").read_
 pytestmark = pytest.mark.usefixtures("private_registry")
 
 
-class _Engine(BaseHTTPRequestHandler):
+class _Engine(QuietHandler):
     """/health, /v1/models, /v1/completions (one token), /server_info and /metrics of an SGLang server."""
 
     def _send(self, status: int, body: Any, content_type: str = "application/json") -> None:
-        data = body.encode() if isinstance(body, str) else json.dumps(body).encode()
-        self.send_response(status)
-        self.send_header("content-type", content_type)
-        self.send_header("content-length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
+        self.answer(status, content_type, body.encode() if isinstance(body, str) else json.dumps(body).encode())
 
     def do_GET(self) -> None:  # noqa: N802 - http.server's name
         if self.path == "/health":
@@ -55,23 +50,11 @@ class _Engine(BaseHTTPRequestHandler):
         self._send(200, {"choices": [{"index": 0, "text": " hi", "finish_reason": "length"}],
                          "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}})
 
-    def log_message(self, *args: Any) -> None:
-        pass
-
 
 @pytest.fixture
 def remote() -> Iterator[ThreadingHTTPServer]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Engine)
-    server.models_asked = []  # type: ignore[attr-defined]
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield server
-    server.shutdown()
-    server.server_close()
-
-
-def _url(server: ThreadingHTTPServer) -> str:
-    return f"http://127.0.0.1:{server.server_address[1]}"
+    with serving(_Engine, models_asked=[]) as server:
+        yield server
 
 
 def _pool(tmp_path: Path) -> ServerPool:
@@ -82,7 +65,7 @@ def test_an_attached_sglang_server_gives_sglangs_facts_from_server_info_metrics_
         tmp_path: Path, remote: ThreadingHTTPServer) -> None:
     log = tmp_path / "node-a.log"
     log.write_text("")  # the cluster's server has written nothing yet
-    spec = ServerSpec(name="glm5", engine="sglang", url=_url(remote) + "/v1", log=str(log), max_batch_size=64,
+    spec = ServerSpec(name="glm5", engine="sglang", url=url_of(remote) + "/v1", log=str(log), max_batch_size=64,
                       variant=(("cuda_graph", "on"),))
     pool = _pool(tmp_path)
     handle = pool.get(spec)
@@ -105,7 +88,7 @@ def test_an_attached_sglang_server_gives_sglangs_facts_from_server_info_metrics_
 def test_a_missing_log_is_a_server_error_naming_the_path_and_the_server(
         tmp_path: Path, remote: ThreadingHTTPServer) -> None:
     missing = tmp_path / "nowhere.log"
-    spec = ServerSpec(name="ray", engine="vllm", url=_url(remote), log=str(missing), source="llmserve.toml")
+    spec = ServerSpec(name="ray", engine="vllm", url=url_of(remote), log=str(missing), source="llmserve.toml")
     pool = _pool(tmp_path)
     with pytest.raises(ServerError) as info:
         pool.get(spec)
@@ -121,9 +104,9 @@ def test_configurations_naming_one_server_share_its_request_lock(tmp_path: Path,
     assert url_key("http://node-a:8000") != url_key("http://node-b:8000")
     pool = _pool(tmp_path)
     pool.max_alive = 1
-    four = ServerSpec(name="ray", engine="vllm", url=_url(remote), max_batch_size=4,
+    four = ServerSpec(name="ray", engine="vllm", url=url_of(remote), max_batch_size=4,
                       variant=(("max_batch_size", "4"),))
-    eight = ServerSpec(name="ray", engine="vllm", url=_url(remote) + "/", max_batch_size=8,
+    eight = ServerSpec(name="ray", engine="vllm", url=url_of(remote) + "/", max_batch_size=8,
                        variant=(("max_batch_size", "8"),))
     a, b = pool.get(four), pool.get(eight)
     assert a.request_lock is b.request_lock
@@ -134,8 +117,8 @@ def test_a_reference_is_got_beside_the_current_server_and_the_pool_s_size_is_res
         tmp_path: Path, remote: ThreadingHTTPServer) -> None:
     log = tmp_path / "a.log"
     log.write_text("")
-    current = ServerSpec(name="a", engine="vllm", url=_url(remote), log=str(log))
-    reference = ServerSpec(name="b", engine="vllm", url=_url(remote))
+    current = ServerSpec(name="a", engine="vllm", url=url_of(remote), log=str(log))
+    reference = ServerSpec(name="b", engine="vllm", url=url_of(remote))
     pool = _pool(tmp_path)
     assert pool.max_alive == 1
     here = pool.get(current)
@@ -155,7 +138,7 @@ def test_a_worker_attaching_to_another_workers_server_gets_its_gpu_scope(tmp_pat
 
     scope = GpuScope((0, 1), frozenset({2_811_034}), "pid 2811034 (NVML's pid namespace, not this one)")
     spec = ServerSpec(name="glm5", engine="sglang")
-    info = {"url": _url(remote) + "/v1", "model": "glm5-served", "pid": None, "gpu_scope": scope.to_dict()}
+    info = {"url": url_of(remote) + "/v1", "model": "glm5-served", "pid": None, "gpu_scope": scope.to_dict()}
     attached = _pool(tmp_path)._attach(spec, info)
     assert attached.gpu_scope == scope
     assert json.loads(json.dumps(scope.to_dict())) == scope.to_dict()  # what the record holds survives JSON

@@ -16,8 +16,8 @@ import pytest
 
 from pytest_llmserve.config import Workload
 from pytest_llmserve.errors import BaselineError
-from pytest_llmserve.evidence.environment import find_secrets, redact_context
 from pytest_llmserve.gates.context import build_context
+from pytest_llmserve.redaction import find_secrets, redact_context
 from pytest_llmserve.store.baselines import BaselineStore, BenchKey, read_baseline_file
 from tests.unit.contexts import HW, ctx, spec
 
