@@ -3,7 +3,7 @@
 The gates (:class:`~pytest_llmserve.gates.bench.BenchGate`, :class:`~pytest_llmserve.gates.ab.ABRunner`) return a
 :class:`~pytest_llmserve.report.outcome.BenchOutcome` whose ``ending`` says what it means for the test; they never
 call pytest. Here, and only here, an outcome is recorded for the reports and made a failure, a skip or a warning.
-While a gate runs, its progress (the ``pytest_llmserve.bench`` logger) is also written to the terminal.
+While a gate runs, its progress (the ``pytest_llmserve.gates`` logger) is also written to the terminal.
 """
 
 from __future__ import annotations

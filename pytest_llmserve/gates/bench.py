@@ -17,7 +17,7 @@ round, up to ``max_rounds``, then "inconclusive" is reported by the policy ``inc
 warning, or a failure). The gate and the A/B runner share that loop (:func:`until_verdict`). The gate fills one
 :class:`~pytest_llmserve.report.outcome.BenchOutcome` as it measures and returns it, its ``ending`` saying what a
 test makes of it (fail, skip, warn, or nothing); the gate never calls pytest (:mod:`pytest_llmserve.bench_face`
-does). Progress goes to the ``pytest_llmserve.bench`` logger.
+does). Progress goes to the ``pytest_llmserve.gates`` logger.
 
 Warm-up: a GPU server's first rounds are slow (a CUDA graph replayed for a batch size for the first time, the
 first prefill shapes, JIT-compiled kernels): on an H200 two rounds of SGLang measured 1,118 and 2,217 tok/s
@@ -244,9 +244,9 @@ class BenchGate:
         except Exception:  # noqa: BLE001 - the version is context, not a verdict
             pass
         try:
-            resp = self.server.client().get("/version")
-            if resp.status_code == 200:
-                return str(resp.json().get("version"))
+            data = self.server.client().page("/version").json()
+            if isinstance(data, dict) and data.get("version") is not None:
+                return str(data["version"])
         except Exception:  # noqa: BLE001
             pass
         return None

@@ -15,7 +15,7 @@ the server's usage over the round's duration); its per-token timing figures are 
 :class:`Invalid` only for measurement artefacts (at most :data:`ARTEFACT_RETRIES` per benchmark); what it returns is
 :class:`Measured`, :class:`Invalid` (a server fault, or one artefact too many) or :class:`Confounded`. The caller
 turns the last two into its outcome; only the pytest layer turns an outcome into a failure or a skip. Progress is
-logged on the ``pytest_llmserve.bench`` logger (:data:`log`).
+logged on the ``pytest_llmserve.gates`` logger (:data:`log`).
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from pytest_llmserve.report.outcome import ContendedRound, DiscardedRound
 from pytest_llmserve.server.handle import RunningServer, engine_of
 
 #: Where the benchmark path says what it does (shown by pytest's live log and, under the plugin, on the terminal).
-log = logging.getLogger("pytest_llmserve.bench")
+log = logging.getLogger("pytest_llmserve.gates")
 
 # Contended rounds discarded before a benchmark gives up with "confounded: host busy": one or two let a
 # passing burst (a cron job, a package index refresh) go by at the cost of a round each; a host that stays

@@ -30,6 +30,7 @@ from pytest_llmserve.config import Workload
 from pytest_llmserve.errors import LLMServeError
 from pytest_llmserve.evidence.completion import Completion, TokenLogprob
 from pytest_llmserve.evidence.prometheus import counter_total
+from pytest_llmserve.json_encoding import to_plain
 from pytest_llmserve.load.contention import HostContention
 from pytest_llmserve.load.prompts import WorkloadPrompt
 from pytest_llmserve.verdicts.coherence import CoherenceThresholds, coherence_findings
@@ -277,7 +278,7 @@ def invalid_reasons(records: Sequence[RequestRecord], workload: Workload, *,
 def sample_findings(records: Sequence[RequestRecord], *, judge_text: bool = True) -> list[str]:
     """What is wrong with the text of the sampled requests (those that kept it): non-finite logprobs where
     the server returned logprobs, and decode collapse by the coherence oracle
-    (:func:`pytest_llmserve.verdicts.coherence.coherence_findings`, with :data:`SAMPLE_THRESHOLDS`) unless
+    (:func:`pytest_llmserve.verdicts.coherence.coherence_findings`, with :func:`_sample_thresholds`) unless
     ``judge_text`` is False (an untrained model: any text is what random weights say)."""
     out: list[str] = []
     for r in records:
@@ -351,14 +352,12 @@ class RunResult:
             raise KeyError(f"unknown metric {name!r} (known: {', '.join(sorted(self.metrics))})") from None
 
     def to_dict(self, per_request: bool = True) -> dict[str, Any]:
-        wl = asdict(self.workload)
-        if math.isinf(wl["request_rate"]):
-            wl["request_rate"] = "inf"
+        wl = self.workload.to_dict()
         out: dict[str, Any] = {
             "workload": wl, "transport": self.transport, "valid": self.valid,
-            "invalid_reasons": list(self.invalid_reasons), "metrics": _finite(self.metrics),
-            "summaries": {k: _finite(asdict(v)) for k, v in self.summaries.items()},
-            "diagnostics": _finite(self.diagnostics), "started_at": self.started_at,
+            "invalid_reasons": list(self.invalid_reasons), "metrics": to_plain(self.metrics),
+            "summaries": {k: to_plain(v) for k, v in self.summaries.items()},
+            "diagnostics": to_plain(self.diagnostics), "started_at": self.started_at,
             "ended_at": self.ended_at,
             "notes": list(self.notes), "prompts_exact": self.prompts_exact, "processes": self.processes,
             "server_counter": self.server_counter, "server_output_throughput": self.server_output_throughput,
@@ -372,11 +371,6 @@ class RunResult:
             out["per_request"] = [r.to_dict() for r in self.per_request]
             out["warmup"] = [r.to_dict() for r in self.warmup]
         return out
-
-
-def _finite(d: dict[str, Any]) -> dict[str, Any]:
-    """JSON has no NaN: undefined figures become null."""
-    return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in d.items()}
 
 
 def evaluate(records: Sequence[RequestRecord], workload: Workload, *, transport: str,

@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from pytest_llmserve.json_encoding import dumps, float_or_nan
 from pytest_llmserve.store.baselines import BenchKey
 from pytest_llmserve.verdicts.comparability import Comparability
 from pytest_llmserve.verdicts.stats import NOISY_CV, Summary, Verdict, log_sd, summarize
@@ -260,7 +261,7 @@ class BenchOutcome:
         """The whole record as JSON, for ``user_properties`` (xdist workers): the results.json entry
         (:meth:`to_dict`) and what the gate knows beyond it; :meth:`from_json` reads it back."""
         extra = {name: getattr(self, name) for name in RECORD_ONLY}
-        return json.dumps({**self.to_dict(), **extra}, default=str)
+        return dumps({**self.to_dict(), **extra})
 
     @classmethod
     def from_json(cls, text: str) -> BenchOutcome:
@@ -286,13 +287,13 @@ class BenchOutcome:
             if data.get("comparability")
             else None,
             metrics={k: Summary.from_dict(v) for k, v in (data.get("metrics") or {}).items()},
-            samples={k: [float(x) for x in v] for k, v in (data.get("samples") or {}).items()},
-            baseline_samples=[float(x) for x in data.get("baseline_samples") or []],
+            samples={k: [float_or_nan(x) for x in v] for k, v in (data.get("samples") or {}).items()},
+            baseline_samples=[float_or_nan(x) for x in data.get("baseline_samples") or []],
             error=data.get("error"),
             context=dict(data.get("context") or {}),
             concurrency=data.get("concurrency"),
             request_latencies_s={
-                k: [float(x) for x in v] for k, v in (data.get("request_latencies_s") or {}).items()
+                k: [float_or_nan(x) for x in v] for k, v in (data.get("request_latencies_s") or {}).items()
             },
             note=data.get("note"),
             baseline_path=data.get("baseline_path"),
@@ -313,7 +314,8 @@ class BenchOutcome:
             inconclusive_policy=data.get("inconclusive_policy"),
             warning=data.get("warning"),
             baseline_ci_half_width=data.get("baseline_ci_half_width"),
-            baseline_series={k: [float(x) for x in v] for k, v in (data.get("baseline_series") or {}).items()},
+            baseline_series={k: [float_or_nan(x) for x in v]
+                             for k, v in (data.get("baseline_series") or {}).items()},
             differences=[str(d) for d in data.get("differences") or []],
             ab=bool(data.get("ab", False)),
             before_boot=bool(data.get("before_boot", False)),

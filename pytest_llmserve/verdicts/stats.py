@@ -76,7 +76,7 @@ Inside one run (the A/B runner, a bisect) the slowest round of a side is set asi
 other rounds beyond a t prediction bound at :data:`SLOW_ROUND_LEVEL`, at most one a side, and the verdict names it
 (one round slowed by the machine inflates the t test's variance until the cap). Across runs (the gate against a
 stored baseline) no round is set aside: other processes' share of the machine is measured during each round and a
-contended round is measured again (gates/rounds.clean_round), so a slow round left is the server's own and counts;
+contended round is measured again (gates/rounds.RoundLoop), so a slow round left is the server's own and counts;
 the verdict names it ("slow and counted"). The figures beside the verdict (median change, Mann-Whitney p,
 bootstrap CI) are the fixed-sample rule's. Operating characteristics (false "regressed" rate, power, rounds to a
 verdict) of both rules, measured on seeded synthetic trials with the real server's noise and on the real server:
@@ -556,7 +556,7 @@ def decide_sequential(
         raise ValueError(f"baseline_runs hold {sum(len(run) for run in baseline_runs)} rounds, the baseline "
                          f"{len(base)}: they must be the same rounds, grouped by run")
     # Across runs (a gate against a stored baseline) every round counts: a round slowed by other processes is
-    # found by measuring them and measured again (gates/rounds.clean_round), so a slow round left is the server's
+    # found by measuring them and measured again (gates/rounds.RoundLoop), so a slow round left is the server's
     # own (a stall is a regression too); the slowest is named if it is an outlier. Inside one run (the A/B
     # runner, a bisect) the slowest round of a side is set aside as before, and named.
     counted_slow = ""

@@ -33,10 +33,7 @@ PACKAGE = "pytest_llmserve"
 # Dangling references in files that another change of issue 36 is rewriting now (its brief lists each, with
 # what it should say): (file, reference as written). Empty this once that change lands; an entry that no longer
 # dangles fails the test, so the list cannot outlive its references.
-KNOWN_DANGLING: frozenset[tuple[str, str]] = frozenset({
-    # no SAMPLE_THRESHOLDS anywhere: sample_findings judges with the module's own _sample_thresholds()
-    ("pytest_llmserve/load/metrics.py", ":data:`SAMPLE_THRESHOLDS`"),
-})
+KNOWN_DANGLING: frozenset[tuple[str, str]] = frozenset()
 
 # This file: its docstrings and strings plant dangling references on purpose.
 SELF = "tests/unit/test_doc_references.py"

@@ -30,6 +30,9 @@ class StandinClient:
     def get(self, path: str) -> Any:
         raise OSError("no server behind this stand-in")
 
+    def page(self, path: str) -> Any:
+        raise OSError("no server behind this stand-in")
+
 
 class StandinServer:
     """What the gate reads of a running server, without one."""
