@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Literal
 from pytest_llmserve.config import LLMServeConfig, ServerSpec
 from pytest_llmserve.errors import ConfigError
 from pytest_llmserve.gates.bench import format_values, measured_resolution, resolution_record, until_verdict
-from pytest_llmserve.gates.context import build_context
+from pytest_llmserve.gates.context import configuration_differences
 from pytest_llmserve.gates.rounds import (
     Confounded,
     Invalid,
@@ -30,14 +30,12 @@ from pytest_llmserve.gates.rounds import (
     sample_series,
 )
 from pytest_llmserve.load.contention import wait_until_quiet
-from pytest_llmserve.load.prompts import build_prompts
 from pytest_llmserve.metrics import higher_is_better
 from pytest_llmserve.options import BenchDefaults
 from pytest_llmserve.report.outcome import BenchOutcome, Ending
 from pytest_llmserve.server.handle import RunningServer
 from pytest_llmserve.store.baselines import BenchKey
 from pytest_llmserve.verdicts import stats
-from pytest_llmserve.verdicts.comparability import diff_context
 
 if TYPE_CHECKING:
     from pytest_llmserve.server.pool import ServerPool
@@ -92,8 +90,7 @@ class ABRunner:
         wl = self.cfg.workload(workload, where=self.test_id)
         server_a = self.pool.get(spec_a)
         server_b = self.pool.get(spec_b, keep=(spec_a,))
-        diffs = diff_context(build_context(spec_a, wl, engine_version=None),
-                             build_context(spec_b, wl, engine_version=None))
+        diffs = configuration_differences(spec_a, spec_b, wl)
         hib = higher_is_better(metric)
         side: dict[str, list[dict[str, float]]] = {"A": [], "B": []}
         servers = {"A": server_a, "B": server_b}
@@ -103,8 +100,7 @@ class ABRunner:
         started = time.monotonic()
         done = 0
         bound = BenchDefaults().contention_bound if contention_bound is None else contention_bound
-        loop = RoundLoop(wl, build_prompts(wl, tokenize=server_a.client().tokenize), metric=metric,
-                         contention_bound=bound, measure=self.measure_round)
+        loop = RoundLoop(wl, metric=metric, contention_bound=bound, measure=self.measure_round)
         self.stop = None
 
         def pair() -> None:

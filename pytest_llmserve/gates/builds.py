@@ -27,16 +27,15 @@ from pytest_llmserve.builds import BuildEnv, Installer
 from pytest_llmserve.config import WORKLOAD_PRESETS, BuildSpec, LLMServeConfig, ServerSpec, Workload
 from pytest_llmserve.errors import ConfigError, LLMServeError
 from pytest_llmserve.gates.ab import ABRunner, ABStop
-from pytest_llmserve.gates.context import build_context
+from pytest_llmserve.gates.context import configuration_comparability
 from pytest_llmserve.gates.decode import DecodeCheck
 from pytest_llmserve.gates.rounds import Confounded, RoundLoop, log
 from pytest_llmserve.gates.rounds import Measured as MeasuredRound
-from pytest_llmserve.load.prompts import build_prompts
 from pytest_llmserve.metrics import higher_is_better
 from pytest_llmserve.report.builds import Measured, results_document, write_build_reports
 from pytest_llmserve.server.pool import ServerPool
 from pytest_llmserve.verdicts.bisect import BisectResult, StepResult, bisect, judge_step
-from pytest_llmserve.verdicts.comparability import IGNORED_CONTEXT_KEYS, comparability
+from pytest_llmserve.verdicts.comparability import IGNORED_CONTEXT_KEYS
 
 # An idle vLLM CPU server with a 2 GiB KV cache held about 2.7 GB here (DESIGN.md); with the KV cache
 # filling and a margin, two servers side by side want about this much available memory each.
@@ -67,8 +66,7 @@ def check_only_build_differs(a: ServerSpec, b: ServerSpec, workload: Workload, *
     """Refuse (ConfigError) when the two contexts differ in more than the build: interpreter and engine
     version, and the server arguments only where a build declares them."""
     ignore = (*IGNORED_CONTEXT_KEYS, "server_args.variant") + (("server_args.args",) if declared_args else ())
-    comp = comparability(build_context(a, workload, engine_version=None),
-                         build_context(b, workload, engine_version=None), variable="engine_build", ignore=ignore)
+    comp = configuration_comparability(a, b, workload, variable="engine_build", ignore=ignore)
     if comp.status == "refused":
         raise ConfigError(f"{a.id} vs {b.id}: {comp.message}")
 
@@ -217,8 +215,7 @@ class BuildRunner:
         for block, n in enumerate((first_block, s.rounds - first_block)):
             for side in (ref, index):
                 server = self._server(side)
-                loop = loop or RoundLoop(s.workload, build_prompts(s.workload, tokenize=server.client().tokenize),
-                                         metric=s.metric, contention_bound=None)
+                loop = loop or RoundLoop(s.workload, metric=s.metric, contention_bound=None)
                 for r in range(n + 1):
                     name: Literal["A", "B"] = "A" if side == ref else "B"
                     result = loop.measure(server, f"block {block + 1} round {r} on {name} ({server.spec.id})")

@@ -30,6 +30,7 @@ from typing import Any
 from pytest_llmserve.config import Workload, untrained_reason
 from pytest_llmserve.load.contention import HostContention, contention_reason
 from pytest_llmserve.load.metrics import Blame, InvalidReason, RunResult, only_artefacts, server_fault, timing_only
+from pytest_llmserve.load.prompts import build_prompts
 from pytest_llmserve.load.runner import run_workload
 from pytest_llmserve.metrics import LATENCY_METRICS
 from pytest_llmserve.report.outcome import ContendedRound, DiscardedRound
@@ -194,9 +195,10 @@ RoundMeasure = Callable[[Any, Workload, Any], Any]
 class RoundLoop:
     """The rounds of one benchmark: :meth:`measure` gives a round that is a sample, measuring again a contended
     round and one invalid only for measurement artefacts, within the benchmark's allowances; ``discarded`` and
-    ``contended`` hold every round set aside, in order (shared by all the benchmark's rounds, on every server)."""
+    ``contended`` hold every round set aside, in order (shared by all the benchmark's rounds, on every server).
+    ``prompts``: the workload's (None: built from the first server's tokenizer)."""
 
-    def __init__(self, workload: Workload, prompts: Any, *, metric: str, contention_bound: float | None,
+    def __init__(self, workload: Workload, prompts: Any = None, *, metric: str, contention_bound: float | None,
                  measure: RoundMeasure = measure_round) -> None:
         self.workload = workload
         self.prompts = prompts
@@ -207,6 +209,10 @@ class RoundLoop:
         self.contended: list[ContendedRound] = []
 
     def measure(self, server: Any, what: str) -> Measured | Invalid | Confounded:
+        """One round on ``server`` that is a sample, or why the benchmark ends. The prompts, unless given, are built
+        with the first server's tokenizer, and every round sends the same."""
+        if self.prompts is None:
+            self.prompts = build_prompts(self.workload, tokenize=server.client().tokenize)
         first = what
         while True:
             got = judge_round(self._measure(server, self.workload, self.prompts), what, metric=self.metric,

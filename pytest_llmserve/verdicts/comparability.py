@@ -54,7 +54,7 @@ VARIABLE_GROUPS: dict[str, tuple[str, ...]] = {
 }
 ENGINE_BUILD_VARIABLES = ("engine_version", "engine_build")
 
-# The context keys that say which machine a run measured (evidence.environment.probe_hardware).
+# The context keys that say which machine a run measured (server/hardware.hardware_context).
 HOST_KEYS: tuple[str, ...] = ("hardware",)
 
 Status = Literal["same", "allowed-variable", "refused", "forced"]

@@ -8,7 +8,7 @@ import pytest
 
 from pytest_llmserve.config import config_from_table
 from pytest_llmserve.errors import ConfigError
-from pytest_llmserve.evidence.environment import server_args
+from pytest_llmserve.gates.context import server_args
 
 SERVER: dict[str, Any] = {"engine": "sglang", "model": "/models/dsa-tiny"}
 MATRIX: dict[str, Any] = {"nsa_decode_backend": ["flashmla_sparse", "flashmla_kv", "tilelang"],

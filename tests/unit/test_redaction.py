@@ -14,8 +14,7 @@ import pytest
 from pytest_llmserve.config import ServerSpec, Workload
 from pytest_llmserve.engines import engine_environment
 from pytest_llmserve.engines.sglang.launch import SGLangAdapter, flagset_for_version
-from pytest_llmserve.evidence.environment import server_args
-from pytest_llmserve.gates.context import build_context
+from pytest_llmserve.gates.context import build_context, server_args
 from pytest_llmserve.redaction import (
     MASK,
     find_secrets,

@@ -225,6 +225,6 @@ def test_the_dsa_builders_marker_beside_a_trained_model_is_refused(dsa_tiny: Pat
 
 
 def test_random_weights_stays_out_of_a_baselines_server_args() -> None:
-    from pytest_llmserve.evidence.environment import server_args
+    from pytest_llmserve.gates.context import server_args
 
     assert "random_weights" not in server_args(_spec({"random_weights": True}))
