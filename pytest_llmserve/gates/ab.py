@@ -156,7 +156,7 @@ class ABRunner:
                                            both_sides_grow=True)
             if resolved is not None:
                 outcome.resolution = resolution_record(resolved)
-                outcome.note = f"{verdict.reason}\nresolution: {outcome.resolution['line']}"
+                outcome.note = f"{verdict.reason}\nresolution: {outcome.resolution.line}"
         outcome.summarize_samples()
         a_s, b_s = stats.summarize(series_a[metric]), stats.summarize(series_b[metric])
         if judged_by_caller:
@@ -165,7 +165,7 @@ class ABRunner:
         log.info("A/B %s: A=%s median %.2f, B=%s median %.2f, change %+.1f%%: %s", metric, spec_a.id, a_s.median,
                  spec_b.id, b_s.median, verdict.change * 100, verdict.outcome)
         if outcome.resolution is not None:
-            log.info("A/B resolution: %s", outcome.resolution["line"])
+            log.info("A/B resolution: %s", outcome.resolution.line)
         if verdict.outcome == "regressed":
             outcome.ending = Ending("fail", (
                 f"A/B: B={spec_b.id} REGRESSED against A={spec_a.id} on {metric} (workload {wl.name})\n"

@@ -92,7 +92,7 @@ from pytest_llmserve.gates.rounds import (
 )
 from pytest_llmserve.load.prompts import build_prompts
 from pytest_llmserve.metrics import METRICS, higher_is_better
-from pytest_llmserve.report.outcome import BenchOutcome, Ending
+from pytest_llmserve.report.outcome import BenchOutcome, Ending, Extension, ResolutionRecord, WarmUp
 from pytest_llmserve.server.handle import RunningServer
 from pytest_llmserve.settings import INCONCLUSIVE_POLICIES, BenchSpec, Settings
 from pytest_llmserve.store.baselines import BaselineStore, BenchKey
@@ -201,7 +201,7 @@ class BenchGate:
         # One measured round (a stand-in in unit tests); the warm-up's time budget is read on ``clock``.
         self.measure_round = measure
         self.clock = clock
-        self.warmup: dict[str, Any] | None = None  # the warm-up's record, once it ran (it runs once per gate)
+        self.warmup: WarmUp | None = None  # the warm-up's record, once it ran (it runs once per gate)
         # Judges the clean rounds of a benchmark that ends confounded (set once a comparable baseline is read).
         self._judge_clean_rounds: Callable[[list[float]], stats.Verdict | None] | None = None
         self._loop: RoundLoop | None = None  # the benchmark's rounds: built with the workload's prompts
@@ -339,14 +339,11 @@ class BenchGate:
         gated metric; returns that round, the first measured round (module docstring, "Warm-up").
 
         Rounds before it are discarded, at most ``warmup_rounds``, and none once :data:`WARMUP_BUDGET_S` is
-        spent; then the next round is measured, settled or not. The record (``self.warmup``, and the outcome's
-        ``warmup``): ``rounds`` discarded, their ``values`` of the gated metric, ``settled`` (None with
-        ``warmup_rounds = 0``), ``difference`` (the last comparison's relative difference), ``seconds`` spent
-        in discarded rounds, ``agreement``, ``max_rounds``, ``budget_s``, and a ``note`` unless it settled."""
+        spent; then the next round is measured, settled or not. The record is a
+        :class:`~pytest_llmserve.report.outcome.WarmUp` (``self.warmup``, and the outcome's ``warmup``)."""
         opts = self.options
         metric, cap, bound = opts.metric, opts.warmup_rounds, opts.warmup_agreement
-        record: dict[str, Any] = {"metric": metric, "rounds": 0, "values": [], "settled": None, "difference": None,
-                                  "seconds": 0.0, "agreement": bound, "max_rounds": cap, "budget_s": WARMUP_BUDGET_S}
+        record = WarmUp(metric=metric, agreement=bound, max_rounds=cap, budget_s=WARMUP_BUDGET_S)
         self.warmup = record
         if outcome is not None:
             outcome.warmup = record
@@ -354,7 +351,7 @@ class BenchGate:
         started = self.clock()
         previous: float | None = None
         while True:
-            number = len(record["values"]) + 1
+            number = len(record.values) + 1
             if cap == 0:
                 what = f"benchmark round 1 on {name}"
                 log.info("%s: round 1 of workload %s (no warm-up round: warmup_rounds = 0)", name, workload.name)
@@ -368,34 +365,35 @@ class BenchGate:
             result = self._round(workload, prompts, what, outcome, [])
             value = result.samples.get(metric, math.nan)
             if cap == 0:
-                record["note"] = "no warm-up round (warmup_rounds = 0): the first round is measured"
+                record.note = "no warm-up round (warmup_rounds = 0): the first round is measured"
                 return result
             spent = self.clock() - started
             if previous is not None:
                 difference = relative_difference(previous, value)
-                record["difference"] = difference if math.isfinite(difference) else None
+                record.difference = difference if math.isfinite(difference) else None
                 if difference <= bound:
-                    record["settled"] = True
+                    record.settled = True
                     log.info("%s: warmed up: round %d's %s is within %.1f%% of round %d's (bound %.0f%%): it counts "
                              "as measured round 1, the %d before it as warm-up", name, number, metric, difference * 100,
                              number - 1, bound * 100, number - 1)
                     return result
-            if len(record["values"]) < cap and (previous is None or spent < WARMUP_BUDGET_S):
-                record["values"].append(value if math.isfinite(value) else None)  # JSON has no NaN
-                record["rounds"] = len(record["values"])
-                record["seconds"] = spent
+            if len(record.values) < cap and (previous is None or spent < WARMUP_BUDGET_S):
+                record.values.append(value if math.isfinite(value) else None)  # None: no figure
+                record.rounds = len(record.values)
+                record.seconds = spent
                 previous = value
                 continue
-            why = (f"the most warm-up rounds allowed (warmup_rounds = {cap})" if len(record["values"]) >= cap
+            why = (f"the most warm-up rounds allowed (warmup_rounds = {cap})" if len(record.values) >= cap
                    else f"the warm-up time budget ({WARMUP_BUDGET_S:.0f} s) spent")
-            figures = ", ".join(_value(v, unit) for v in record["values"])
-            record.update(settled=False, note=(
+            figures = ", ".join(_value(v, unit) for v in record.values)
+            record.settled = False
+            record.note = (
                 f"warm-up did not settle: {metric} of the first measured round ({_value(value, unit)}) differs by "
-                f"{_percent(record['difference'])} from the last of {record['rounds']} warm-up round"
-                f"{'s' if record['rounds'] != 1 else ''} ({figures}), beyond warmup_agreement {bound:.0%}, after "
+                f"{_percent(record.difference)} from the last of {record.rounds} warm-up round"
+                f"{'s' if record.rounds != 1 else ''} ({figures}), beyond warmup_agreement {bound:.0%}, after "
                 f"{why}; the measured rounds may still include warm-up effects (a larger warmup_rounds lets the "
-                "warm-up run longer)"))
-            log.info("%s: %s", name, record["note"])
+                "warm-up run longer)")
+            log.info("%s: %s", name, record.note)
             return result
 
     def run(self, workload: str | None = None) -> BenchOutcome:
@@ -576,20 +574,19 @@ class BenchGate:
         """``extend_to_resolve``: rounds added after an inconclusive ``max_rounds`` until the noise's ``target``
         (at most :data:`EXTEND_ROUND_LIMIT`, within ``extend_budget_s``); recorded as the outcome's ``extension``."""
         opts, spec = self.options, self.spec
-        extension: dict[str, Any] = {"target": target, "limit": EXTEND_ROUND_LIMIT,
-                                     "budget_s": opts.extend_budget_s, "rounds_before": len(samples),
-                                     "rounds_added": 0, "seconds": 0.0}
+        extension = Extension(target=target, limit=EXTEND_ROUND_LIMIT, budget_s=opts.extend_budget_s,
+                              rounds_before=len(samples))
         outcome.extension = extension
         if target is None:
-            extension["stopped"] = (f"not extended: the tolerance cannot be resolved against this "
+            extension.stopped = (f"not extended: the tolerance cannot be resolved against this "
                                     f"{base_rounds}-round baseline in {stats.RESOLUTION_ROUND_LIMIT} "
                                     "current rounds")
         elif target <= len(samples):
-            extension["stopped"] = ("not extended: this noise resolves the tolerance within max_rounds "
+            extension.stopped = ("not extended: this noise resolves the tolerance within max_rounds "
                                     f"{opts.max_rounds} (the inconclusive verdict is chance)")
         else:
             goal = min(target, EXTEND_ROUND_LIMIT)
-            extension["goal"] = goal
+            extension.goal = goal
             # The looks are planned anew up to the goal: the bound over more looks is higher, so the added
             # looks are judged more strictly; the looks already taken were judged against the lower bound of
             # the original plan, so the error rates over the whole exceed alpha and beta a little.
@@ -610,10 +607,10 @@ class BenchGate:
                 verdict = judge()
             if verdict.outcome != "inconclusive":
                 stopped = f"decided ({verdict.outcome}) after {len(samples)} rounds"
-            extension.update(goal=goal, rounds_added=len(samples) - extension["rounds_before"],
-                             seconds=self.clock() - began, stopped=stopped, plan_looks=looks)
-        extension["note"] = (f"extend_to_resolve: {extension['rounds_added']} round(s) added after max_rounds "
-                             f"{opts.max_rounds}; {extension['stopped']}")
+            extension.rounds_added = len(samples) - extension.rounds_before
+            extension.seconds, extension.stopped, extension.plan_looks = self.clock() - began, stopped, looks
+        extension.note = (f"extend_to_resolve: {extension.rounds_added} round(s) added after max_rounds "
+                          f"{opts.max_rounds}; {extension.stopped}")
         return verdict
 
     def _regressed_message(self, outcome: BenchOutcome, verdict: stats.Verdict, base_samples: list[float],
@@ -636,14 +633,14 @@ class BenchGate:
         message = (f"{self.test_id}: INCONCLUSIVE after {outcome.rounds} rounds (max_rounds {opts.max_rounds}): "
                    f"{verdict.reason}\n  {figure_line(metric, outcome.samples[metric])}; baseline "
                    f"{figure_line(metric, base_samples)}"
-                   + (f"\n  {outcome.extension['note']}" if outcome.extension is not None else "")
-                   + (f"\n  resolution: {outcome.resolution['line']}" if outcome.resolution is not None else "")
+                   + (f"\n  {outcome.extension.note}" if outcome.extension is not None else "")
+                   + (f"\n  resolution: {outcome.resolution.line}" if outcome.resolution is not None else "")
                    + f"\n  policy inconclusive = {self.inconclusive}"
                    + (" (--llmserve-inconclusive=fail makes this a failure)" if self.inconclusive == "warn"
                       else ""))
         log.info("%s", message.splitlines()[0])
         if outcome.resolution is not None:
-            log.info("%s: resolution: %s", self.spec.id, outcome.resolution["line"])
+            log.info("%s: resolution: %s", self.spec.id, outcome.resolution.line)
         if outcome.ending is None:
             outcome.ending = (Ending("fail", message) if self.inconclusive == "fail"
                               else Ending("warn", message, InconclusiveWarning))
@@ -692,7 +689,7 @@ class BenchGate:
                               "(a loaded machine? record it again when the machine is quiet)")
         store.save(key, context, series, metric=metric, higher_is_better=hib, run_id=uuid.uuid4().hex[:12],
                    info={"test": self.test_id, "cross_check": _cross(last), "ci_half_width": width,
-                         "warmup": self.warmup,
+                         "warmup": self.warmup.to_dict() if self.warmup is not None else None,
                          **({"warning": spread_warning} if spread_warning else {})})
         message = f"{figure}; saved {len(samples)} rounds as a new baseline record in {store.path_for(key)}"
         if spread_warning:
@@ -706,7 +703,7 @@ class BenchGate:
 
     def _unsettled(self) -> str:
         """A line for a failure message when the warm-up did not settle (the likelier cause of a slow round)."""
-        return f"\n  {self.warmup['note']}" if self.warmup is not None and self.warmup["settled"] is False else ""
+        return f"\n  {self.warmup.note}" if self.warmup is not None and self.warmup.settled is False else ""
 
     def _conclude(self, outcome: BenchOutcome) -> BenchOutcome:
         """The outcome's summaries; a server whose correctness checks failed in this run gets no pass."""
@@ -766,7 +763,7 @@ def measured_resolution(base: Sequence[float], current: Sequence[float], plan: A
         return None
 
 
-def resolution_record(resolved: Any, *, extend: bool | None = None) -> dict[str, Any]:
+def resolution_record(resolved: stats.Resolution, *, extend: bool | None = None) -> ResolutionRecord:
     """The outcome's ``resolution``: the figures of a :class:`~pytest_llmserve.verdicts.stats.Resolution`, the
     ``line`` said beside an inconclusive verdict (naming the settings as a user writes them: ``max_rounds`` and
     ``tolerance`` in a marker or ``[tool.llmserve.bench]``, ``--llmserve-max-rounds``...) and a ``short`` form for a
@@ -791,7 +788,7 @@ def resolution_record(resolved: Any, *, extend: bool | None = None) -> dict[str,
         short = f"{tol} needs ~{resolved.rounds_a_side} rounds a side"
     else:
         short = f"{tol} needs >{limit} rounds a side"
-    return {**resolved.to_dict(), "line": line, "short": short}
+    return ResolutionRecord(figures=resolved, line=line, short=short)
 
 
 def until_verdict(judge: Callable[[], _V], one_more: Callable[[], None], rounds_done: Callable[[], int],

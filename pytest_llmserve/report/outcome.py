@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import math
+import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -20,7 +21,7 @@ from typing import Any, Literal
 from pytest_llmserve.json_encoding import dumps, float_or_nan
 from pytest_llmserve.store.baselines import BenchKey
 from pytest_llmserve.verdicts.comparability import Comparability
-from pytest_llmserve.verdicts.stats import NOISY_CV, Summary, Verdict, log_sd, summarize
+from pytest_llmserve.verdicts.stats import NOISY_CV, Resolution, Summary, Verdict, log_sd, summarize
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,6 +54,90 @@ class ContendedRound:
     def from_dict(cls, data: Mapping[str, Any]) -> ContendedRound:
         return cls(round=str(data.get("round", "a round")), reason=str(data.get("reason", "host busy")),
                    host_contention=dict(data.get("host_contention") or {}))
+
+
+@dataclass(slots=True)
+class WarmUp:
+    """The gate's warm-up (:meth:`pytest_llmserve.gates.bench.BenchGate.warm_up`): ``rounds`` discarded, their
+    ``values`` of the gated ``metric`` (None: a round without a finite figure), ``settled`` (None:
+    ``warmup_rounds = 0``), ``difference`` (the last comparison's relative difference), ``seconds`` spent in
+    discarded rounds, the ``agreement`` bound, ``max_rounds`` and ``budget_s`` it ran under, and a ``note`` unless
+    it settled."""
+
+    metric: str
+    agreement: float
+    max_rounds: int
+    budget_s: float
+    rounds: int = 0
+    values: list[float | None] = field(default_factory=list)
+    settled: bool | None = None
+    difference: float | None = None
+    seconds: float = 0.0
+    note: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        out = {name: getattr(self, name) for name in WarmUp.__dataclass_fields__}
+        return out if self.note is not None else {k: v for k, v in out.items() if k != "note"}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> WarmUp:
+        return cls(metric=str(data.get("metric", "")), agreement=float(data.get("agreement") or 0.0),
+                   max_rounds=int(data.get("max_rounds") or 0), budget_s=float(data.get("budget_s") or 0.0),
+                   rounds=int(data.get("rounds") or 0),
+                   values=[None if v is None else float(v) for v in data.get("values") or []],
+                   settled=data.get("settled"), difference=data.get("difference"),
+                   seconds=float(data.get("seconds") or 0.0), note=data.get("note"))
+
+
+@dataclass(slots=True)
+class Extension:
+    """The rounds ``extend_to_resolve`` added after an inconclusive ``max_rounds``: the noise's ``target`` (None:
+    not resolvable against this baseline), the ``limit`` and ``budget_s`` it ran under, ``rounds_before`` and
+    ``rounds_added``, ``seconds``, the ``goal`` and the re-planned looks (``plan_looks``) where it ran, why it
+    ``stopped``, and the ``note`` the report shows."""
+
+    target: int | None
+    limit: int
+    budget_s: float
+    rounds_before: int
+    rounds_added: int = 0
+    seconds: float = 0.0
+    stopped: str = ""
+    goal: int | None = None
+    plan_looks: int | None = None
+    note: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in Extension.__dataclass_fields__}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Extension:
+        return cls(target=data.get("target"), limit=int(data.get("limit") or 0),
+                   budget_s=float(data.get("budget_s") or 0.0), rounds_before=int(data.get("rounds_before") or 0),
+                   rounds_added=int(data.get("rounds_added") or 0), seconds=float(data.get("seconds") or 0.0),
+                   stopped=str(data.get("stopped") or ""), goal=data.get("goal"), plan_looks=data.get("plan_looks"),
+                   note=str(data.get("note") or ""))
+
+
+@dataclass(frozen=True, slots=True)
+class ResolutionRecord:
+    """What the rule resolves at the measured noise, beside an inconclusive verdict: the typed ``figures``
+    (:class:`~pytest_llmserve.verdicts.stats.Resolution`), the ``line`` said beside the verdict (naming the settings
+    as a user writes them) and a ``short`` form for a table cell (:func:`pytest_llmserve.gates.bench.resolution_record`
+    makes both)."""
+
+    figures: Resolution
+    line: str
+    short: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**self.figures.to_dict(), "line": self.line, "short": self.short}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> ResolutionRecord:
+        names = Resolution.__dataclass_fields__
+        figures = Resolution(**{k: v for k, v in data.items() if k in names})
+        return cls(figures=figures, line=str(data.get("line") or ""), short=str(data.get("short") or ""))
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,13 +194,14 @@ class BenchOutcome:
     request_latencies_s: dict[str, list[float]] = field(default_factory=dict)
     note: str | None = None
     baseline_path: str | None = None
-    run_id: str | None = None
+    # Which outcome this is, whichever process made it: with the node id, server and workload, its identity.
+    run_id: str | None = field(default_factory=lambda: uuid.uuid4().hex[:12])
     saved: bool = False  # this run's samples were recorded as the baseline (nothing compared)
     baseline_key: BenchKey | None = None  # the store key, when it is not (test_id, server_id, workload)
-    warmup: dict[str, Any] | None = None
+    warmup: WarmUp | None = None
     discarded_rounds: list[DiscardedRound] = field(default_factory=list)
-    resolution: dict[str, Any] | None = None
-    extension: dict[str, Any] | None = None
+    resolution: ResolutionRecord | None = None
+    extension: Extension | None = None
     contended_rounds: list[ContendedRound] = field(default_factory=list)
     confounded: bool = False  # no verdict: the host stayed busy (contended_rounds); skipped, never failed
     rounds: int = 0
@@ -145,6 +231,11 @@ class BenchOutcome:
             self.current = self.metrics.get(self.metric)  # None until the gated metric has a finite round
         if self.baseline is None and self.baseline_samples:
             self.baseline = summarize(self.baseline_samples)
+
+    @property
+    def identity(self) -> tuple[str, str, str, str | None]:
+        """(node id, server, workload, run id): the same outcome seen in this process and in a worker's report."""
+        return (self.test_id, self.server_id, self.workload, self.run_id)
 
     @property
     def key(self) -> BenchKey:
@@ -198,8 +289,8 @@ class BenchOutcome:
         """What a reader of the figures should know about how they were measured: a warm-up that did not
         settle, rounds whose spread is above :data:`~pytest_llmserve.verdicts.stats.NOISY_CV`."""
         out = []
-        if self.warmup is not None and self.warmup.get("settled") is False and self.warmup.get("note"):
-            out.append(str(self.warmup["note"]))
+        if self.warmup is not None and self.warmup.settled is False and self.warmup.note:
+            out.append(self.warmup.note)
         if self.discarded_rounds:
             out.append(f"{len(self.discarded_rounds)} round(s) discarded as measurement artefacts of the machine and "
                        "run again: " + " | ".join(f"{d.round}: {'; '.join(d.reasons)}" for d in self.discarded_rounds))
@@ -210,10 +301,10 @@ class BenchOutcome:
             out.append(f"the rounds are noisy: {self.metric} CV {spread['cv']:.1%} over {spread['rounds']} rounds "
                        f"(sd of the log values {spread['log_sd']:.3f}) is above {NOISY_CV:.0%}: a busy machine or a "
                        "server still warming up; a verdict at this spread needs many rounds")
-        if self.extension is not None and self.extension.get("note"):
-            out.append(str(self.extension["note"]))
-        if self.status == "inconclusive" and self.resolution is not None and self.resolution.get("line"):
-            out.append(f"resolution: {self.resolution['line']}")
+        if self.extension is not None and self.extension.note:
+            out.append(self.extension.note)
+        if self.status == "inconclusive" and self.resolution is not None and self.resolution.line:
+            out.append(f"resolution: {self.resolution.line}")
         return out
 
     @property
@@ -248,10 +339,10 @@ class BenchOutcome:
             "saved": self.saved,
             "key": self.key.as_dict(),
             "spread": self.spread,
-            "warmup": self.warmup,
+            "warmup": self.warmup.to_dict() if self.warmup is not None else None,
             "discarded_rounds": [d.to_dict() for d in self.discarded_rounds],
-            "resolution": self.resolution,
-            "extension": self.extension,
+            "resolution": self.resolution.to_dict() if self.resolution is not None else None,
+            "extension": self.extension.to_dict() if self.extension is not None else None,
             "host_contention": self.host_contention,
             "contended_rounds": [c.to_dict() for c in self.contended_rounds],
             "confounded": self.confounded,
@@ -300,11 +391,12 @@ class BenchOutcome:
             run_id=data.get("run_id"),
             saved=bool(data.get("saved", False)),
             baseline_key=BenchKey.from_dict(data["key"]) if data.get("key") else None,
-            warmup=dict(data["warmup"]) if isinstance(data.get("warmup"), Mapping) else None,
+            warmup=WarmUp.from_dict(data["warmup"]) if isinstance(data.get("warmup"), Mapping) else None,
             discarded_rounds=[DiscardedRound.from_dict(d) for d in data.get("discarded_rounds") or []
                               if isinstance(d, Mapping)],
-            resolution=dict(data["resolution"]) if isinstance(data.get("resolution"), Mapping) else None,
-            extension=dict(data["extension"]) if isinstance(data.get("extension"), Mapping) else None,
+            resolution=(ResolutionRecord.from_dict(data["resolution"]) if isinstance(data.get("resolution"), Mapping)
+                        else None),
+            extension=Extension.from_dict(data["extension"]) if isinstance(data.get("extension"), Mapping) else None,
             contended_rounds=_contended(data),
             confounded=bool(data.get("confounded", False)),
             rounds=int(data.get("rounds") or 0),

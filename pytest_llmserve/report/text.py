@@ -89,8 +89,8 @@ def _verdict_cell(o: BenchOutcome, failed_by_strict: Collection[str] = ()) -> st
         label += f" ({comp.label})"
     if comp is not None and comp.host_diffs and comp.status != "allowed-variable":  # that label says it already
         label += " (across hosts)"
-    if o.status == "inconclusive" and o.resolution is not None and o.resolution.get("short"):
-        label += f" ({o.resolution['short']})"  # what this noise resolves; the details say which setting to change
+    if o.status == "inconclusive" and o.resolution is not None and o.resolution.short:
+        label += f" ({o.resolution.short})"  # what this noise resolves; the details say which setting to change
     if o.test_id in failed_by_strict:
         label += STRICT_FAILED_LABEL
     return label
@@ -106,9 +106,9 @@ def _rounds_cell(o: BenchOutcome) -> str:
     warm = o.warmup
     if warm is None:
         return n
-    if warm.get("settled") is None:
+    if warm.settled is None:
         return f"{n} (no warm-up)"
-    return f"{n} (+{warm.get('rounds', 0)} warm-up{'' if warm['settled'] else ', NOT settled'})"
+    return f"{n} (+{warm.rounds} warm-up{'' if warm.settled else ', NOT settled'})"
 
 
 def _spread_cell(o: BenchOutcome) -> str:

@@ -60,19 +60,19 @@ def test_an_inconclusive_verdict_says_what_the_noise_resolves_and_the_rounds_the
     # The figures are stats.resolution's at the measured spread of each side.
     expected = stats.resolution(stats.log_sd(BASELINE), stats.log_sd(CURRENT[:8]), n_baseline=5, n_current=8,
                                 plan=stats.sequential_plan(stats.gate_looks(5, 2, 8), alpha=0.02), tolerance=0.10)
-    assert res["current_rounds"] == expected.current_rounds and res["current_rounds"] > 8
-    assert res["resolvable_tolerance"] == pytest.approx(expected.resolvable_tolerance) and res["resolvable_tolerance"] > 0.10
-    n = res["current_rounds"]
+    assert res.figures.current_rounds == expected.current_rounds and (res.figures.current_rounds or 0) > 8
+    assert res.figures.resolvable_tolerance == pytest.approx(expected.resolvable_tolerance) and res.figures.resolvable_tolerance > 0.10
+    n = res.figures.current_rounds
     assert f"±10% needs about {n} current rounds against this 5-round baseline; `max_rounds` is 8: raise it to {n}" \
-        in res["line"]
-    assert "extend_to_resolve (--llmserve-extend-to-resolve)" in res["line"]
-    assert f"resolution: {res['line']}" in str(caught[0].message)
+        in res.line
+    assert "extend_to_resolve (--llmserve-extend-to-resolve)" in res.line
+    assert f"resolution: {res.line}" in str(caught[0].message)
     # The reports: the verdict cell of summary.md names the rounds, the details carry the line; results.json keeps it.
     row = BenchOutcome.from_json(outcome.to_json())
     markdown = format_markdown([row])
-    assert f"inconclusive (±10% needs ~{n} rounds)" in markdown and res["line"] in markdown
+    assert f"inconclusive (±10% needs ~{n} rounds)" in markdown and res.line in markdown
     back = read_results_json(write_results_json(tmp_path / "results.json", [row]))[1][0]
-    assert back.resolution is not None and back.resolution["current_rounds"] == n
+    assert back.resolution is not None and back.resolution.figures.current_rounds == n
 
 
 def test_a_decided_verdict_carries_no_resolution(tmp_path: Path) -> None:
@@ -86,13 +86,14 @@ def test_extend_to_resolve_adds_rounds_up_to_the_stated_count_and_says_so(tmp_pa
     outcome, said, rounds = _run(tmp_path, replace(NO_WARMUP, extend_to_resolve=True))
     ext = outcome.extension
     assert ext is not None
-    assert ext["rounds_before"] == 8 and ext["target"] > 8 and ext["goal"] == ext["target"]
-    assert outcome.status == "pass" and outcome.rounds == 8 + ext["rounds_added"] <= ext["goal"]
+    assert ext.target is not None and ext.goal is not None
+    assert ext.rounds_before == 8 and ext.target > 8 and ext.goal == ext.target
+    assert outcome.status == "pass" and outcome.rounds == 8 + ext.rounds_added <= ext.goal
     assert len(rounds.calls) == outcome.rounds
-    assert ext["stopped"] == f"decided (pass) after {outcome.rounds} rounds"
-    assert ext["seconds"] == pytest.approx(10.0 * ext["rounds_added"])  # the stand-in clock: 10 s a round
+    assert ext.stopped == f"decided (pass) after {outcome.rounds} rounds"
+    assert ext.seconds == pytest.approx(10.0 * ext.rounds_added)  # the stand-in clock: 10 s a round
     assert any("extend_to_resolve: adding rounds up to" in line for line in said)
-    assert ext["note"] in BenchOutcome.from_json(outcome.to_json()).notes
+    assert ext.note in BenchOutcome.from_json(outcome.to_json()).notes
 
 
 def test_the_time_budget_stops_the_extension_before_a_round_that_would_overrun_it(tmp_path: Path) -> None:
@@ -101,11 +102,11 @@ def test_the_time_budget_stops_the_extension_before_a_round_that_would_overrun_i
     ext = outcome.extension
     assert ext is not None
     # Rounds of 10 s: after two added rounds (20 s) a third would end at 30 s, beyond 25 s.
-    assert ext["rounds_added"] == 2 and outcome.rounds == 10
-    assert ext["stopped"].startswith("the time budget: 20 s spent and a round takes about 10 s")
+    assert ext.rounds_added == 2 and outcome.rounds == 10
+    assert ext.stopped.startswith("the time budget: 20 s spent and a round takes about 10 s")
     assert outcome.status == "inconclusive" and outcome.resolution is not None
-    assert outcome.resolution["max_rounds"] == ext["goal"]  # stated against the extended plan
-    assert "extend_to_resolve (--llmserve" not in outcome.resolution["line"]  # it was on: not suggested
+    assert outcome.resolution.figures.max_rounds == ext.goal  # stated against the extended plan
+    assert "extend_to_resolve (--llmserve" not in outcome.resolution.line  # it was on: not suggested
 
 
 def test_no_extension_where_the_baseline_itself_is_the_limit(tmp_path: Path) -> None:
@@ -113,13 +114,13 @@ def test_no_extension_where_the_baseline_itself_is_the_limit(tmp_path: Path) -> 
     outcome, _, rounds = _run(tmp_path, replace(NO_WARMUP, extend_to_resolve=True))
     assert outcome.status == "inconclusive" and len(rounds.calls) == 8
     assert outcome.extension is not None and outcome.resolution is not None
-    assert outcome.extension["rounds_added"] == 0
-    assert outcome.extension["stopped"].startswith("not extended: the tolerance cannot be resolved against this "
+    assert outcome.extension.rounds_added == 0
+    assert outcome.extension.stopped.startswith("not extended: the tolerance cannot be resolved against this "
                                                       "5-round baseline")
-    a_side = outcome.resolution["rounds_a_side"]
-    assert outcome.resolution["current_rounds"] is None
+    a_side = outcome.resolution.figures.rounds_a_side
+    assert outcome.resolution.figures.current_rounds is None
     assert (f"record the baseline with {a_side} rounds (pytest --llmserve-save-baseline --llmserve-rounds {a_side} "
-            f"--llmserve-max-rounds {a_side})") in outcome.resolution["line"]
+            f"--llmserve-max-rounds {a_side})") in outcome.resolution.line
 
 
 def test_extension_settings_from_every_source_and_the_marker(tmp_path: Path) -> None:
@@ -162,9 +163,9 @@ def test_between_runs_the_statement_says_no_count_of_rounds_resolves_the_toleran
     outcome, _, _ = _run(tmp_path, replace(NO_WARMUP, between_run_sd=0.05))
     res = outcome.resolution
     assert outcome.status == "inconclusive" and res is not None
-    assert res["between_sd"] == 0.05 and res["baseline_runs"] == 1 and res["between_floor"] > 0.10
-    assert res["current_rounds"] is None
-    assert "cannot be resolved between runs at this spread however many rounds: raise `tolerance` above" in res["line"]
-    assert "between runs 5.0% over 1 recorded run(s)" in res["line"]
+    assert res.figures.between_sd == 0.05 and res.figures.baseline_runs == 1 and res.figures.between_floor > 0.10
+    assert res.figures.current_rounds is None
+    assert "cannot be resolved between runs at this spread however many rounds: raise `tolerance` above" in res.line
+    assert "between runs 5.0% over 1 recorded run(s)" in res.line
     assert outcome.note is not None and "unknown from one baseline run: the configured between_run_sd" in outcome.note
-    assert res["short"].startswith("±10% below the spread between runs: needs >")
+    assert res.short.startswith("±10% below the spread between runs: needs >")

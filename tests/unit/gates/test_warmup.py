@@ -91,22 +91,22 @@ def test_the_warm_up_stops_at_the_first_round_that_agrees_with_the_one_before_it
     outcome = bench.run()
     warm = outcome.warmup
     assert warm is not None
-    assert (warm["rounds"], warm["settled"], warm["values"]) == (2, True, [1118.0, 2217.0])
-    assert warm["difference"] == pytest.approx(relative_difference(2217.0, 2230.0))
+    assert (warm.rounds, warm.settled, warm.values) == (2, True, [1118.0, 2217.0])
+    assert warm.difference == pytest.approx(relative_difference(2217.0, 2230.0))
     # The agreeing round is the first measured one: 2 warm-up rounds, then the 2 measured rounds of the gate.
     assert outcome.samples["output_throughput"] == [2230.0, 2221.0]
     assert len(rounds.calls) == 4
     # Every round, warm-up included, sends the same workload and the very same prompts.
     assert len({id(prompts) for _, prompts in rounds.calls}) == 1
     assert {workload.name for workload, _ in rounds.calls} == {"tiny"}
-    assert recorded[-1].warmup is warm and "note" not in warm
+    assert recorded[-1].warmup is warm and warm.note is None and "note" not in warm.to_dict()
 
 
 def test_where_the_first_two_rounds_agree_the_warm_up_costs_one_round(tmp_path: Path) -> None:
     rounds = Rounds([100.0, 102.0, 101.0])
     outcome = gate(tmp_path, rounds)[0].run()
     assert len(rounds.calls) == GATE.rounds + 1
-    assert outcome.warmup is not None and (outcome.warmup["rounds"], outcome.warmup["settled"]) == (1, True)
+    assert outcome.warmup is not None and (outcome.warmup.rounds, outcome.warmup.settled) == (1, True)
     assert outcome.samples["output_throughput"] == [102.0, 101.0]
 
 
@@ -115,8 +115,8 @@ def test_the_warm_up_continues_while_consecutive_rounds_disagree(tmp_path: Path)
     options = replace(GATE, warmup_rounds=6)
     outcome = gate(tmp_path, rounds, options=options)[0].run()
     # 80 is 60 % above 50, 95 19 % above 80, 100 5.3 % above 95: all beyond 5 %; 101 is within 1 % of 100.
-    assert outcome.warmup is not None and outcome.warmup["values"] == [50.0, 80.0, 95.0, 100.0]
-    assert outcome.warmup["settled"] is True
+    assert outcome.warmup is not None and outcome.warmup.values == [50.0, 80.0, 95.0, 100.0]
+    assert outcome.warmup.settled is True
     assert outcome.samples["output_throughput"] == [101.0, 100.5]
 
 
@@ -125,10 +125,11 @@ def test_at_the_round_cap_the_warm_up_stops_and_the_result_says_it_did_not_settl
     outcome = gate(tmp_path, rounds)[0].run()  # no baseline: a figure, not a failure
     warm = outcome.warmup
     assert warm is not None
-    assert (warm["rounds"], warm["settled"]) == (GATE.warmup_rounds, False)
+    assert (warm.rounds, warm.settled) == (GATE.warmup_rounds, False)
     assert len(rounds.calls) == GATE.warmup_rounds + GATE.rounds
-    assert warm["note"].startswith("warm-up did not settle: output_throughput of the first measured round")
-    assert "warmup_rounds = 3" in warm["note"] and "50.0%" in warm["note"]
+    assert warm.note is not None
+    assert warm.note.startswith("warm-up did not settle: output_throughput of the first measured round")
+    assert "warmup_rounds = 3" in warm.note and "50.0%" in warm.note
     assert outcome.status == "no-baseline"
 
 
@@ -138,8 +139,8 @@ def test_the_time_budget_stops_the_warm_up_before_the_round_cap(tmp_path: Path) 
     outcome = gate(tmp_path, rounds, options=replace(GATE, warmup_rounds=10))[0].run()
     warm = outcome.warmup
     assert warm is not None
-    assert (warm["rounds"], warm["settled"]) == (1, False)
-    assert "time budget" in warm["note"]
+    assert (warm.rounds, warm.settled) == (1, False)
+    assert "time budget" in (warm.note or "")
     assert outcome.samples["output_throughput"] == [150.0, 151.0]
 
 
@@ -148,7 +149,7 @@ def test_warmup_rounds_0_measures_from_the_first_round(tmp_path: Path) -> None:
     outcome = gate(tmp_path, rounds, options=replace(GATE, warmup_rounds=0))[0].run()
     assert outcome.samples["output_throughput"] == [100.0, 150.0]
     assert outcome.warmup is not None
-    assert outcome.warmup["settled"] is None and outcome.warmup["rounds"] == 0
+    assert outcome.warmup.settled is None and outcome.warmup.rounds == 0
 
 
 def test_the_warm_up_runs_once_per_gate_not_again_for_the_extra_rounds(tmp_path: Path) -> None:
