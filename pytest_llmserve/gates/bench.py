@@ -83,6 +83,7 @@ from pytest_llmserve.gates.preflight import accept_command, elsewhere, environme
 from pytest_llmserve.gates.rounds import (
     Invalid,
     Measured,
+    RoundFigures,
     RoundLoop,
     RoundMeasure,
     RoundsEnded,
@@ -90,12 +91,12 @@ from pytest_llmserve.gates.rounds import (
     measure_round,
     sample_series,
 )
-from pytest_llmserve.load.prompts import build_prompts
+from pytest_llmserve.load.prompts import WorkloadPrompt, build_prompts
 from pytest_llmserve.metrics import METRICS, higher_is_better
-from pytest_llmserve.report.outcome import BenchOutcome, Ending, Extension, ResolutionRecord, WarmUp
+from pytest_llmserve.report.outcome import BenchOutcome, DiscardedRound, Ending, Extension, ResolutionRecord, WarmUp
 from pytest_llmserve.server.handle import RunningServer
 from pytest_llmserve.settings import INCONCLUSIVE_POLICIES, BenchSpec, Settings
-from pytest_llmserve.store.baselines import BaselineStore, BenchKey
+from pytest_llmserve.store.baselines import BaselineDoc, BaselineStore, BenchKey
 from pytest_llmserve.verdicts import stats
 from pytest_llmserve.verdicts.between_runs import run_spread
 from pytest_llmserve.verdicts.comparability import (
@@ -105,6 +106,9 @@ from pytest_llmserve.verdicts.comparability import (
     host_change_text,
     is_host_key,
 )
+
+#: A workload's prompts, built once per benchmark: every round sends the same.
+Prompts = Sequence[WorkloadPrompt]
 
 #: The baseline's most recent recorded runs a comparison uses: enough to estimate the spread between runs, few
 #: enough that a drift of the host months ago does not weigh on today's verdict.
@@ -228,7 +232,7 @@ class BenchGate:
         return self.run_settings.inconclusive
 
     @property
-    def discarded_rounds(self) -> list[Any]:
+    def discarded_rounds(self) -> list[DiscardedRound]:
         """The rounds run again as measurement artefacts so far."""
         return self._loop.discarded if self._loop is not None else []
 
@@ -251,15 +255,16 @@ class BenchGate:
             pass
         return None
 
-    def measure(self, workload: Workload, rounds: int, prompts: Any = None, outcome: BenchOutcome | None = None,
-                done: list[dict[str, float]] | None = None) -> tuple[list[dict[str, float]], Any]:
+    def measure(self, workload: Workload, rounds: int, prompts: Prompts | None = None,
+                outcome: BenchOutcome | None = None,
+                done: list[dict[str, float]] | None = None) -> tuple[list[dict[str, float]], RoundFigures | None]:
         """Run ``rounds`` measured rounds, after the warm-up on the first call (:meth:`warm_up`). A round that
         ends the benchmark (invalid, or the host stayed busy) raises :class:`RoundsEnded` with the rounds so far, for
         :meth:`run` to make the outcome."""
         if prompts is None:
             prompts = self.prompts(workload)
         samples: list[dict[str, float]] = []
-        last = None
+        last: RoundFigures | None = None
         earlier = list(done or [])
         if self.warmup is None and rounds > 0:
             first = self.warm_up(workload, prompts, outcome)
@@ -274,15 +279,16 @@ class BenchGate:
             last = got.result
         return samples, last
 
-    def prompts(self, workload: Workload) -> Any:
+    def prompts(self, workload: Workload) -> Prompts:
         """The workload's prompts, built once (they are seeded: every round, warm-up included, sends the same)."""
         if self._loop is None or self._loop.workload.name != workload.name:
             self._loop = RoundLoop(workload, build_prompts(workload, tokenize=self.server.client().tokenize),
                                    metric=self.options.metric, contention_bound=self.options.contention_bound,
                                    measure=self.measure_round)
+        assert self._loop.prompts is not None
         return self._loop.prompts
 
-    def _round(self, workload: Workload, prompts: Any, what: str, outcome: BenchOutcome | None,
+    def _round(self, workload: Workload, prompts: Prompts, what: str, outcome: BenchOutcome | None,
                measured: list[dict[str, float]]) -> Measured:
         """One round that is a sample (:class:`~pytest_llmserve.gates.rounds.RoundLoop`); a round that ends the
         benchmark raises :class:`RoundsEnded` with the ``measured`` rounds so far."""
@@ -334,7 +340,7 @@ class BenchGate:
     def _loop_note(self) -> str:
         return self._loop.discarded_note() if self._loop is not None else ""
 
-    def warm_up(self, workload: Workload, prompts: Any, outcome: BenchOutcome | None = None) -> Measured:
+    def warm_up(self, workload: Workload, prompts: Prompts, outcome: BenchOutcome | None = None) -> Measured:
         """Rounds of the workload until one agrees with the round before it within ``warmup_agreement`` on the
         gated metric; returns that round, the first measured round (module docstring, "Warm-up").
 
@@ -452,7 +458,7 @@ class BenchGate:
         except RoundsEnded as stopped:
             return self._stopped(outcome, stopped, wl, started)
 
-    def _measured(self, outcome: BenchOutcome, wl: Workload, doc: Any, comp: Comparability | None,
+    def _measured(self, outcome: BenchOutcome, wl: Workload, doc: BaselineDoc | None, comp: Comparability | None,
                   started: float) -> BenchOutcome:
         samples, last = self.measure(wl, self.options.rounds, outcome=outcome)
         outcome.cross_check = _cross(last)
@@ -511,8 +517,8 @@ class BenchGate:
             outcome.ending = Ending("skip", message) if here else Ending("fail", f"{self.test_id}: {message}")
         return outcome
 
-    def _judged(self, outcome: BenchOutcome, wl: Workload, doc: Any, comp: Comparability,
-                samples: list[dict[str, float]], last: Any, started: float) -> BenchOutcome:
+    def _judged(self, outcome: BenchOutcome, wl: Workload, doc: BaselineDoc, comp: Comparability,
+                samples: list[dict[str, float]], last: RoundFigures | None, started: float) -> BenchOutcome:
         """The comparison: the sequential rule after every round up to ``max_rounds`` (and, with
         ``extend_to_resolve``, beyond), then the verdict recorded, failed or warned as the policy says."""
         opts, metric, spec = self.options, outcome.metric, self.spec
@@ -645,7 +651,8 @@ class BenchGate:
             outcome.ending = (Ending("fail", message) if self.inconclusive == "fail"
                               else Ending("warn", message, InconclusiveWarning))
 
-    def _resolution(self, base_runs: list[list[float]], current: list[float], plan: Any) -> Any:
+    def _resolution(self, base_runs: list[list[float]], current: list[float],
+                    plan: stats.SequentialPlan) -> stats.Resolution | None:
         """What the rule resolves at this noise, the spread between runs included (stats.resolution); None where
         no side has a spread to measure."""
         base = [v for run in base_runs for v in run]
@@ -655,7 +662,7 @@ class BenchGate:
         return measured_resolution(base, current, plan, self.options.tolerance, between_sd=spread.between_sd,
                                    baseline_runs=len(base_runs))
 
-    def _save(self, store: Any, key: Any, context: dict[str, Any], wl: Workload, metric: str, hib: bool,
+    def _save(self, store: BaselineStore, key: BenchKey, context: dict[str, Any], wl: Workload, metric: str, hib: bool,
               outcome: BenchOutcome, started: float) -> BenchOutcome:
         """Measure a new baseline record: at least SAVE_MIN_ROUNDS rounds, more (up to max_rounds) while the
         CI of the gated metric's median is wider than the tolerance; saved with a warning if it stays so."""
@@ -751,8 +758,9 @@ class _Judged(Protocol):
 _V = TypeVar("_V", bound=_Judged)
 
 
-def measured_resolution(base: Sequence[float], current: Sequence[float], plan: Any, tolerance: float, *,
-                        both_sides_grow: bool = False, between_sd: float = 0.0, baseline_runs: int = 1) -> Any:
+def measured_resolution(base: Sequence[float], current: Sequence[float], plan: stats.SequentialPlan, tolerance: float,
+                        *, both_sides_grow: bool = False, between_sd: float = 0.0,
+                        baseline_runs: int = 1) -> stats.Resolution | None:
     """:func:`pytest_llmserve.verdicts.stats.resolution` at the spread of these rounds (each side's log-sd);
     None where no side has two rounds with a spread."""
     try:
@@ -803,11 +811,9 @@ def until_verdict(judge: Callable[[], _V], one_more: Callable[[], None], rounds_
     return verdict
 
 
-def _cross(result: Any) -> Any:
-    if result is None:
-        return None
-    data = getattr(result, "server_check", None)
-    return data if isinstance(data, dict | str | type(None)) else str(data)
+def _cross(result: RoundFigures | None) -> str | None:
+    """The last round's cross-check of the client's count against the server's own counter, as it said it."""
+    return result.server_check if result is not None else None
 
 
 def relative_difference(reference: float, value: float) -> float:

@@ -19,7 +19,7 @@ import sys
 import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 import psutil
 
@@ -33,6 +33,7 @@ from pytest_llmserve.gates.rounds import Confounded, RoundLoop, log
 from pytest_llmserve.gates.rounds import Measured as MeasuredRound
 from pytest_llmserve.metrics import higher_is_better
 from pytest_llmserve.report.builds import Measured, results_document, write_build_reports
+from pytest_llmserve.server.handle import RunningServer
 from pytest_llmserve.server.pool import ServerPool
 from pytest_llmserve.verdicts.bisect import BisectResult, StepResult, bisect, judge_step
 from pytest_llmserve.verdicts.comparability import IGNORED_CONTEXT_KEYS
@@ -71,7 +72,7 @@ def check_only_build_differs(a: ServerSpec, b: ServerSpec, workload: Workload, *
         raise ConfigError(f"{a.id} vs {b.id}: {comp.message}")
 
 
-def correctness(server: Any) -> tuple[bool, str]:
+def correctness(server: RunningServer) -> tuple[bool, str]:
     """NaN evidence and known answers on one server: (all passed, the first line of each failure)."""
     class _Failed(Exception):
         pass
@@ -111,7 +112,7 @@ class BuildRunner:
         self.settings = settings
         self.out_dir = out_dir
         self.installer = installer or Installer(progress=log.info)
-        self.pool: Any = None
+        self.pool: ServerPool | None = None
         self.measured: Measured | None = None
         self.load: dict[str, list[float]] = {}
         self.steps: list[StepResult] = []  # every measurement so far: written even when the run stops early
@@ -133,8 +134,8 @@ class BuildRunner:
                               default_server=self.base.name, source="llmserve builds",
                               matrices={self.base.name: tuple(self.measured.specs)})
 
-    def _server(self, index: int, keep: tuple[ServerSpec, ...] = ()) -> Any:
-        assert self.measured is not None
+    def _server(self, index: int, keep: tuple[ServerSpec, ...] = ()) -> RunningServer:
+        assert self.measured is not None and self.pool is not None
         server = self.pool.get(self.measured.specs[index], keep=keep)
         if index not in self.measured.correctness:
             ok, detail = correctness(server)
@@ -148,7 +149,7 @@ class BuildRunner:
     # ---- one step: build ``index`` against build ``ref``
     def step(self, ref: int, index: int, attempt: int, acc: dict[int, tuple[list[float], list[float]]], *,
              not_worse: bool = False) -> StepResult:
-        assert self.measured is not None
+        assert self.measured is not None and self.pool is not None, "a step runs inside `with BuildRunner(...)`"
         s = self.settings
         spec_ref, spec = self.measured.specs[ref], self.measured.specs[index]
         both = s.both_up if s.both_up is not None else both_fit()

@@ -23,14 +23,15 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Any
+from typing import Protocol
 
 from pytest_llmserve.config import Workload, untrained_reason
 from pytest_llmserve.load.contention import HostContention, contention_reason
 from pytest_llmserve.load.metrics import Blame, InvalidReason, RunResult, only_artefacts, server_fault, timing_only
-from pytest_llmserve.load.prompts import build_prompts
+from pytest_llmserve.load.prompts import WorkloadPrompt, build_prompts
 from pytest_llmserve.load.runner import run_workload
 from pytest_llmserve.metrics import LATENCY_METRICS
 from pytest_llmserve.report.outcome import ContendedRound, DiscardedRound
@@ -55,13 +56,37 @@ HOST_CONTENTION = "host_contention"
 # --------------------------------------------------------------------------- what a round is
 
 
+class RoundFigures(Protocol):
+    """What a round's judgement reads of its measurement: a :class:`~pytest_llmserve.load.metrics.RunResult` (a
+    stand-in's in unit tests)."""
+
+    @property
+    def valid(self) -> bool: ...
+
+    @property
+    def invalid_reasons(self) -> Sequence[InvalidReason]: ...
+
+    @property
+    def metrics(self) -> Mapping[str, float]: ...
+
+    @property
+    def diagnostics(self) -> Mapping[str, float]: ...
+
+    @property
+    def host_contention(self) -> HostContention | None: ...
+
+    @property
+    def server_check(self) -> str | None: ...
+
+
+
 @dataclass(frozen=True, slots=True)
 class Measured:
     """A round that is a sample: ``samples`` of every metric it measured (and :data:`HOST_CONTENTION`).
     ``unmeasured``: artefacts of chunk timing that withheld its per-token timing figures (none: all measured)."""
 
     what: str
-    result: Any  # the RunResult (a stand-in's in unit tests)
+    result: RoundFigures
     samples: dict[str, float]
     unmeasured: tuple[InvalidReason, ...] = ()
 
@@ -119,7 +144,7 @@ class Confounded:
 # --------------------------------------------------------------------------- one round
 
 
-def round_samples(result: Any) -> dict[str, float]:
+def round_samples(result: RoundFigures) -> dict[str, float]:
     """The per-round sample of every metric (throughputs; latency mean/median/p90/p99 in ms), and the host
     contention measured during the round (:data:`HOST_CONTENTION`, a share of the machine) when sampled."""
     out = {name: float(value) for name, value in result.metrics.items()
@@ -130,7 +155,7 @@ def round_samples(result: Any) -> dict[str, float]:
     return out
 
 
-def judge_round(result: Any, what: str, *, metric: str, contention_bound: float | None) -> RoundResult:
+def judge_round(result: RoundFigures, what: str, *, metric: str, contention_bound: float | None) -> RoundResult:
     """What a measured round is: :class:`Contended` when other processes took more of the host than
     ``contention_bound`` (None: not judged) and nothing blames the server; :class:`Invalid` when it is not a
     number for ``metric``; else :class:`Measured`. A round invalid only for artefacts of chunk timing is measured
@@ -153,7 +178,7 @@ def judge_round(result: Any, what: str, *, metric: str, contention_bound: float 
     return Invalid(what, reasons, host)
 
 
-def measure_round(server: RunningServer, workload: Workload, prompts: Any) -> RunResult:
+def measure_round(server: RunningServer, workload: Workload, prompts: Sequence[WorkloadPrompt] | None) -> RunResult:
     """One round of ``workload`` on a live ``server``: its requests counted as request time, bounded by the
     server's ``request_timeout_s``.
 
@@ -173,20 +198,20 @@ def measure_round(server: RunningServer, workload: Workload, prompts: Any) -> Ru
                             host_contention=True, server_pid=server.server_pid, gpu_scope=server.gpu_scope)
 
 
-def _alone(server: RunningServer) -> Any:
+def _alone(server: RunningServer) -> AbstractContextManager[object]:
     """The server's request lock held exclusively (none when the server was not given one: a script's)."""
     lock = server.request_lock
     return lock.exclusive() if lock is not None else contextlib.nullcontext()
 
 
-def _requests(server: RunningServer) -> Any:
+def _requests(server: RunningServer) -> AbstractContextManager[object]:
     acc = server.accounting
     return acc.requests("benchmark") if acc is not None else contextlib.nullcontext()
 
 
 #: One round's measurement: (server, workload, prompts) -> its RunResult (:func:`measure_round`; a stand-in in
 #: unit tests).
-RoundMeasure = Callable[[Any, Workload, Any], Any]
+RoundMeasure = Callable[[RunningServer, Workload, Sequence[WorkloadPrompt] | None], RoundFigures]
 
 
 # --------------------------------------------------------------------------- the loop
@@ -198,7 +223,8 @@ class RoundLoop:
     ``contended`` hold every round set aside, in order (shared by all the benchmark's rounds, on every server).
     ``prompts``: the workload's (None: built from the first server's tokenizer)."""
 
-    def __init__(self, workload: Workload, prompts: Any = None, *, metric: str, contention_bound: float | None,
+    def __init__(self, workload: Workload, prompts: Sequence[WorkloadPrompt] | None = None, *, metric: str,
+                 contention_bound: float | None,
                  measure: RoundMeasure = measure_round) -> None:
         self.workload = workload
         self.prompts = prompts
@@ -208,7 +234,7 @@ class RoundLoop:
         self.discarded: list[DiscardedRound] = []
         self.contended: list[ContendedRound] = []
 
-    def measure(self, server: Any, what: str) -> Measured | Invalid | Confounded:
+    def measure(self, server: RunningServer, what: str) -> Measured | Invalid | Confounded:
         """One round on ``server`` that is a sample, or why the benchmark ends. The prompts, unless given, are built
         with the first server's tokenizer, and every round sends the same."""
         if self.prompts is None:
