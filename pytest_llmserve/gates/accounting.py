@@ -26,7 +26,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -95,24 +95,24 @@ class Accounting:
                 del self._open[ident]
                 self._intervals.append(Interval(category, begin, end, key))
 
-    def boot(self, key: str | None = None) -> Any:
+    def boot(self, key: str | None = None) -> AbstractContextManager[None]:
         """Context manager around one server boot (``key``: the configuration, e.g. the server id)."""
         return self._span("boot", key)
 
-    def teardown(self) -> Any:
+    def teardown(self) -> AbstractContextManager[None]:
         """Context manager around stopping a server (not counted as a boot)."""
         return self._span("teardown", None)
 
-    def requests(self, kind: str = "other") -> Any:
+    def requests(self, kind: str = "other") -> AbstractContextManager[None]:
         """Context manager around requests sent to a server, of one kind (:data:`REQUEST_KIND_NAMES`)."""
         return self._span("request", kind)
 
-    def test_idle(self) -> Any:
+    def test_idle(self) -> AbstractContextManager[None]:
         """Context manager around time that belongs to the test itself (its own code, sleeps); wrap a
         test's whole call phase in it and the plugin's calls made from the test in :meth:`plugin`."""
         return self._span("idle", None)
 
-    def plugin(self) -> Any:
+    def plugin(self) -> AbstractContextManager[None]:
         """Context manager around the plugin's own work inside a :meth:`test_idle` span."""
         return self._span("plugin", None)
 
