@@ -3,18 +3,21 @@ rejects hook implementations it has no specification for), and the tests of whic
 
 from __future__ import annotations
 
+import difflib
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import execnet
 import pytest
-from _pytest.reports import TestReport
 
 from pytest_llmserve.server import hosts
 
 if TYPE_CHECKING:
+    from xdist.scheduler.protocol import Scheduling
+    from xdist.workermanage import WorkerController
+
     from pytest_llmserve.gates.accounting import Accounting
 
 #: The key of ``workerinput`` that carries the run directory from the controller to its workers.
@@ -47,13 +50,16 @@ def worker_gateway(config: pytest.Config) -> dict[str, Any]:
 
 
 def tx_specs(config: pytest.Config) -> list[Any]:
-    """The controller's gateways (``--tx``, ``-n``), as execnet specs; [] without pytest-xdist."""
-    if not getattr(config.option, "tx", None):
-        return []
-    # lazy: xdist's modules take ~140 ms to import (-X importtime); only an xdist run needs them
-    from xdist.workermanage import parse_tx_spec_config
-
-    return [execnet.XSpec(spec) for spec in parse_tx_spec_config(config)]
+    """The controller's gateways, one execnet spec per worker; [] without pytest-xdist. pytest-xdist turns ``-n N``
+    into N ``popen`` specs in ``--tx`` before configuration; ``--tx 3*ssh=host`` is its documented way to ask for
+    three workers of one spec (read here as pytest-xdist does: its own reader, ``parse_tx_spec_config`` from 3.7,
+    ``parse_spec_config`` before, is not part of its API, and importing the new name failed on 3.5 and 3.6, which
+    pyproject allows)."""
+    specs: list[Any] = []
+    for spec in getattr(config.option, "tx", None) or ():
+        count, star, rest = str(spec).partition("*")
+        specs.extend([execnet.XSpec(rest)] * int(count) if star and count.isdigit() else [execnet.XSpec(spec)])
+    return specs
 
 
 def distributes_by_config(config: pytest.Config) -> bool:
@@ -121,7 +127,7 @@ class XdistHooks:
             boots=list(sent.get("boots") or []), down=hosts.short_error(error) if error is not None else None)
 
     @pytest.hookimpl(tryfirst=True)
-    def pytest_xdist_make_scheduler(self, config: pytest.Config, log: Any) -> Any:
+    def pytest_xdist_make_scheduler(self, config: pytest.Config, log: Any) -> Scheduling | None:
         if self.by_config and config.getvalue("dist") == "loadgroup":
             return by_config_scheduler(config, log, self)
         return None
@@ -147,54 +153,127 @@ class XdistHooks:
             server = hosts.server_of_nodeid(nodeid, servers)
             message = hosts.host_down_message(label, gateway, down.down if down else None, nodeid, server)
             path = nodeid.split("::")[0]
-            report = TestReport(nodeid, (path, None, path), {}, "failed", message, "call")
+            report = pytest.TestReport(nodeid, (path, None, path), {}, "failed", message, "call")
             report.node = node  # type: ignore[attr-defined]  # xdist's own reports carry it too
             self.config.hook.pytest_runtest_logreport(report=report)
 
 
-def by_config_scheduler(config: pytest.Config, log: Any, hooks: XdistHooks) -> Any:
+def by_config_scheduler(config: pytest.Config, log: Any, hooks: XdistHooks) -> Scheduling:
+    return ByConfigScheduling(len(tx_specs(config)), hooks, config, log)
+
+
+def loadgroup_scope(nodeid: str) -> str:
+    """The work unit ``--dist loadgroup`` gives a test: its ``xdist_group`` (the ``@group`` suffix pytest-xdist's
+    worker adds to the node id, read as its loadgroup scheduler reads it), else the test alone."""
+    return nodeid.split("@")[-1] if nodeid.rfind("@") > nodeid.rfind("]") else nodeid
+
+
+class ByConfigScheduling:
     """``loadgroup`` with every group placed once, up front, round-robin over the workers (a host boots
     only its own configurations), and a dead worker's remaining tests failed rather than moved (moving
-    them would boot the configuration again elsewhere, and the host's name would be lost)."""
-    # lazy: xdist's modules take ~140 ms to import (-X importtime); only an xdist run needs them
-    from xdist.scheduler import LoadGroupScheduling
+    them would boot the configuration again elsewhere, and the host's name would be lost).
 
-    class ByConfigScheduling(LoadGroupScheduling):  # type: ignore[misc]
-        def _split_scope(self, nodeid: str) -> str:
-            servers = hooks.groups()
+    Written against pytest-xdist's scheduler protocol (``xdist.scheduler.protocol.Scheduling``, what
+    ``pytest_xdist_make_scheduler`` returns; tests/unit/server/test_hosts.py checks its members against the
+    installed version's), not by subclassing one of its schedulers, whose internals are private. Of a node it uses
+    what that protocol's node type gives every scheduler: ``send_runtest_some``, ``shutdown``, ``shutting_down``
+    and ``gateway``."""
+
+    def __init__(self, numnodes: int, hooks: XdistHooks, config: pytest.Config, log: Any = None) -> None:
+        self.numnodes = numnodes  # the workers expected to report a collection before scheduling
+        self.hooks = hooks
+        self.config = config
+        self.log: Callable[..., None] = log if log is not None else (lambda *args: None)
+        self.collection: list[str] | None = None  # the one collection every worker reported, once scheduled
+        self.collections: dict[WorkerController, list[str]] = {}  # what each worker collected
+        # What each worker was given: its configurations' groups, each test's node id and whether it completed.
+        self.work: dict[WorkerController, dict[str, dict[str, bool]]] = {}
+
+    @property
+    def nodes(self) -> list[WorkerController]:
+        return list(self.work)
+
+    @property
+    def collection_is_completed(self) -> bool:
+        return len(self.collections) >= self.numnodes
+
+    @property
+    def tests_finished(self) -> bool:
+        # As in pytest-xdist's own schedulers, a worker holds its last test until it learns that no other follows.
+        return self.collection_is_completed and all(len(hosts.pending_nodeids(w)) < 2 for w in self.work.values())
+
+    @property
+    def has_pending(self) -> bool:
+        return any(hosts.pending_nodeids(work) for work in self.work.values())
+
+    def add_node(self, node: WorkerController) -> None:
+        assert node not in self.work
+        self.work[node] = {}
+
+    def add_node_collection(self, node: WorkerController, collection: Sequence[str]) -> None:
+        assert node in self.work
+        self.collections[node] = list(collection)
+
+    def mark_test_complete(self, node: WorkerController, item_index: int, duration: float = 0) -> None:
+        nodeid = self.collections[node][item_index]
+        for unit in self.work[node].values():
+            if nodeid in unit:
+                unit[nodeid] = True
+
+    def mark_test_pending(self, item: str) -> None:
+        raise NotImplementedError("a test is never moved to another worker (its configuration would boot twice)")
+
+    def remove_pending_tests_from_node(self, node: WorkerController, indices: Sequence[int]) -> None:
+        raise NotImplementedError("a test is never moved to another worker (its configuration would boot twice)")
+
+    def remove_node(self, node: WorkerController) -> str | None:
+        pending = hosts.pending_nodeids(self.work.pop(node))
+        if not pending:
+            return None
+        self.hooks.fail_abandoned(node, pending[1:])
+        return pending[0]  # xdist reports it as the crash item
+
+    def schedule(self) -> None:
+        if self.collection is not None:
+            for node in self.nodes:  # a worker that came later (a restart) gets nothing: it ends
+                if not self.work[node] and not node.shutting_down:
+                    node.shutdown()
+            return
+        if not self._same_collections():
+            self.log("**Different tests collected, aborting run**")
+            return
+        self.collection = list(next(iter(self.collections.values())))
+        if not self.collection:
+            return
+        servers = self.hooks.groups()
+        units: dict[str, dict[str, bool]] = {}
+        for nodeid in self.collection:
             server = hosts.server_of_nodeid(nodeid, servers)
-            return servers[server] if server is not None else str(super()._split_scope(nodeid))
+            units.setdefault(servers[server] if server is not None else loadgroup_scope(nodeid), {})[nodeid] = False
+        nodes = self.nodes
+        index = {nodeid: i for i, nodeid in enumerate(self.collection)}  # the same on every worker (checked above)
+        for turn, (group, unit) in enumerate(units.items()):
+            node = nodes[turn % len(nodes)]
+            self.work[node][group] = unit
+            node.send_runtest_some([index[nodeid] for nodeid in unit])
+        for node in nodes:
+            node.shutdown()  # a worker runs what it was given, then ends
 
-        def schedule(self) -> None:
-            if self.collection is not None:  # type: ignore[has-type]
-                return
-            if not self._check_nodes_have_same_collection():
-                self.log("**Different tests collected, aborting run**")
-                return
-            self.collection = list(next(iter(self.registered_collections.values())))
-            if not self.collection:
-                return
-            for nodeid in self.collection:
-                self.workqueue.setdefault(self._split_scope(nodeid), {})[nodeid] = False
-            nodes = list(self.nodes)
-            turn = 0
-            while self.workqueue:
-                self._assign_work_unit(nodes[turn % len(nodes)])
-                turn += 1
-            for node in nodes:
-                node.shutdown()  # a worker runs what it was given, then ends
-
-        def remove_node(self, node: Any) -> str | None:
-            down = hooks.host_reports.get(str(node.gateway.id))
-            if down is None or down.down is None:
-                return super().remove_node(node)  # type: ignore[no-any-return]
-            pending = hosts.pending_nodeids(self.assigned_work.pop(node))
-            if not pending:
-                return None
-            hooks.fail_abandoned(node, pending[1:])
-            return pending[0]  # xdist reports it as the crash item
-
-    return ByConfigScheduling(config, log)
+    def _same_collections(self) -> bool:
+        """Whether every worker collected the same tests; each one that did not is reported as a collection
+        error naming the difference (as pytest-xdist's own schedulers do)."""
+        (first, reference), *others = self.collections.items()
+        same = True
+        for node, collection in others:
+            if collection == reference:
+                continue
+            same = False
+            message = (f"Different tests were collected between {first.gateway.id} and {node.gateway.id}. "
+                       "The difference is:\n" + "\n".join(difflib.unified_diff(reference, collection)))
+            self.log(message)
+            report = pytest.CollectReport(str(node.gateway.id), "failed", message, [])
+            self.config.hook.pytest_collectreport(report=report)
+        return same
 
 
 class WorkerAccounting:
