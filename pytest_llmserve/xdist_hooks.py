@@ -1,5 +1,15 @@
-"""pytest-xdist hooks, in their own module (registered only when pytest-xdist is installed, since pytest
-rejects hook implementations it has no specification for), and the tests of which process this is."""
+"""pytest-xdist's side of the plugin's face (:mod:`pytest_llmserve.face`, whose hooks call what is here): which
+process this is, what a controller hands its workers (the run directory's name, each worker's gateway) and hears
+back from them (time accounting, host reports, a host that went down), the by-configuration scheduler across hosts,
+and what a worker sends home.
+
+pytest-xdist's surfaces used here, none of them private: its hooks (``pytest_configure_node``,
+``pytest_testnodedown``, ``pytest_xdist_make_scheduler``, ``pytest_handlecrashitem``), ``workerinput`` (in its
+how-to), a report's ``node`` (in its hook specifications), the scheduler protocol, the ``--dist``, ``--tx``, ``-n``
+and ``--max-worker-restart`` options; and ``workeroutput``, the attribute a worker sends home in, which its
+documentation does not describe (pyproject allows pytest-xdist >= 3.5; every version since 1.22 has it).
+tests/plugin/test_pinned_apis.py and tests/unit/server/test_hosts.py fail when one of them changes.
+"""
 
 from __future__ import annotations
 
@@ -13,6 +23,7 @@ import execnet
 import pytest
 
 from pytest_llmserve.server import hosts
+from pytest_llmserve.server.pool import read_boots
 
 if TYPE_CHECKING:
     from xdist.scheduler.protocol import Scheduling
@@ -89,11 +100,13 @@ def keep_benchmarks_on_one_worker(config: pytest.Config) -> None:
         config.option.dist = "loadgroup"
 
 
-class XdistHooks:
-    """Controller side: hands the run directory (a path; created by whichever process boots first) to each
-    worker, and collects each worker's time accounting when it finishes (the boots, requests and tests
-    all happen in the workers, so the controller's own accounting is empty). Across hosts it also keeps
-    each worker's host report, and why a worker went down."""
+class XdistController:
+    """An xdist controller's side of the run: hands the run directory (a path; created by whichever process boots
+    first) to each worker, and collects each worker's time accounting when it finishes (the boots, requests and
+    tests all happen in the workers, so the controller's own accounting is empty). Across hosts it also keeps
+    each worker's host report, and why a worker went down. Unconfigured (no llmserve configuration file or
+    setting), it only hands the run directory's name to the workers and hears whether they used llmserve: the
+    dist mode, ``--max-worker-restart`` and the scheduler stay the user's (pytest-xdist's own)."""
 
     def __init__(self, run_dir: str, config: pytest.Config, groups: Callable[[], dict[str, str]],
                  by_config: bool) -> None:
@@ -104,16 +117,18 @@ class XdistHooks:
         self.by_config = by_config
         self.worker_accounting: list[dict[str, Any]] = []
         self.host_reports: dict[str, hosts.HostReport] = {}  # by gateway id
-        self.used = False  # a worker used llmserve (it sent its host report: see WorkerAccounting)
+        self.used = False  # a worker used llmserve (it sent its host report: see send_home)
 
-    def pytest_configure_node(self, node: Any) -> None:
+    def configure_node(self, node: Any) -> None:
+        """``pytest_configure_node``: what the worker is told before it starts."""
         node.workerinput[RUN_DIR_KEY] = self.run_dir
         spec = node.gateway.spec
         node.workerinput[GATEWAY_KEY] = {"id": str(node.gateway.id), "label": hosts.gateway_label(spec),
                                          "remote": hosts.gateway_is_remote(spec),
                                          "by_config": self.by_config}
 
-    def pytest_testnodedown(self, node: Any, error: Any) -> None:
+    def node_down(self, node: Any, error: Any) -> None:
+        """``pytest_testnodedown``: what the worker sent home, and why it went down if it did."""
         output = getattr(node, "workeroutput", None) or {}
         snapshot = output.get(ACCOUNTING_KEY)
         if isinstance(snapshot, dict):
@@ -126,14 +141,15 @@ class XdistHooks:
             gateway=gateway, label=hosts.gateway_label(node.gateway.spec), hostname=sent.get("hostname"),
             boots=list(sent.get("boots") or []), down=hosts.short_error(error) if error is not None else None)
 
-    @pytest.hookimpl(tryfirst=True)
-    def pytest_xdist_make_scheduler(self, config: pytest.Config, log: Any) -> Scheduling | None:
+    def scheduler(self, config: pytest.Config, log: Any) -> Scheduling | None:
+        """``pytest_xdist_make_scheduler``: across hosts, :class:`ByConfigScheduling`; else pytest-xdist's own."""
         if self.by_config and config.getvalue("dist") == "loadgroup":
             return by_config_scheduler(config, log, self)
         return None
 
-    def pytest_handlecrashitem(self, crashitem: str, report: Any, sched: Any) -> None:
-        """The test a worker was running when its host went down: name the host and the reason."""
+    def name_crash(self, crashitem: str, report: Any) -> None:
+        """``pytest_handlecrashitem``: the test a worker was running when its host went down names the host and
+        the reason."""
         node = getattr(report, "node", None)
         if node is None or not self.by_config:
             return
@@ -158,8 +174,8 @@ class XdistHooks:
             self.config.hook.pytest_runtest_logreport(report=report)
 
 
-def by_config_scheduler(config: pytest.Config, log: Any, hooks: XdistHooks) -> Scheduling:
-    return ByConfigScheduling(len(tx_specs(config)), hooks, config, log)
+def by_config_scheduler(config: pytest.Config, log: Any, controller: XdistController) -> Scheduling:
+    return ByConfigScheduling(len(tx_specs(config)), controller, config, log)
 
 
 def loadgroup_scope(nodeid: str) -> str:
@@ -179,9 +195,9 @@ class ByConfigScheduling:
     what that protocol's node type gives every scheduler: ``send_runtest_some``, ``shutdown``, ``shutting_down``
     and ``gateway``."""
 
-    def __init__(self, numnodes: int, hooks: XdistHooks, config: pytest.Config, log: Any = None) -> None:
+    def __init__(self, numnodes: int, controller: XdistController, config: pytest.Config, log: Any = None) -> None:
         self.numnodes = numnodes  # the workers expected to report a collection before scheduling
-        self.hooks = hooks
+        self.controller = controller
         self.config = config
         self.log: Callable[..., None] = log if log is not None else (lambda *args: None)
         self.collection: list[str] | None = None  # the one collection every worker reported, once scheduled
@@ -230,7 +246,7 @@ class ByConfigScheduling:
         pending = hosts.pending_nodeids(self.work.pop(node))
         if not pending:
             return None
-        self.hooks.fail_abandoned(node, pending[1:])
+        self.controller.fail_abandoned(node, pending[1:])
         return pending[0]  # xdist reports it as the crash item
 
     def schedule(self) -> None:
@@ -245,7 +261,7 @@ class ByConfigScheduling:
         self.collection = list(next(iter(self.collections.values())))
         if not self.collection:
             return
-        servers = self.hooks.groups()
+        servers = self.controller.groups()
         units: dict[str, dict[str, bool]] = {}
         for nodeid in self.collection:
             server = hosts.server_of_nodeid(nodeid, servers)
@@ -276,55 +292,13 @@ class ByConfigScheduling:
         return same
 
 
-class WorkerAccounting:
-    """Worker side: sends this worker's accounting snapshot home in ``workeroutput``, and its host report
-    (host name, the boots it made: the controller cannot read a host-local run directory). pytest-xdist
-    sends ``workeroutput`` after every ``pytest_sessionfinish`` implementation has run, this one included."""
-
-    def __init__(self, accounting: Accounting, run_dir: Callable[[], Path]) -> None:
-        self.accounting = accounting
-        self.run_dir = run_dir
-
-    def pytest_sessionfinish(self, session: pytest.Session) -> None:
-        # lazy: the pool's modules (153 ms) load where servers run, not with every configured run's hooks
-        from pytest_llmserve.server.pool import read_boots
-
-        snapshot = self.accounting.snapshot()
-        if snapshot["intervals"]:
-            session.config.workeroutput[ACCOUNTING_KEY] = snapshot  # type: ignore[attr-defined]
-        boots = [boot for boot in read_boots(self.run_dir()) if boot.get("worker_pid") == os.getpid()]
-        session.config.workeroutput[HOST_REPORT_KEY] = {  # type: ignore[attr-defined]
-            "hostname": hosts.this_host(), "boots": boots}
-
-
-def register(config: pytest.Config, run_dir: str, groups: Callable[[], dict[str, str]], *, configured: bool) -> None:
-    """The controller's hooks. Unconfigured (no llmserve configuration file or setting), they only hand the
-    run directory's name to the workers: the dist mode, ``--max-worker-restart`` and the scheduler stay
-    the user's (pytest-xdist's own)."""
-    if config.pluginmanager.hasplugin("xdist"):
-        by_config = configured and distributes_by_config(config)
-        config.pluginmanager.register(XdistHooks(run_dir, config, groups, by_config), "llmserve-xdist-hooks")
-        if by_config:
-            prepare_controller(config)
-
-
-def register_worker(config: pytest.Config, accounting: Accounting, run_dir: Callable[[], Path]) -> None:
-    config.pluginmanager.register(WorkerAccounting(accounting, run_dir), "llmserve-xdist-worker-accounting")
-
-
-def workers_accounting(config: pytest.Config) -> list[dict[str, Any]]:
-    """The accounting snapshots of the workers that finished (empty outside an xdist controller)."""
-    hooks = config.pluginmanager.get_plugin("llmserve-xdist-hooks")
-    return list(hooks.worker_accounting) if isinstance(hooks, XdistHooks) else []
-
-
-def workers_used_llmserve(config: pytest.Config) -> bool:
-    """Whether a finished worker used llmserve (an unconfigured controller collects nothing to tell it)."""
-    hooks = config.pluginmanager.get_plugin("llmserve-xdist-hooks")
-    return isinstance(hooks, XdistHooks) and hooks.used
-
-
-def host_reports(config: pytest.Config) -> dict[str, hosts.HostReport]:
-    """Each finished or lost worker's host report, by gateway id (empty outside an xdist controller)."""
-    hooks = config.pluginmanager.get_plugin("llmserve-xdist-hooks")
-    return dict(hooks.host_reports) if isinstance(hooks, XdistHooks) else {}
+def send_home(config: pytest.Config, accounting: Accounting, run_dir: Path) -> None:
+    """On a worker that used llmserve, at its session's end: its accounting snapshot, and its host report (host
+    name, the boots it made: the controller cannot read a host-local run directory), in ``workeroutput``, which
+    pytest-xdist sends home after every ``pytest_sessionfinish`` implementation has run."""
+    output = config.workeroutput  # type: ignore[attr-defined]
+    snapshot = accounting.snapshot()
+    if snapshot["intervals"]:
+        output[ACCOUNTING_KEY] = snapshot
+    boots = [boot for boot in read_boots(run_dir) if boot.get("worker_pid") == os.getpid()]
+    output[HOST_REPORT_KEY] = {"hostname": hosts.this_host(), "boots": boots}

@@ -126,8 +126,8 @@ def test_scheduler_places_each_configuration_on_one_host_and_fails_a_dead_hosts_
                              option=SimpleNamespace(tx=["ssh=host1", "ssh=host2"], numprocesses=None),
                              hook=SimpleNamespace(pytest_runtest_logreport=lambda report: logged.append(report)))
     groups = {"a": "llmserve-config-a", "b": "llmserve-config-b", "c": "llmserve-config-c"}
-    hooks = xdist_hooks.XdistHooks("/tmp/run", config, lambda: groups, by_config=True)  # type: ignore[arg-type]
-    sched = xdist_hooks.by_config_scheduler(config, None, hooks)  # type: ignore[arg-type]
+    controller = xdist_hooks.XdistController("/tmp/run", config, lambda: groups, by_config=True)  # type: ignore[arg-type]
+    sched = xdist_hooks.by_config_scheduler(config, None, controller)  # type: ignore[arg-type]
     collection = [f"t.py::test_{n}[{g}]" for g in "abc" for n in (1, 2)]
     one, two = _node("gw0", "host1"), _node("gw1", "host2")
     for node in (one, two):
@@ -140,7 +140,7 @@ def test_scheduler_places_each_configuration_on_one_host_and_fails_a_dead_hosts_
     assert one.shut and two.shut
     # host2 ran test_1[b], then went down.
     sched.mark_test_complete(two, two.sent[0])
-    hooks.host_reports["gw1"] = hosts.HostReport(gateway="gw1", label="host2", down="EOFError")
+    controller.host_reports["gw1"] = hosts.HostReport(gateway="gw1", label="host2", down="EOFError")
     crash = sched.remove_node(two)
     assert crash == collection[3]  # xdist reports it as the crash item
     assert [r.nodeid for r in logged] == []  # nothing else was left
@@ -155,8 +155,8 @@ def _scheduler(groups: dict[str, str]) -> tuple[xdist_hooks.ByConfigScheduling, 
     logged: list[Any] = []
     config = SimpleNamespace(getvalue=lambda name: "loadgroup", option=SimpleNamespace(tx=["2*ssh=host1"]),
                              hook=SimpleNamespace(pytest_collectreport=lambda report: logged.append(report)))
-    hooks = xdist_hooks.XdistHooks("/tmp/run", config, lambda: groups, by_config=True)  # type: ignore[arg-type]
-    sched = xdist_hooks.by_config_scheduler(config, None, hooks)  # type: ignore[arg-type]
+    controller = xdist_hooks.XdistController("/tmp/run", config, lambda: groups, by_config=True)  # type: ignore[arg-type]
+    sched = xdist_hooks.by_config_scheduler(config, None, controller)  # type: ignore[arg-type]
     assert isinstance(sched, xdist_hooks.ByConfigScheduling) and sched.numnodes == 2  # "2*spec": two workers
     return sched, logged
 
@@ -199,11 +199,11 @@ def test_dead_hosts_untouched_tests_are_each_failed_naming_host_and_configuratio
                              option=SimpleNamespace(tx=["ssh=host1", "ssh=host2"], numprocesses=None),
                              hook=SimpleNamespace(pytest_runtest_logreport=lambda report: logged.append(report)))
     groups = {"srv[b]": "llmserve-config-b"}
-    hooks = xdist_hooks.XdistHooks("/tmp/run", config, lambda: groups, by_config=True)  # type: ignore[arg-type]
+    controller = xdist_hooks.XdistController("/tmp/run", config, lambda: groups, by_config=True)  # type: ignore[arg-type]
     node = _node("gw1", "root@127.0.0.3")
-    hooks.host_reports["gw1"] = hosts.HostReport(gateway="gw1", label="root@127.0.0.3",
+    controller.host_reports["gw1"] = hosts.HostReport(gateway="gw1", label="root@127.0.0.3",
                                                  down="OSError: cannot send (already closed?)")
-    hooks.fail_abandoned(node, ["t.py::test_2[srv[b]]", "t.py::test_3[srv[b]]"])
+    controller.fail_abandoned(node, ["t.py::test_2[srv[b]]", "t.py::test_3[srv[b]]"])
     assert [(r.nodeid, r.outcome) for r in logged] == [("t.py::test_2[srv[b]]", "failed"),
                                                        ("t.py::test_3[srv[b]]", "failed")]
     text = str(logged[0].longrepr)
