@@ -2,7 +2,7 @@
 
 The names in ``__all__`` are the public API for scripts, loaded on first use (``import pytest_llmserve``
 imports neither pytest nor numpy). The core modules (everything except the pytest face:
-:mod:`pytest_llmserve.plugin`, ``session``, ``collection``, ``xdist_hooks``, ``report_hooks`` and the
+:mod:`pytest_llmserve.plugin`, ``face``, ``session``, ``collection``, ``xdist_hooks``, ``report_hooks`` and the
 built-in test files in ``suite/``) never import pytest::
 
     from pytest_llmserve import DecodeCheck, ServerHandle, load_config

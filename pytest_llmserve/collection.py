@@ -12,7 +12,7 @@ before anything boots, and the collected items marked, grouped and ordered.
   here by :func:`prefetched`).
 * **The header** (:func:`header_lines`): the configurations selected and the benchmark gate's settings.
 
-The plugin (:mod:`pytest_llmserve.plugin`) calls this once a run uses llmserve; the configuration's
+The plugin's face (:mod:`pytest_llmserve.face`) calls this once a run uses llmserve; the configuration's
 decisions it applies are plain data (:mod:`pytest_llmserve.config`, :mod:`pytest_llmserve.settings`).
 """
 
@@ -199,12 +199,12 @@ def skip_without_gpu(llmserve_items: list[pytest.Item]) -> None:
 
 def order_items(config: pytest.Config, items: list[pytest.Item], settings: Settings) -> None:
     """Mark the xdist groups (benchmarks on one worker, a server's independent probes on one worker; across
-    hosts :class:`ConfigGroups` has grouped by configuration instead) and sort ``items`` in place."""
+    hosts :func:`mark_worker_groups` has grouped by configuration instead) and sort ``items`` in place."""
     order: dict[str, int] = {s.id: i for i, s in enumerate(run_order(settings.cfg))}
     by_config = xdist_hooks.distributes_by_config(config)
     for item in items:
         if by_config and item_spec(item) is not None:
-            continue  # grouped by configuration (ConfigGroups)
+            continue  # grouped by configuration (mark_worker_groups)
         bench_marker = item.get_closest_marker("llmserve_benchmark")
         if bench_marker or "llm_ab" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.xdist_group("llmserve-bench"))
@@ -238,50 +238,28 @@ def run_order(cfg: LLMServeConfig) -> list[ServerSpec]:
     return out
 
 
-def register_worker_groups(config: pytest.Config, settings: Settings, suite_dir: Path) -> None:
-    """On an xdist worker: the groups pytest-xdist's worker reads into the node ids, by configuration
-    across hosts, else a server's reference differentials."""
-    if xdist_hooks.distributes_by_config(config):
-        config.pluginmanager.register(ConfigGroups(), "llmserve-config-groups")
-    else:
-        config.pluginmanager.register(ReferenceGroups(settings, suite_dir), "llmserve-reference-groups")
+def mark_worker_groups(config: pytest.Config, items: list[pytest.Item], settings: Settings, suite_dir: Path) -> None:
+    """On an xdist worker, first among the collection hooks (pytest-xdist's worker reads the groups into the node ids
+    in its own): the groups that keep tests together on one worker.
 
-
-class ReferenceGroups:
-    """On each xdist worker (one host): a server's reference differentials (test_matches_reference) join one
-    ``xdist_group``, so that under ``--dist loadgroup`` one worker runs them in the run's order, the reference
-    combination first (it records what the others replay; without the group, a combination that comes first
-    boots the reference and records it). First among the collection hooks, as for :class:`ConfigGroups`."""
-
-    def __init__(self, settings: Settings, suite_dir: Path) -> None:
-        self.settings = settings
-        self.suite_dir = suite_dir
-
-    @pytest.hookimpl(tryfirst=True)
-    def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
-        for item in items:
-            spec = item_spec(item)
-            if spec is not None and self._is_reference_differential(item) \
-                    and self.settings.cfg.reference_of(spec.name):
-                item.add_marker(pytest.mark.xdist_group(f"llmserve-reference-{spec.name}"))
-
-    def _is_reference_differential(self, item: pytest.Item) -> bool:
-        return (getattr(item, "originalname", None) == "test_matches_reference"
-                and Path(str(item.path)).parent == self.suite_dir)
-
-
-class ConfigGroups:
-    """Across hosts, on each worker: every test of a configuration joins that configuration's
-    ``xdist_group``, so one host runs (and boots) it, its benchmarks included (they run alone on the host
-    that booted it; other hosts' benchmarks run on other machines). First among the collection hooks:
-    pytest-xdist's worker reads the groups into the node ids in its own."""
-
-    @pytest.hookimpl(tryfirst=True)
-    def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
-        for item in items:
-            spec = item_spec(item)
-            if spec is not None:
-                item.add_marker(pytest.mark.xdist_group(config_group(spec)))
+    * Across hosts, every test of a configuration joins that configuration's ``xdist_group``, so one host runs
+      (and boots) it, its benchmarks included (they run alone on the host that booted it; other hosts' benchmarks
+      run on other machines).
+    * On one host, a server's reference differentials (test_matches_reference) join one ``xdist_group``, so that
+      under ``--dist loadgroup`` one worker runs them in the run's order, the reference combination first (it
+      records what the others replay; without the group, a combination that comes first boots the reference and
+      records it).
+    """
+    by_config = xdist_hooks.distributes_by_config(config)
+    for item in items:
+        spec = item_spec(item)
+        if spec is None:
+            continue
+        if by_config:
+            item.add_marker(pytest.mark.xdist_group(config_group(spec)))
+        elif (getattr(item, "originalname", None) == "test_matches_reference"
+              and Path(str(item.path)).parent == suite_dir and settings.cfg.reference_of(spec.name)):
+            item.add_marker(pytest.mark.xdist_group(f"llmserve-reference-{spec.name}"))
 
 
 # ---------------------------------------------------------------------------- independent probes sent ahead

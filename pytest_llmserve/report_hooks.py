@@ -27,7 +27,6 @@ run stopped before its items ran (:func:`run_completeness`).
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -37,6 +36,8 @@ import pytest
 
 from pytest_llmserve.gates.accounting import Accounting, format_report
 from pytest_llmserve.gates.accounting import report as time_report
+from pytest_llmserve.json_encoding import dumps
+from pytest_llmserve.redaction import redact_text
 from pytest_llmserve.report.checks import (
     NOT_APPLICABLE,
     CheckOutcome,
@@ -49,7 +50,7 @@ from pytest_llmserve.report.checks import (
 )
 from pytest_llmserve.report.outcome import BenchOutcome
 from pytest_llmserve.report.session import render_session
-from pytest_llmserve.server.handle import LOG_TAIL_LINES, ServerHandle, read_tail, redact_text, secret_values
+from pytest_llmserve.server.handle import LOG_TAIL_LINES, ServerHandle, read_tail, secret_values
 from pytest_llmserve.server.hosts import ConfigRow, HostReport, config_groups, merge_by_config, server_of_nodeid
 from pytest_llmserve.server.pool import read_boots
 from pytest_llmserve.settings import Settings
@@ -262,8 +263,8 @@ def session_verdicts(reports: Iterable[Any],
     process's reports too: one row each (the JSON is the record's identity)."""
     benches, checks = collected(reports)
     outcomes = list(own)
-    kept = {outcome.to_json() for outcome in outcomes}
-    outcomes += [record for record in benches if record.to_json() not in kept]
+    kept = {outcome.identity for outcome in outcomes}  # the same outcome, seen here and in a report's properties
+    outcomes += [record for record in benches if record.identity not in kept]
     return outcomes, checks
 
 
@@ -325,7 +326,7 @@ def write_summary(terminalreporter: pytest.TerminalReporter, settings: Settings,
         for row in by_host:
             terminalreporter.write_line("  " + row.line())
         settings.results_dir.mkdir(parents=True, exist_ok=True)
-        (settings.results_dir / "hosts.json").write_text(json.dumps([row.to_dict() for row in by_host], indent=2))
+        (settings.results_dir / "hosts.json").write_text(dumps([row.to_dict() for row in by_host], indent=2))
     wall = time.monotonic() - session_start
     # Attached servers (launched elsewhere) are not boots: each xdist worker records its own attachment.
     attached = list({b["server"]: b for b in boots if b.get("launched") is False}.values())

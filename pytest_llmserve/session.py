@@ -1,7 +1,7 @@
 """The run in use, in one pytest process: its settings resolved, its state (run directory, server pool,
 benchmark records, time accounting, probes sent ahead), the SIGTERM guard, and the teardown.
 
-The plugin (:mod:`pytest_llmserve.plugin`) keeps the :class:`RunState` in ``config.stash`` once the run
+The plugin's face (:mod:`pytest_llmserve.face`) keeps the :class:`RunState` in ``config.stash`` once the run
 uses llmserve, and calls what is here from its hooks and fixtures.
 """
 
@@ -104,7 +104,7 @@ class RunState:
 def start(config: pytest.Config, settings: Settings, run_dir_name: Path) -> RunState:
     """This process's run state. The controller (or a run without xdist) owns the run directory
     ``run_dir_name``; an xdist worker uses its controller's, or on another host a host-local one, and
-    sends its accounting home (:func:`pytest_llmserve.xdist_hooks.register_worker`)."""
+    sends its accounting home at the end (:func:`pytest_llmserve.xdist_hooks.send_home`)."""
     host_local = False
     if xdist_hooks.is_worker(config):
         gateway = xdist_hooks.worker_gateway(config)
@@ -113,10 +113,7 @@ def start(config: pytest.Config, settings: Settings, run_dir_name: Path) -> RunS
         owns = False
     else:
         run_dir, owns = run_dir_name, True
-    state = RunState(run_dir=run_dir, owns_run_dir=owns, accounting=Accounting(), host_local=host_local)
-    if xdist_hooks.is_worker(config):
-        xdist_hooks.register_worker(config, state.accounting, lambda: state.run_dir)
-    return state
+    return RunState(run_dir=run_dir, owns_run_dir=owns, accounting=Accounting(), host_local=host_local)
 
 
 def install_sigterm_handler() -> Any:

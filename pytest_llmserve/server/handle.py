@@ -33,8 +33,7 @@ from pytest_llmserve.errors import PreflightError, ServerDiedError, ServerError,
 from pytest_llmserve.evidence.client import LLMClient
 from pytest_llmserve.evidence.pages import PAGE_TIMEOUT_S, Page, answer, auth_headers, read_page
 from pytest_llmserve.json_encoding import dumps
-from pytest_llmserve.redaction import redact_argv, secret_strings
-from pytest_llmserve.redaction import redact_text as redact_text  # re-exported: report_hooks.py masks a log tail too
+from pytest_llmserve.redaction import redact_argv, redact_text, secret_strings
 from pytest_llmserve.server import gpu, isolation, procs
 from pytest_llmserve.server.gpu import PreflightResult
 from pytest_llmserve.server.gpu_scope import GpuScope, server_gpu_scope

@@ -267,10 +267,11 @@ assert "numpy" not in sys.modules, "import pytest_llmserve imported numpy"
 pytest_llmserve.ServerSpec, pytest_llmserve.load_config, pytest_llmserve.ConfigError  # the lazy public API
 assert "numpy" not in sys.modules
 
-# The pytest face (plugin, session, collection, xdist and report hooks, the benchmark gates' face) and the built-in test
-# files import pytest; nothing else may.
-PYTEST_FACE = ("pytest_llmserve.plugin", "pytest_llmserve.session", "pytest_llmserve.collection",
-               "pytest_llmserve.xdist_hooks", "pytest_llmserve.report_hooks", "pytest_llmserve.bench_face")
+# The pytest face (plugin, face, session, collection, xdist and report hooks, the benchmark gates' face) and the
+# built-in test files import pytest; nothing else may.
+PYTEST_FACE = ("pytest_llmserve.plugin", "pytest_llmserve.face", "pytest_llmserve.session",
+               "pytest_llmserve.collection", "pytest_llmserve.xdist_hooks", "pytest_llmserve.report_hooks",
+               "pytest_llmserve.bench_face")
 imported = []
 for module in pkgutil.walk_packages(pytest_llmserve.__path__, "pytest_llmserve."):
     if module.name in PYTEST_FACE or module.name.startswith("pytest_llmserve.suite"):

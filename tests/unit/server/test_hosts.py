@@ -126,8 +126,8 @@ def test_scheduler_places_each_configuration_on_one_host_and_fails_a_dead_hosts_
                              option=SimpleNamespace(tx=["ssh=host1", "ssh=host2"], numprocesses=None),
                              hook=SimpleNamespace(pytest_runtest_logreport=lambda report: logged.append(report)))
     groups = {"a": "llmserve-config-a", "b": "llmserve-config-b", "c": "llmserve-config-c"}
-    hooks = xdist_hooks.XdistHooks("/tmp/run", config, lambda: groups, by_config=True)  # type: ignore[arg-type]
-    sched = xdist_hooks.by_config_scheduler(config, None, hooks)  # type: ignore[arg-type]
+    controller = xdist_hooks.XdistController("/tmp/run", config, lambda: groups, by_config=True)  # type: ignore[arg-type]
+    sched = xdist_hooks.by_config_scheduler(config, None, controller)  # type: ignore[arg-type]
     collection = [f"t.py::test_{n}[{g}]" for g in "abc" for n in (1, 2)]
     one, two = _node("gw0", "host1"), _node("gw1", "host2")
     for node in (one, two):
@@ -140,12 +140,57 @@ def test_scheduler_places_each_configuration_on_one_host_and_fails_a_dead_hosts_
     assert one.shut and two.shut
     # host2 ran test_1[b], then went down.
     sched.mark_test_complete(two, two.sent[0])
-    hooks.host_reports["gw1"] = hosts.HostReport(gateway="gw1", label="host2", down="EOFError")
+    controller.host_reports["gw1"] = hosts.HostReport(gateway="gw1", label="host2", down="EOFError")
     crash = sched.remove_node(two)
     assert crash == collection[3]  # xdist reports it as the crash item
     assert [r.nodeid for r in logged] == []  # nothing else was left
-    # Nothing of host2's went back to the queue for host1 (it would boot configuration b again there).
-    assert not sched.workqueue
+    # Nothing of host2's went to host1 (it would boot configuration b again there).
+    assert [collection[i] for i in one.sent] == collection[0:2] + collection[4:6]
+    for index in one.sent:
+        sched.mark_test_complete(one, index)
+    assert sched.tests_finished and not sched.has_pending
+
+
+def _scheduler(groups: dict[str, str]) -> tuple[xdist_hooks.ByConfigScheduling, list[Any]]:
+    logged: list[Any] = []
+    config = SimpleNamespace(getvalue=lambda name: "loadgroup", option=SimpleNamespace(tx=["2*ssh=host1"]),
+                             hook=SimpleNamespace(pytest_collectreport=lambda report: logged.append(report)))
+    controller = xdist_hooks.XdistController("/tmp/run", config, lambda: groups, by_config=True)  # type: ignore[arg-type]
+    sched = xdist_hooks.by_config_scheduler(config, None, controller)  # type: ignore[arg-type]
+    assert isinstance(sched, xdist_hooks.ByConfigScheduling) and sched.numnodes == 2  # "2*spec": two workers
+    return sched, logged
+
+
+def test_scheduler_refuses_differing_collections_and_ends_a_worker_that_came_late() -> None:
+    sched, logged = _scheduler({"a": "llmserve-config-a"})
+    one, two = _node("gw0", "host1"), _node("gw1", "host1")
+    for node, collection in ((one, ["t.py::test_1[a]"]), (two, ["t.py::test_1[a]", "t.py::test_2[a]"])):
+        sched.add_node(node)
+        sched.add_node_collection(node, collection)
+    sched.schedule()
+    assert not one.sent and not two.sent  # nothing runs
+    assert [r.outcome for r in logged] == ["failed"] and "+t.py::test_2[a]" in str(logged[0].longrepr)
+
+    sched, _ = _scheduler({"a": "llmserve-config-a"})
+    first, second = _node("gw0", "host1"), _node("gw1", "host1")
+    for node in (first, second):
+        sched.add_node(node)
+        sched.add_node_collection(node, ["t.py::test_1[a]", "t.py::test_plain@g"])
+    sched.schedule()
+    assert first.sent == [0] and second.sent == [1]  # configuration a on one worker, group g on the other
+    late = _node("gw2", "host1")  # a restarted worker
+    sched.add_node(late)
+    sched.add_node_collection(late, ["t.py::test_1[a]", "t.py::test_plain@g"])
+    sched.schedule()
+    assert late.sent == [] and late.shut
+
+
+def test_the_scheduler_has_every_member_of_xdists_scheduler_protocol() -> None:
+    """pytest-xdist's ``Scheduling`` protocol (3.6 on) is what ``pytest_xdist_make_scheduler`` returns: a member it
+    adds fails here (pytest-xdist ships no type information, so mypy cannot check it)."""
+    protocol = pytest.importorskip("xdist.scheduler.protocol", reason="pytest-xdist before 3.6 has no protocol module")
+    members = {name for name in vars(protocol.Scheduling) if not name.startswith("_")}
+    assert members and members <= set(dir(xdist_hooks.ByConfigScheduling))
 
 
 def test_dead_hosts_untouched_tests_are_each_failed_naming_host_and_configuration() -> None:
@@ -154,11 +199,11 @@ def test_dead_hosts_untouched_tests_are_each_failed_naming_host_and_configuratio
                              option=SimpleNamespace(tx=["ssh=host1", "ssh=host2"], numprocesses=None),
                              hook=SimpleNamespace(pytest_runtest_logreport=lambda report: logged.append(report)))
     groups = {"srv[b]": "llmserve-config-b"}
-    hooks = xdist_hooks.XdistHooks("/tmp/run", config, lambda: groups, by_config=True)  # type: ignore[arg-type]
+    controller = xdist_hooks.XdistController("/tmp/run", config, lambda: groups, by_config=True)  # type: ignore[arg-type]
     node = _node("gw1", "root@127.0.0.3")
-    hooks.host_reports["gw1"] = hosts.HostReport(gateway="gw1", label="root@127.0.0.3",
+    controller.host_reports["gw1"] = hosts.HostReport(gateway="gw1", label="root@127.0.0.3",
                                                  down="OSError: cannot send (already closed?)")
-    hooks.fail_abandoned(node, ["t.py::test_2[srv[b]]", "t.py::test_3[srv[b]]"])
+    controller.fail_abandoned(node, ["t.py::test_2[srv[b]]", "t.py::test_3[srv[b]]"])
     assert [(r.nodeid, r.outcome) for r in logged] == [("t.py::test_2[srv[b]]", "failed"),
                                                        ("t.py::test_3[srv[b]]", "failed")]
     text = str(logged[0].longrepr)
