@@ -194,8 +194,7 @@ class BenchOutcome:
     request_latencies_s: dict[str, list[float]] = field(default_factory=dict)
     note: str | None = None
     baseline_path: str | None = None
-    # Which outcome this is, whichever process made it: with the node id, server and workload, its identity.
-    run_id: str | None = field(default_factory=lambda: uuid.uuid4().hex[:12])
+    run_id: str | None = None  # the session's run, where known (a results.json's; a baseline record takes it)
     saved: bool = False  # this run's samples were recorded as the baseline (nothing compared)
     baseline_key: BenchKey | None = None  # the store key, when it is not (test_id, server_id, workload)
     warmup: WarmUp | None = None
@@ -215,6 +214,9 @@ class BenchOutcome:
     differences: list[str] = field(default_factory=list)
     ab: bool = False
     before_boot: bool = False
+    # Which run of a gate this outcome is, whichever process made it (with the node id, server and workload: its
+    # identity); it travels with the record (to_json), not in results.json.
+    outcome_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
     # What the pytest layer does with it (decided by the gate; never stored: the status and note say it).
     ending: Ending | None = field(default=None, compare=False, repr=False)
 
@@ -233,9 +235,10 @@ class BenchOutcome:
             self.baseline = summarize(self.baseline_samples)
 
     @property
-    def identity(self) -> tuple[str, str, str, str | None]:
-        """(node id, server, workload, run id): the same outcome seen in this process and in a worker's report."""
-        return (self.test_id, self.server_id, self.workload, self.run_id)
+    def identity(self) -> tuple[str, str, str, str]:
+        """(node id, server, workload, the gate's run: ``outcome_id``): the same outcome seen in this process and in
+        a worker's report, told apart from another run of the same gate in one test."""
+        return (self.test_id, self.server_id, self.workload, self.outcome_id)
 
     @property
     def key(self) -> BenchKey:
@@ -411,12 +414,14 @@ class BenchOutcome:
             differences=[str(d) for d in data.get("differences") or []],
             ab=bool(data.get("ab", False)),
             before_boot=bool(data.get("before_boot", False)),
+            # a results.json entry has none (identity matters only while a session's outcomes are gathered)
+            outcome_id=str(data.get("outcome_id") or uuid.uuid4().hex[:12]),
         )
 
 
 # The fields that travel with the record (to_json) but are not a results.json entry's (to_dict: schema 1).
 RECORD_ONLY = ("rounds", "seconds", "cross_check", "correctness_failed", "inconclusive_policy", "warning",
-               "baseline_ci_half_width", "baseline_series", "differences", "ab", "before_boot")
+               "baseline_ci_half_width", "baseline_series", "differences", "ab", "before_boot", "outcome_id")
 
 
 def _contended(data: Mapping[str, Any]) -> list[ContendedRound]:

@@ -83,6 +83,6 @@ def test_the_whole_record_crosses_a_process_and_comes_back_equal() -> None:
                  "baseline_samples", "rounds"):
         assert getattr(again, name) == getattr(outcome, name), name
     assert again.samples["output_throughput"][0] == 100.0 and again.identity == outcome.identity
-    # Identity is (node id, server, workload, run id): two outcomes of one test differ by their run id.
+    # Identity is (node id, server, workload, the gate's run): two outcomes of one test differ by their outcome_id.
     twin = BenchOutcome(test_id=outcome.test_id, server_id="cpu", workload="tiny", metric="output_throughput")
     assert twin.identity[:3] == outcome.identity[:3] and twin.identity != outcome.identity
