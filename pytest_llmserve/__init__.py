@@ -2,14 +2,16 @@
 
 The names in ``__all__`` are the public API for scripts, loaded on first use (``import pytest_llmserve``
 imports neither pytest nor numpy). The core modules (everything except the pytest face:
-:mod:`pytest_llmserve.plugin`, ``face``, ``session``, ``collection``, ``xdist_hooks``, ``report_hooks`` and the
-built-in test files in ``suite/``) never import pytest::
+:mod:`pytest_llmserve.plugin`, ``face``, ``session``, ``collection``, ``xdist_hooks``, ``report_hooks``,
+``bench_face`` and the built-in test files in ``suite/``) never import pytest; a check that fails raises
+:class:`~pytest_llmserve.gates.decode.CheckFailed`, and a gate returns its outcome::
 
     from pytest_llmserve import DecodeCheck, ServerHandle, load_config
 
     cfg = load_config(Path("."))
     with ServerHandle(cfg.server("glm5")) as server:
-        DecodeCheck(server, fail=sys.exit).no_nan().coherent()
+        DecodeCheck(server).no_nan().coherent()  # raises CheckFailed naming what failed
+        print(DecodeCheck(server).config_is_execution().finish() or "every check reached a verdict")
 """
 
 from __future__ import annotations

@@ -34,7 +34,7 @@ from pytest_llmserve.errors import ServerError
 from pytest_llmserve.evidence.client import LLMClient
 from pytest_llmserve.gates.ab import ABRunner
 from pytest_llmserve.gates.bench import BenchGate
-from pytest_llmserve.gates.decode import DecodeCheck
+from pytest_llmserve.gates.decode import CheckFailed, DecodeCheck
 from pytest_llmserve.gates.prefetch import server_probes
 from pytest_llmserve.gates.preflight import refusal_before_boot, save_command
 from pytest_llmserve.gates.probes import ServerProbes
@@ -210,8 +210,8 @@ class LLMServeFace:
         probes = _server_probes(config, llm_server, current)
         check = DecodeCheck.for_run(config.stash[SETTINGS_KEY], server=llm_server, spec=current,
                                     run_dir=config.stash[STATE_KEY].run_dir, test_id=node.nodeid, pool=_pool(config),
-                                    fail=_fail, skip=_skip, verbose=config.option.verbose,
-                                    record=report_hooks.oracle_recorder(node), probes=probes,
+                                    verbose=config.option.verbose, records=report_hooks.oracle_records(node),
+                                    probes=probes,
                                     prefetched=prefetched(node, llm_server, probes))
         node.stash[DECODE_CHECK_KEY] = check
         return check
@@ -283,11 +283,16 @@ class LLMServeFace:
     def pytest_runtest_call(self, item: pytest.Item) -> Generator[None, None, None]:
         """When a test's body returns, its decode_check reports the checks that reached no verdict (a skip that
         names each): a chain's skip never stops the checks after it, so it is raised here, after all of them. A
-        body that raised (a failure) is reported as it is."""
-        yield
+        check that failed (:class:`~pytest_llmserve.gates.decode.CheckFailed`) fails the test with its message, as
+        ``pytest.fail`` without a traceback; a body that raised anything else is reported as it is."""
+        try:
+            yield
+        except CheckFailed as failed:
+            pytest.fail(failed.message, pytrace=False)
         check = item.stash.get(DECODE_CHECK_KEY, None)
-        if check is not None:
-            check.finish()
+        kept = check.finish() if check is not None else None
+        if kept:
+            pytest.skip(kept)
 
     # ------------------------------------------------------------------------ reporting and teardown
 
@@ -414,14 +419,6 @@ def _outcome_recorder(request: pytest.FixtureRequest) -> Callable[[BenchOutcome]
         state.outcomes.append(outcome)
 
     return record
-
-
-def _fail(message: str) -> None:
-    pytest.fail(message, pytrace=False)
-
-
-def _skip(message: str) -> None:
-    pytest.skip(message)
 
 
 def _item_server(item: pytest.Item) -> ServerHandle | None:

@@ -28,7 +28,7 @@ run stopped before its items ran (:func:`run_completeness`).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -76,10 +76,9 @@ def is_check(item: pytest.Item, suite_dir: Path) -> bool:
             or item.get_closest_marker("llmserve_correctness") is not None)
 
 
-def oracle_recorder(item: pytest.Item) -> Callable[[dict[str, Any]], None]:
+def oracle_records(item: pytest.Item) -> list[dict[str, Any]]:
     """Where ``DecodeCheck`` leaves each oracle's verdict and full evidence for this test's row."""
-    records = item.stash.setdefault(ORACLE_RECORDS_KEY, [])
-    return records.append
+    return item.stash.setdefault(ORACLE_RECORDS_KEY, [])
 
 
 def check_name(item: pytest.Item, server_id: str | None) -> str:

@@ -28,7 +28,7 @@ from pytest_llmserve.config import WORKLOAD_PRESETS, BuildSpec, LLMServeConfig, 
 from pytest_llmserve.errors import ConfigError, LLMServeError
 from pytest_llmserve.gates.ab import ABRunner, ABStop
 from pytest_llmserve.gates.context import configuration_comparability
-from pytest_llmserve.gates.decode import DecodeCheck
+from pytest_llmserve.gates.decode import CheckFailed, DecodeCheck
 from pytest_llmserve.gates.rounds import Confounded, RoundLoop, log
 from pytest_llmserve.gates.rounds import Measured as MeasuredRound
 from pytest_llmserve.metrics import higher_is_better
@@ -74,20 +74,12 @@ def check_only_build_differs(a: ServerSpec, b: ServerSpec, workload: Workload, *
 
 def correctness(server: RunningServer) -> tuple[bool, str]:
     """NaN evidence and known answers on one server: (all passed, the first line of each failure)."""
-    class _Failed(Exception):
-        pass
-
     failures: list[str] = []
-
-    def fail(message: str) -> None:
-        failures.append(message.splitlines()[0] if message else "failed")
-        raise _Failed
-
     for check in ("no_nan", "known_answers"):
         try:
-            getattr(DecodeCheck(server, fail), check)()
-        except _Failed:
-            pass
+            getattr(DecodeCheck(server), check)()
+        except CheckFailed as failed:
+            failures.append(failed.message.splitlines()[0] if failed.message else "failed")
     return not failures, "; ".join(failures)
 
 

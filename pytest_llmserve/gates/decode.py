@@ -178,11 +178,24 @@ def oracle_record(check: str, verdict: OracleVerdict, *, first_finding: str | No
 _KEPT_ORDER: tuple[OracleVerdict, ...] = ("unverifiable", "not-applicable", "skipped")
 
 
+class CheckFailed(LLMServeError):
+    """A check of :class:`DecodeCheck` failed: ``message`` is what the test's failure says (the pytest face shows it
+    without a traceback, as ``pytest.fail`` does); its record is already in the check's ``records``."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
 class DecodeCheck:
-    """Oracles for one server. ``fail``/``skip`` raise (pytest.fail / pytest.skip in the plugin).
+    """Oracles for one server, chained (``decode_check.no_nan().coherent()``): a check that fails raises
+    :class:`CheckFailed` and ends the chain; one that reaches no verdict is kept, and :meth:`finish` says them all
+    when the chain is done. It never calls pytest: the plugin's face turns both into the test's failure or skip.
 
     ``verbose``: pytest's verbosity; from 2 (``-vv``) a failure shows every finding in full.
-    ``record``: called with :func:`oracle_record` of each oracle run, before ``fail``/``skip``.
+    ``records``: where :func:`oracle_record` of each oracle run goes (the test's row in the reports).
+    ``failure_note``: (run directory, test id) where a failure is also noted for the run's benchmarks of this server
+    (:mod:`pytest_llmserve.gates.failed_checks`), set by :meth:`for_run`.
     ``probes``: the server's independent probes (:mod:`pytest_llmserve.gates.probes`): the requests of
     ``no_nan``, ``known_answers`` and ``coherent`` go out together, taken first from ``prefetched`` (this
     test's share of a prefetch); None, or a concurrency of 1, sends them one at a time.
@@ -190,23 +203,22 @@ class DecodeCheck:
     against this recording client and conclude nothing; the others do nothing.
     """
 
-    def __init__(self, server: Any, fail: Callable[[str], None], skip: Callable[[str], None] | None = None, *,
-                 long_decode_tokens: int = 256, batch_tokens: int = 32,
-                 reference_server: Callable[[str | ServerSpec], Any] | None = None, verbose: int = 0,
-                 record: Callable[[dict[str, Any]], None] | None = None, probes: ServerProbes | None = None,
+    #: Tokens of the long-decode probe (coherence), and of each request of a batch case.
+    long_decode_tokens = 256
+    batch_tokens = 32
+
+    def __init__(self, server: Any, *, reference_server: Callable[[str | ServerSpec], Any] | None = None, verbose: int = 0,
+                 records: list[dict[str, Any]] | None = None, probes: ServerProbes | None = None,
                  prefetched: AnswerBook | None = None, planning: LLMClient | None = None,
-                 reference_plan: ReferencePlan | None = None) -> None:
+                 reference_plan: ReferencePlan | None = None, failure_note: tuple[Path, str] | None = None) -> None:
         self.server = server
         self.reference_plan = reference_plan
         self.probes = probes
         self.prefetched = prefetched
         self.planning = planning
-        self._fail = fail
-        self._skip = skip or fail
         self.verbose = verbose
-        self.record = record or (lambda entry: None)
-        self.long_decode_tokens = long_decode_tokens
-        self.batch_tokens = batch_tokens
+        self.records: list[dict[str, Any]] = records if records is not None else []
+        self.failure_note = failure_note
         # Turns a spec id / ServerSpec into a running server (the plugin's pool, keeping this one alive).
         self.reference_server = reference_server
         self.reports: list[OracleReport] = []
@@ -216,22 +228,27 @@ class DecodeCheck:
 
     @classmethod
     def for_run(cls, settings: Settings, *, server: Any, spec: ServerSpec, run_dir: Path, test_id: str,
-                pool: ServerPool, fail: Callable[[str], None], skip: Callable[[str], None], verbose: int,
-                record: Callable[[dict[str, Any]], None], probes: ServerProbes,
+                pool: ServerPool, verbose: int, records: list[dict[str, Any]], probes: ServerProbes,
                 prefetched: AnswerBook | None) -> DecodeCheck:
         """The check of one test of ``spec``'s server under the run's ``settings``. A failure is also noted
         in ``run_dir`` for the run's benchmarks of this server (on any xdist worker): their figures are then
         not a pass. A reference configuration is booted beside this one (:meth:`ServerPool.get_beside`)."""
-        def failing(message: str) -> None:
-            record_correctness_failure(run_dir, spec.id, test_id, message)
-            fail(message)
-
         def reference_server(reference: str | ServerSpec) -> Any:
             return pool.get_beside(resolve_reference_spec(settings.cfg, reference), spec)
 
-        return cls(server, fail=failing, skip=skip, reference_server=reference_server, verbose=verbose,
-                   record=record, probes=probes, prefetched=prefetched,
+        return cls(server, reference_server=reference_server, verbose=verbose, records=records, probes=probes,
+                   prefetched=prefetched, failure_note=(run_dir, test_id),
                    reference_plan=reference_plan(settings.cfg, spec, run_dir, settings.reference_answers))
+
+    def record(self, entry: dict[str, Any]) -> None:
+        self.records.append(entry)
+
+    def _failed(self, message: str) -> CheckFailed:
+        """The failure to raise, noted first for the run's benchmarks of this server."""
+        if self.failure_note is not None:
+            run_dir, test_id = self.failure_note
+            record_correctness_failure(run_dir, self.spec.id, test_id, message)
+        return CheckFailed(message)
 
     @property
     def spec(self) -> ServerSpec:
@@ -262,10 +279,11 @@ class DecodeCheck:
 
     def fail(self, message: str, *, check: str = "decode-check", detail: str | None = None,
              findings: Sequence[Finding] = ()) -> None:
-        """Record the failure (with ``detail``, the full evidence, when the message is shortened), then fail."""
+        """Record the failure (with ``detail``, the full evidence, when the message is shortened), then raise
+        :class:`CheckFailed`."""
         self.record(oracle_record(check, "fail", first_finding=one_line(message), findings=findings,
                                   detail=detail or message))
-        self._fail(message)
+        raise self._failed(message)
 
     def skip(self, message: str, *, check: str = "decode-check", unverifiable: bool = False) -> None:
         """Record why the check did not reach a verdict (``unverifiable``: its evidence does not exist) and keep
@@ -274,17 +292,17 @@ class DecodeCheck:
         self.record(oracle_record(check, verdict, first_finding=one_line(message), detail=message))
         self.kept.append((verdict, message))
 
-    def finish(self) -> None:
-        """Report the checks that reached no verdict, once the chain is done: ``skip`` with the most telling
-        reason first (unverifiable, then not applicable, then skipped) and the others after it. Nothing when
-        every check reached a verdict. The plugin calls it when a test's body returns; a script calls it
-        itself."""
+    def finish(self) -> str | None:
+        """The checks that reached no verdict, once the chain is done: the test's skip message, the most telling
+        reason first (unverifiable, then not applicable, then skipped) and the others after it; None when every
+        check reached a verdict. The plugin calls it when a test's body returns (and skips the test with it); a
+        script calls it itself."""
         if not self.kept:
-            return
+            return None
         kept = sorted(self.kept, key=lambda item: _KEPT_ORDER.index(item[0]))
         self.kept = []
         others = [f"  also {verdict}: {one_line(message)}" for verdict, message in kept[1:]]
-        self._skip("\n".join([kept[0][1], *others]))
+        return "\n".join([kept[0][1], *others])
 
     @property
     def untrained(self) -> Untrained | None:
@@ -330,8 +348,7 @@ class DecodeCheck:
         shown = full if self.verbose >= 2 else lead + report.message(self.spec.id) + where
         self.record(oracle_record(report.check, "fail", first_finding=head or report.first_finding(),
                                   findings=report.findings, detail=full))
-        self._fail(shown)
-        return self
+        raise self._failed(shown)
 
     def _exact(self) -> bool:
         return bool(engine_of(self.server).deterministic_flag_on(self.spec))

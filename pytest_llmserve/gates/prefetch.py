@@ -9,6 +9,7 @@ is the plugin's to say (it knows the collected items and the xdist groups): it h
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 from collections.abc import Callable, Iterable
@@ -17,7 +18,7 @@ from typing import Any
 
 from pytest_llmserve.config import ServerSpec
 from pytest_llmserve.evidence.client import LLMClient
-from pytest_llmserve.gates.decode import DecodeCheck
+from pytest_llmserve.gates.decode import CheckFailed, DecodeCheck
 from pytest_llmserve.gates.probes import AnswerBook, ServerProbes, concurrency_bound, plan
 from pytest_llmserve.server.handle import RunningServer
 
@@ -66,13 +67,10 @@ def dry_run(function: Callable[..., Any] | None, server: RunningServer, recorder
     """Run a built-in test's function once against ``recorder`` (its Hypothesis examples included: the
     same derandomized draws as the real run): what it would send is recorded, nothing is judged."""
 
-    def ignore(message: str) -> None:
-        pass
-
-    planning = {"llm_server": server, "llm_client": recorder,
-                "decode_check": DecodeCheck(server, fail=ignore, skip=ignore, planning=recorder)}
+    planning = {"llm_server": server, "llm_client": recorder, "decode_check": DecodeCheck(server, planning=recorder)}
     if function is None:
         return
     names = list(inspect.signature(function).parameters)
     if all(name in planning for name in names):
-        function(**{name: planning[name] for name in names})
+        with contextlib.suppress(CheckFailed):  # a dry run concludes nothing: what it would send is all it yields
+            function(**{name: planning[name] for name in names})

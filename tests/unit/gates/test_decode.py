@@ -12,7 +12,7 @@ from pytest_llmserve.config import LLMServeConfig, ServerSpec
 from pytest_llmserve.engines import adapter_named
 from pytest_llmserve.errors import ConfigError
 from pytest_llmserve.evidence.client import LLMClient
-from pytest_llmserve.gates.decode import DecodeCheck, resolve_reference_spec
+from pytest_llmserve.gates.decode import CheckFailed, DecodeCheck, resolve_reference_spec
 from tests.unit.gates.test_oracle_runs import FakeServer
 
 
@@ -47,12 +47,7 @@ class FakeHandle:
         return f"server {self.spec.id} at http://fake (log: /logs/{self.spec.name}.log)"
 
 
-class Failed(Exception):
-    pass
-
-
-def fail(message: str) -> None:
-    raise Failed(message)
+Failed = CheckFailed  # what a check that fails raises (the plugin's face makes it the test's failure)
 
 
 HEALTHY = ServerSpec(name="healthy")
@@ -60,7 +55,7 @@ SCRAMBLED = ServerSpec(name="scrambled")
 
 
 def test_matches_a_running_reference() -> None:
-    check = DecodeCheck(FakeHandle(HEALTHY, FakeServer()), fail=fail)
+    check = DecodeCheck(FakeHandle(HEALTHY, FakeServer()))
     reference = FakeHandle(ServerSpec(name="batch1", max_batch_size=1), FakeServer())
     assert check.matches(reference, concurrent=True) is check
     report = check.reports[-1]
@@ -77,7 +72,7 @@ def test_matches_a_configured_reference_by_id_and_fails_with_both_servers_named(
         booted.append(ref)
         return garbage
 
-    check = DecodeCheck(FakeHandle(HEALTHY, FakeServer()), fail=fail, reference_server=reference_server)
+    check = DecodeCheck(FakeHandle(HEALTHY, FakeServer()), reference_server=reference_server)
     with pytest.raises(Failed) as info:
         check.matches("scrambled", max_tokens=8)
     message = str(info.value)
@@ -90,14 +85,14 @@ def test_matches_a_configured_reference_by_id_and_fails_with_both_servers_named(
 
 
 def test_matches_needs_a_way_to_boot_a_named_reference() -> None:
-    check = DecodeCheck(FakeHandle(HEALTHY, FakeServer()), fail=fail)
+    check = DecodeCheck(FakeHandle(HEALTHY, FakeServer()))
     with pytest.raises(Failed, match=r"matches\('other'\) needs a running server"):
         check.matches("other")
 
     def unavailable(ref: str | ServerSpec) -> Any:
         raise ConfigError("reference 'other' is not a configured server")
 
-    check = DecodeCheck(FakeHandle(HEALTHY, FakeServer()), fail=fail, reference_server=unavailable)
+    check = DecodeCheck(FakeHandle(HEALTHY, FakeServer()), reference_server=unavailable)
     with pytest.raises(Failed, match="the reference configuration 'other' is not available"):
         check.matches("other")
 
@@ -106,12 +101,12 @@ def test_exact_equality_only_when_both_sides_are_deterministic() -> None:
     flip = FakeServer(flip_concurrent=True)  # ' zebra' at token 2 once more requests than the pool came in
     det = replace(HEALTHY, deterministic=True)
     ref = FakeHandle(replace(SCRAMBLED, deterministic=True), FakeServer())
-    check = DecodeCheck(FakeHandle(det, flip), fail=fail)
+    check = DecodeCheck(FakeHandle(det, flip))
     with pytest.raises(Failed, match="deterministic mode, but the tokens differ at position 2"):
         check.matches(ref)
     # One side without deterministic mode: the top-k rule, so ' zebra' (outside the top-k) is still an error
     # but worded by check_logprobs_close.
-    check = DecodeCheck(FakeHandle(HEALTHY, FakeServer(flip_concurrent=True)), fail=fail)
+    check = DecodeCheck(FakeHandle(HEALTHY, FakeServer(flip_concurrent=True)))
     with pytest.raises(Failed, match="' zebra' is not in scrambled's top-k"):
         check.matches(ref)
 

@@ -18,8 +18,8 @@ from pytest_llmserve.store import reference_answers as store
 from pytest_llmserve.verdicts.batch_sizes import BatchCase
 from pytest_llmserve.verdicts.long_context import long_context_prompts
 from pytest_llmserve.verdicts.oracles import DEFAULT_BATCH_PROMPTS, DEFAULT_DIFFERENTIAL_PROMPTS
-from tests.unit.gates.test_decode import Failed, FakeHandle, fail
-from tests.unit.gates.test_decode_reference import Skipped, skip
+from tests.unit.gates.test_decode import Failed, FakeHandle
+from tests.unit.gates.test_decode_records import Skipped, finish
 from tests.unit.gates.test_oracle_runs import FakeServer
 
 TOPK = 64  # small, so the probes stay small: 80, 128 and 256 tokens
@@ -49,7 +49,7 @@ def is_long(prompt: str) -> bool:
 
 def _check(spec: ServerSpec, server: FakeServer, plan: ReferencePlan | None, records: list[dict[str, Any]]
            ) -> DecodeCheck:
-    return DecodeCheck(FakeHandle(spec, server), fail=fail, skip=skip, record=records.append, reference_plan=plan)
+    return DecodeCheck(FakeHandle(spec, server), records=records, reference_plan=plan)
 
 
 def test_a_dsa_model_gets_the_probes_and_another_model_none(tmp_path: Path) -> None:
@@ -124,7 +124,7 @@ def test_a_probe_counted_short_of_index_topk_is_unverifiable_not_a_pass(tmp_path
     assert records[-2]["verdict"] == "pass" and records[-1]["verdict"] == "unverifiable"
     with pytest.raises(Skipped, match=r"unverifiable: 3 of 3 long-context probes did not reach sparse selection, so "
                                       r"reference differential says nothing about the token selection there"):
-        check.finish()
+        finish(check)
 
 
 def test_the_batch_pool_mixes_the_probes_into_every_batch_of_two_or_more() -> None:

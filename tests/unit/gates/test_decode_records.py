@@ -10,7 +10,7 @@ import pytest
 from pytest_llmserve.config import ServerSpec
 from pytest_llmserve.gates.decode import DecodeCheck
 from pytest_llmserve.verdicts.oracles import DEFAULT_NAN_PROMPTS
-from tests.unit.gates.test_decode import Failed, FakeHandle, fail
+from tests.unit.gates.test_decode import Failed, FakeHandle
 from tests.unit.gates.test_oracle_runs import FakeServer
 
 NAN_EVERYWHERE = tuple(p.text for p in DEFAULT_NAN_PROMPTS)
@@ -34,15 +34,18 @@ class Skipped(Exception):
     pass
 
 
-def skip(message: str) -> None:
-    raise Skipped(message)
+def finish(check: DecodeCheck) -> None:
+    """What the plugin does when a test's body returns: the checks kept without a verdict skip the test."""
+    kept = check.finish()
+    if kept:
+        raise Skipped(kept)
 
 
 def checker(server: FakeServer, verbose: int = 0) -> tuple[DecodeCheck, list[dict[str, Any]]]:
     records: list[dict[str, Any]] = []
     handle = LoggedHandle(ServerSpec(name="nan"), server)
     handle.nan_in_log = bool(server.nan_prompts)
-    check = DecodeCheck(handle, fail=fail, skip=skip, verbose=verbose, record=records.append)
+    check = DecodeCheck(handle, verbose=verbose, records=records)
     return check, records
 
 
@@ -91,11 +94,11 @@ def test_skips_say_whether_the_evidence_is_missing_or_the_check_does_not_apply()
     assert records[-1]["first_finding"] == "the server does not report its attention backend"
     # finish() reports them once the chain is done: the unverifiable one first, the other named after it.
     with pytest.raises(Skipped) as raised:
-        check.finish()
+        finish(check)
     lines = str(raised.value).splitlines()
     assert lines[0] == "the server does not report its attention backend"
     assert lines[1].startswith("  also skipped: nan: CUDA graphs are off")
-    check.finish()  # nothing kept any more: nothing raised
+    finish(check)  # nothing kept any more: nothing raised
 
 
 def test_a_skip_in_a_chain_never_hides_the_checks_after_it() -> None:
@@ -109,4 +112,4 @@ def test_a_skip_in_a_chain_never_hides_the_checks_after_it() -> None:
     check.cuda_graph_sizes_covered().no_nan()
     assert [(r["check"], r["verdict"]) for r in records] == [("cuda-graph coverage", "skipped"), ("nan-check", "pass")]
     with pytest.raises(Skipped, match="CUDA graphs are off"):
-        check.finish()
+        finish(check)

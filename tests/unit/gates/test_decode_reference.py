@@ -12,7 +12,8 @@ import pytest
 from pytest_llmserve.config import ServerSpec
 from pytest_llmserve.gates.decode import REFERENCE_MAX_TOKENS, DecodeCheck, ReferencePlan
 from pytest_llmserve.store import reference_answers as store
-from tests.unit.gates.test_decode import Failed, FakeHandle, fail
+from tests.unit.gates.test_decode import Failed, FakeHandle
+from tests.unit.gates.test_decode_records import Skipped, finish
 from tests.unit.gates.test_oracle_runs import FakeServer
 
 REF = ServerSpec(name="dsa", model="/models/dsa-tiny", variant=(("nsa_decode_backend", "flashmla_sparse"),))
@@ -20,17 +21,11 @@ KV = replace(REF, variant=(("nsa_decode_backend", "flashmla_kv"),))
 BROKEN = replace(REF, variant=(("nsa_decode_backend", "broken"),))
 
 
-class Skipped(Exception):
-    pass
-
-
-def skip(message: str) -> None:
-    raise Skipped(message)
 
 
 def _check(spec: ServerSpec, server: FakeServer, plan: ReferencePlan | None, records: list[dict[str, Any]],
            reference_server: Any = None) -> DecodeCheck:
-    return DecodeCheck(FakeHandle(spec, server), fail=fail, skip=skip, record=records.append, reference_plan=plan,
+    return DecodeCheck(FakeHandle(spec, server), records=records, reference_plan=plan,
                        reference_server=reference_server)
 
 
@@ -103,4 +98,4 @@ def test_no_declared_reference_is_a_skip_with_the_key_to_set(tmp_path: Path) -> 
     check.matches_reference()
     with pytest.raises(Skipped, match=r"no reference combination declared for server 'dsa' \(reference = "
                                       r"\"<combination id>\" in \[tool.llmserve.matrix.dsa\]\)"):
-        check.finish()
+        finish(check)

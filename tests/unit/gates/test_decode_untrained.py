@@ -13,8 +13,8 @@ from pytest_llmserve.config import ServerSpec
 from pytest_llmserve.gates.decode import DecodeCheck
 from pytest_llmserve.verdicts.batch_sizes import BatchCase
 from pytest_llmserve.verdicts.oracles import DEFAULT_BATCH_PROMPTS
-from tests.unit.gates.test_decode import Failed, FakeHandle, fail
-from tests.unit.gates.test_decode_records import Skipped, skip
+from tests.unit.gates.test_decode import Failed, FakeHandle
+from tests.unit.gates.test_decode_records import Skipped, finish
 from tests.unit.gates.test_oracle_runs import FakeServer
 
 UNTRAINED = ServerSpec(name="tiny", source="llmserve.toml", random_weights=True)
@@ -24,7 +24,7 @@ CASE = BatchCase(size=3, kind="no-graph")
 
 def checker(spec: ServerSpec, server: FakeServer) -> tuple[DecodeCheck, list[dict[str, Any]]]:
     records: list[dict[str, Any]] = []
-    return DecodeCheck(FakeHandle(spec, server), fail=fail, skip=skip, record=records.append), records
+    return DecodeCheck(FakeHandle(spec, server), records=records), records
 
 
 @pytest.mark.parametrize(("method", "check"), [("known_answers", "known-answers"), ("coherent", "long-decode")])
@@ -33,7 +33,7 @@ def test_trained_model_oracles_are_not_applicable_and_send_nothing(method: str, 
     decode, records = checker(UNTRAINED, server)
     getattr(decode, method)()
     with pytest.raises(Skipped) as skipped:
-        decode.finish()
+        finish(decode)
     assert str(skipped.value).startswith(f"not applicable: {check} on tiny: ")
     assert "random_weights = true declared in llmserve.toml for server 'tiny'" in str(skipped.value)
     assert [(r["check"], r["verdict"], r["declared"]) for r in records] == [(check, "not-applicable", True)]
