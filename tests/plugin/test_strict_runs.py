@@ -30,15 +30,15 @@ CHECKS = '''
 import pytest
 
 from pytest_llmserve.gates.decode import oracle_record
-from pytest_llmserve.report_hooks import oracle_recorder
+from pytest_llmserve.report_hooks import oracle_records
 
 
 def _not_applicable(request, declared):
     # What DecodeCheck leaves for an oracle that needs a trained model, on an untrained one.
     reason = "not applicable: known-answers on s: " + ("random_weights = true declared in llmserve.toml"
                                                        if declared else "marker file m/llmserve-checkpoint.json")
-    oracle_recorder(request.node)(oracle_record("known-answers", "not-applicable", first_finding=reason,
-                                                detail=reason, declared=declared))
+    oracle_records(request.node).append(oracle_record("known-answers", "not-applicable", first_finding=reason,
+                                                      detail=reason, declared=declared))
     pytest.skip(reason)
 
 
