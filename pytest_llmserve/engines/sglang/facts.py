@@ -494,41 +494,51 @@ def _info_graphs(facts: ServerFacts, info: Mapping[str, Any], state0: Mapping[st
 
 
 def merge_sglang_metrics(facts: ServerFacts, metrics: MetricSamples) -> None:
-    # One series per scheduler: TP ranks run the same batches (take the max), DP ranks run
-    # different ones (add them up).
-    per_mode: dict[str, dict[str, tuple[float, str]]] = {}
-    for labels, value in metrics.get("sglang:cuda_graph_passes_total", []):
-        mode = labels.get("mode", "")
-        dp = labels.get("dp_rank", "")
-        line = metric_line("sglang:cuda_graph_passes_total", labels, value)
-        current = per_mode.setdefault(mode, {}).get(dp)
-        if current is None or value > current[0]:
-            per_mode[mode][dp] = (value, line)
-    for mode, by_dp in per_mode.items():
-        passes = sum(v for v, _ in by_dp.values())
-        facts.graph_passes[mode] = passes
-        for _, line in by_dp.values():
-            facts.add_evidence("graph_passes", line)
-        # Modes: decode_cuda_graph / decode_none (prefill_* are prefill graphs, not decode).
-        if mode.startswith("decode"):
-            if mode.endswith("none"):
-                facts.graph_passes_off += passes
-            else:
-                facts.graph_passes_on += passes
+    """What SGLang's /metrics proves: decode graph passes, and the KV pool and start-up time where the log did
+    not say them."""
+    _graph_passes(facts, metrics)
     if facts.kv_cache_tokens is None:
         for labels, value in metrics.get("sglang:max_total_num_tokens", [])[:1]:
             facts.record(
                 "kv_cache_tokens", int(value), metric_line("sglang:max_total_num_tokens", labels, value)
             )
     if facts.startup_s is None:
-        for labels, value in metrics.get("sglang:engine_startup_time", [])[:1]:
-            facts.record("startup_s", value, metric_line("sglang:engine_startup_time", labels, value))
-    # 0.5.23: sglang:startup_time_seconds{phase=...}; the whole start is the "total" phase, else the sum.
+        _startup_time(facts, metrics)
+
+
+def _graph_passes(facts: ServerFacts, metrics: MetricSamples) -> None:
+    """``sglang:cuda_graph_passes_total`` by mode. One series per scheduler: TP ranks run the same batches (take
+    the max), DP ranks run different ones (add them up)."""
+    per_mode: dict[str, dict[str, tuple[float, str]]] = {}
+    for labels, value in metrics.get("sglang:cuda_graph_passes_total", []):
+        by_dp = per_mode.setdefault(labels.get("mode", ""), {})
+        dp = labels.get("dp_rank", "")
+        if dp not in by_dp or value > by_dp[dp][0]:
+            by_dp[dp] = (value, metric_line("sglang:cuda_graph_passes_total", labels, value))
+    for mode, by_dp in per_mode.items():
+        passes = sum(v for v, _ in by_dp.values())
+        facts.graph_passes[mode] = passes
+        for _, line in by_dp.values():
+            facts.add_evidence("graph_passes", line)
+        # Modes: decode_cuda_graph / decode_none (prefill_* are prefill graphs, not decode).
+        if mode.startswith("decode") and mode.endswith("none"):
+            facts.graph_passes_off += passes
+        elif mode.startswith("decode"):
+            facts.graph_passes_on += passes
+
+
+def _startup_time(facts: ServerFacts, metrics: MetricSamples) -> None:
+    """0.5.15: ``sglang:engine_startup_time``; 0.5.23: ``sglang:startup_time_seconds{phase=...}``, the whole start
+    being the "total" phase, else the sum of the phases."""
+    for labels, value in metrics.get("sglang:engine_startup_time", [])[:1]:
+        facts.record("startup_s", value, metric_line("sglang:engine_startup_time", labels, value))
+        return
     phases = metrics.get("sglang:startup_time_seconds", [])
-    if facts.startup_s is None and phases:
-        total = [(labels, value) for labels, value in phases if labels.get("phase") == "total"]
-        chosen = total or phases
-        facts.record("startup_s", total[0][1] if total else sum(value for _, value in phases),
-                     metric_line("sglang:startup_time_seconds", chosen[0][0], chosen[0][1]))
-        for labels, value in chosen[1:]:
-            facts.add_evidence("startup_s", metric_line("sglang:startup_time_seconds", labels, value))
+    if not phases:
+        return
+    total = [(labels, value) for labels, value in phases if labels.get("phase") == "total"]
+    chosen = total or phases
+    facts.record("startup_s", total[0][1] if total else sum(value for _, value in phases),
+                 metric_line("sglang:startup_time_seconds", chosen[0][0], chosen[0][1]))
+    for labels, value in chosen[1:]:
+        facts.add_evidence("startup_s", metric_line("sglang:startup_time_seconds", labels, value))
