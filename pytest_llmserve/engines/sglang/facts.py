@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import datetime
 from typing import Any
 
+from pytest_llmserve.engines.log_reading import FactRow, StampedLog, on_ready, record_read
 from pytest_llmserve.evidence.facts import (
     DecodeBatch,
     LineRule,
@@ -24,7 +24,6 @@ from pytest_llmserve.evidence.facts import (
     normalize_backend,
     parse_kwargs_repr,
     read_timed_log,
-    record_ready,
     split_top_level,
 )
 from pytest_llmserve.evidence.prometheus import MetricSamples, metric_line
@@ -128,18 +127,10 @@ def _sgl_server_args(
         dsa = args.get(f"dsa_{phase}_backend", args.get(f"nsa_{phase}_backend"))
         if isinstance(dsa, str):
             facts.record(f"nsa_{phase}_backend", normalize_backend(dsa), line)
-    seed = as_int(args.get("random_seed"))
-    if seed is not None:
-        facts.record("seed", seed, line)
-    fraction = as_float(args.get("mem_fraction_static"))
-    if fraction is not None:
-        facts.record("mem_fraction", fraction, line)
-    running = as_int(args.get("max_running_requests"))
-    if running is not None and facts.max_batch_size is None:
-        facts.record("max_batch_size", running, line)
-    deterministic = as_bool(args.get("enable_deterministic_inference"))
-    if deterministic is not None:
-        facts.record("deterministic", deterministic, line)
+    record_read(facts, args, (("seed", "random_seed", as_int), ("mem_fraction", "mem_fraction_static", as_float)), line)
+    if facts.max_batch_size is None:
+        record_read(facts, args, (("max_batch_size", "max_running_requests", as_int),), line)
+    record_read(facts, args, (("deterministic", "enable_deterministic_inference", as_bool),), line)
     if "speculative_algorithm" in args:
         algorithm = args.get("speculative_algorithm")
         if algorithm in (None, "None", ""):
@@ -212,15 +203,12 @@ def _sgl_decode_line(facts: ServerFacts, line: str, tail: str) -> None:
 
 
 @dataclass
-class _SGLangLog:
+class _SGLangLog(StampedLog):
     """What reading an SGLang log has found so far, beyond the facts: what only the whole log decides."""
 
-    facts: ServerFacts
+    stamp = _SGL_TS
+
     args_state: dict[str, Any] = field(default_factory=dict)  # what the ServerArgs line leaves for later
-    line_ts: datetime | None = None  # the current line's timestamp
-    first_ts: datetime | None = None
-    ready_ts: datetime | None = None
-    ready_line: str | None = None
     capture_sizes: tuple[int, ...] | None = None
     capture_lines: list[str] = field(default_factory=list)
     bar_sizes: set[int] = field(default_factory=set)
@@ -230,16 +218,6 @@ class _SGLangLog:
     default_backend: tuple[str, str] | None = None  # (backend, line)
     dsa_line: tuple[str, str, str] | None = None  # (prefill, decode, line)
     sched_running: tuple[int, str] | None = None  # (max running requests, line)
-
-    def note_time(self, line: str) -> None:
-        self.line_ts = None
-        if ts_match := _SGL_TS.search(line):
-            try:
-                self.line_ts = datetime.strptime(ts_match.group(1), "%Y-%m-%d %H:%M:%S")
-            except ValueError:
-                self.line_ts = None
-            if self.line_ts is not None and self.first_ts is None:
-                self.first_ts = self.line_ts
 
 
 def _on_capture_059(r: _SGLangLog, line: str, m: re.Match[str]) -> None:
@@ -274,11 +252,6 @@ def _on_scheduler(r: _SGLangLog, line: str, m: re.Match[str]) -> None:
 def _on_kv_allocated(r: _SGLangLog, line: str, m: re.Match[str]) -> None:
     if r.facts.kv_cache_tokens is None:  # the scheduler's line, when there is one, is the word on it
         r.facts.record("kv_cache_tokens", int(m.group(1).replace(",", "")), line)
-
-
-def _on_ready(r: _SGLangLog, line: str, m: re.Match[str]) -> None:
-    if r.ready_line is None:
-        r.ready_line, r.ready_ts = line, r.line_ts
 
 
 def _on_default_backend(r: _SGLangLog, line: str, m: re.Match[str]) -> None:
@@ -319,7 +292,7 @@ _SGL_RULES: tuple[LineRule[_SGLangLog], ...] = (
     (_SGL_CAPTURE_FAILED, _on_capture_failed),
     (_SGL_SCHED, _on_scheduler),
     (_SGL_KV_ALLOC, _on_kv_allocated),
-    (_SGL_READY, _on_ready),
+    (_SGL_READY, on_ready),
 )
 
 
@@ -335,8 +308,7 @@ def parse_sglang_log(text: str) -> ServerFacts:
     if r.sched_running:
         # The scheduler's max_running_requests is the effective one (capped by the KV pool).
         r.facts.record("max_batch_size", r.sched_running[0], r.sched_running[1])
-    if r.ready_line is not None:
-        record_ready(r.facts, r.ready_line, r.first_ts, r.ready_ts)
+    r.record_ready()
     _sgl_graph_facts(r)
     r.facts.compact_evidence()
     return r.facts
@@ -400,19 +372,16 @@ def _as_str(value: Any) -> str | None:
 
 
 #: /server_info keys that prove one fact each: (fact, key, reader); a value the reader cannot read is not reported.
-_INFO_VERSION = (("version", "version", _as_str),)
-_INFO_RESOURCES = (("seed", "random_seed", as_int), ("mem_fraction", "mem_fraction_static", as_float),
-                   ("kv_cache_tokens", "max_total_num_tokens", as_int))
-_INFO_DETERMINISTIC = (("deterministic", "enable_deterministic_inference", as_bool),)
-_INFO_STARTUP = (("startup_s", "startup_time", as_float),)
+_INFO_VERSION: tuple[FactRow, ...] = (("version", "version", _as_str),)
+_INFO_RESOURCES: tuple[FactRow, ...] = (("seed", "random_seed", as_int),
+                                        ("mem_fraction", "mem_fraction_static", as_float),
+                                        ("kv_cache_tokens", "max_total_num_tokens", as_int))
+_INFO_DETERMINISTIC: tuple[FactRow, ...] = (("deterministic", "enable_deterministic_inference", as_bool),)
+_INFO_STARTUP: tuple[FactRow, ...] = (("startup_s", "startup_time", as_float),)
 
 
-def _record_info_values(facts: ServerFacts, info: Mapping[str, Any],
-                        rows: tuple[tuple[str, str, Callable[[Any], Any]], ...]) -> None:
-    for fact, key, read in rows:
-        value = read(info.get(key))
-        if value is not None:
-            facts.record(fact, value, _info_source(key, value))
+def _record_info_values(facts: ServerFacts, info: Mapping[str, object], rows: tuple[FactRow, ...]) -> None:
+    record_read(facts, info, rows, _info_source)
 
 
 def parse_sglang_server_info(info: Mapping[str, Any]) -> ServerFacts:

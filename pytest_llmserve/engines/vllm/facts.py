@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from datetime import datetime
 from typing import Any
 
+from pytest_llmserve.engines.log_reading import StampedLog, on_ready, record_read
 from pytest_llmserve.evidence.facts import (
     LineRule,
     NanLogPattern,
@@ -21,7 +21,6 @@ from pytest_llmserve.evidence.facts import (
     normalize_backend,
     parse_kwargs_repr,
     read_timed_log,
-    record_ready,
 )
 from pytest_llmserve.evidence.prometheus import MetricSamples, metric_line
 
@@ -117,12 +116,7 @@ def _vllm_config_line(facts: ServerFacts, line: str, version: str, body: str, st
         else:
             facts.record("speculative", True, line)
             facts.record("speculative_detail", spec, line)
-    eager = as_bool(config.get("enforce_eager"))
-    if eager is not None:
-        facts.record("enforce_eager", eager, line)
-    seed = as_int(config.get("seed"))
-    if seed is not None:
-        facts.record("seed", seed, line)
+    record_read(facts, config, (("enforce_eager", "enforce_eager", as_bool), ("seed", "seed", as_int)), line)
     compilation = config.get("compilation_config")
     if compilation:
         mode = _vllm_mode(compilation)
@@ -146,12 +140,8 @@ def _vllm_non_default(facts: ServerFacts, line: str, raw: str) -> None:
             match = re.search(rf"'{key}': ([\d.]+)", raw)
             if match:
                 values[key] = literal(match.group(1))
-    util = as_float(values.get("gpu_memory_utilization"))
-    if util is not None:
-        facts.record("mem_fraction", util, line)
-    max_seqs = as_int(values.get("max_num_seqs"))
-    if max_seqs is not None:
-        facts.record("max_batch_size", max_seqs, line)
+    record_read(facts, values, (("mem_fraction", "gpu_memory_utilization", as_float),
+                                ("max_batch_size", "max_num_seqs", as_int)), line)
 
 
 def _vllm_graph_stats_row(facts: ServerFacts, line: str, unpadded: int, mode: str, count: int) -> None:
@@ -174,30 +164,17 @@ def _vllm_graph_stats_row(facts: ServerFacts, line: str, unpadded: int, mode: st
 
 
 @dataclass
-class _VLLMLog:
+class _VLLMLog(StampedLog):
     """What reading a vLLM log has found so far, beyond the facts: what only the whole log decides."""
 
-    facts: ServerFacts
+    stamp = _VLLM_TS
+    stamp_prefix = "2000-"  # vLLM stamps no year; 2000 is a leap year, so 02-29 reads too
+
     state: dict[str, Any] = field(default_factory=dict)  # capture sizes from the config line, V2 runner
     captures: dict[str, tuple[int, str]] = field(default_factory=dict)  # "decode, FULL" -> (done, last line)
     capture_done_line: str | None = None
-    line_ts: datetime | None = None  # the current line's timestamp
-    first_ts: datetime | None = None
-    ready_ts: datetime | None = None
-    ready_line: str | None = None
     backend_lines: list[tuple[str, str]] = field(default_factory=list)  # (backend, line)
     in_cg_stats: bool = False  # a --cudagraph-metrics table has begun
-
-    def note_time(self, line: str) -> None:
-        ts_match = _VLLM_TS.search(line)
-        self.line_ts = None
-        if ts_match:
-            try:
-                self.line_ts = datetime.strptime("2000-" + ts_match.group(1), "%Y-%m-%d %H:%M:%S")
-            except ValueError:
-                self.line_ts = None
-            if self.line_ts is not None and self.first_ts is None:
-                self.first_ts = self.line_ts
 
 
 def _on_capture(r: _VLLMLog, line: str, m: re.Match[str]) -> None:
@@ -230,11 +207,6 @@ def _on_graph_stats_table(r: _VLLMLog, line: str, m: re.Match[str]) -> None:
     r.in_cg_stats = True
 
 
-def _on_ready(r: _VLLMLog, line: str, m: re.Match[str]) -> None:
-    if r.ready_line is None:
-        r.ready_line, r.ready_ts = line, r.line_ts
-
-
 #: The lines of a vLLM log and what each proves; the first rule a line matches (and whose handler takes it)
 #: reads it.
 _VLLM_RULES: tuple[LineRule[_VLLMLog], ...] = (
@@ -260,7 +232,7 @@ _VLLM_RULES: tuple[LineRule[_VLLMLog], ...] = (
     (_VLLM_SPEC_METRICS, lambda r, line, m: r.facts.record("speculative", True, line)),
     (re.compile(re.escape("CUDAGraph Stats")), _on_graph_stats_table),
     (_VLLM_CG_STATS_ROW, _on_graph_stats_row),
-    (_VLLM_READY, _on_ready),
+    (_VLLM_READY, on_ready),
 )
 
 
@@ -277,8 +249,7 @@ def parse_vllm_log(text: str) -> ServerFacts:
             if normalize_backend(other) == name:
                 facts.add_evidence("attention_backend", other_line)
 
-    if r.ready_line is not None:
-        record_ready(facts, r.ready_line, r.first_ts, r.ready_ts)
+    r.record_ready()
 
     _vllm_graph_facts(facts, r.state, r.captures, r.capture_done_line, r.ready_line)
     if not facts.decode_graph_reported:
