@@ -40,7 +40,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
-from typing import TYPE_CHECKING, Any, TypeGuard
+from typing import TYPE_CHECKING, TypedDict, TypeGuard
 
 from pytest_llmserve.evidence.facts import LineRule, ServerFacts, apply_line_rules, split_lines
 from pytest_llmserve.evidence.prometheus import parse as parse_prometheus
@@ -56,6 +56,7 @@ if TYPE_CHECKING:
     from pytest_llmserve.config import ServerSpec
 
 __all__ = [
+    "CudaDevice",
     "LlamaCppFacts",
     "check_llamacpp_execution",
     "merge_llamacpp_metrics",
@@ -67,6 +68,16 @@ __all__ = [
 MAX_EVENT_LINES = 200
 #: Decoded tokens (per-token debug lines or the metrics counter) needed before "no graph line" counts.
 MIN_DECODE_TOKENS_FOR_ABSENCE = 8
+
+
+class CudaDevice(TypedDict):
+    """One CUDA device as ggml_cuda_init lists it."""
+
+    index: int
+    name: str
+    compute_capability: str  # "9.0"
+    vmm: bool  # virtual memory management
+    vram_mib: int | None
 
 
 @dataclass
@@ -88,9 +99,7 @@ class LlamaCppFacts(ServerFacts):
     offloaded_layers: int | None = None
     total_layers: int | None = None
     gpu_offload_supported: bool | None = None  # False: a CPU build ignored -ngl
-    gpus: list[dict[str, Any]] = field(
-        default_factory=list
-    )  # ggml_cuda_init devices: index, name, cc, vram_mib
+    gpus: list[CudaDevice] = field(default_factory=list)  # ggml_cuda_init's devices
     devices_used: tuple[str, ...] | None = None  # "CUDA0", "CUDA1": devices the model was loaded on
     model_buffers: dict[str, float] = field(default_factory=dict)  # buffer name -> MiB of weights
     n_ctx: int | None = None  # the whole context (KV pool)
@@ -490,7 +499,7 @@ def _fill(facts: LlamaCppFacts, other: LlamaCppFacts) -> LlamaCppFacts:
 
 
 def parse_llamacpp(
-    log_text: str, metrics_text: str | None = None, server_info: Mapping[str, Any] | None = None
+    log_text: str, metrics_text: str | None = None, server_info: Mapping[str, object] | None = None
 ) -> LlamaCppFacts:
     """Log facts, plus ``/metrics`` counters, plus gaps filled from ``/props`` and ``/slots``.
 

@@ -48,7 +48,6 @@ import shutil
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from pytest_llmserve.config import ServerSpec, cache_dir
 from pytest_llmserve.engines.base import EngineAdapter, LaunchPlan
@@ -360,7 +359,7 @@ class LlamaCppAdapter(EngineAdapter):
 
     def fetch_server_info(
         self, base_url: str, api_key: str | None = None, timeout_s: float = 10.0
-    ) -> dict[str, Any] | None:
+    ) -> dict[str, object] | None:
         """``GET /props`` with ``GET /slots`` added under ``"slots"``; None when /props does not answer."""
         info = read_page(base_url, "/props", api_key, timeout_s).json()
         if not isinstance(info, dict):
@@ -371,7 +370,7 @@ class LlamaCppAdapter(EngineAdapter):
         return info
 
     def parse_facts(
-        self, log_text: str, metrics_text: str | None = None, server_info: dict[str, Any] | None = None
+        self, log_text: str, metrics_text: str | None = None, server_info: Mapping[str, object] | None = None
     ) -> ServerFacts:
         """Log facts, plus /metrics counters, plus gaps filled from /props and /slots."""
         return parse_llamacpp(log_text, metrics_text, server_info)

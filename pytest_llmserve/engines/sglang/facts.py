@@ -8,7 +8,6 @@ import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 from pytest_llmserve.engines.log_reading import FactRow, StampedLog, on_ready, record_read
 from pytest_llmserve.evidence.facts import (
@@ -66,7 +65,7 @@ _SGL_DSA_DENSE_TOPK = re.compile(
     r"Set dense attention kv len threshold to model index_topk=(\d+) for DeepSeek with DSA\.")
 
 
-def _sgl_graph_backend_requested(args: Mapping[str, Any]) -> tuple[bool | None, str | None]:
+def _sgl_graph_backend_requested(args: Mapping[str, object]) -> tuple[bool | None, str | None]:
     """(graphs disabled?, decode graph backend) from the ServerArgs of any of the three versions."""
     backend = args.get("cuda_graph_backend_decode")
     config = args.get("cuda_graph_config")
@@ -95,9 +94,9 @@ def _sgl_graph_backend_requested(args: Mapping[str, Any]) -> tuple[bool | None, 
     return (disabled if known else None), backend_name
 
 
-def _dict_repr_items(body: str) -> dict[str, Any]:
+def _dict_repr_items(body: str) -> dict[str, object]:
     """``'a': 1, 'b': [1, 2], 'c': <Enum.X: 1>`` (a dict repr's inside) -> {key: value or raw text}."""
-    out: dict[str, Any] = {}
+    out: dict[str, object] = {}
     for part in split_top_level(body):
         key, colon, value = part.partition(":")
         key = key.strip().strip("'\"")
@@ -106,14 +105,30 @@ def _dict_repr_items(body: str) -> dict[str, Any]:
     return out
 
 
-def _sgl_server_args(
-    facts: ServerFacts, line: str, body: str, state: dict[str, Any], *, dict_form: bool = False
-) -> None:
+def _sgl_server_args(r: _SGLangLog, line: str, body: str, *, dict_form: bool = False) -> None:
+    """The ``server_args=`` line: the backends, resources and speculative decoding it set; whether it turned
+    graphs off and the index_topk its override args give, which the end of the log decides on."""
+    facts = r.facts
     if dict_form:
         args = _dict_repr_items(body)
     else:
         args = {key: literal(value) for key, value in parse_kwargs_repr(body).items()}
-    state["server_args"] = args
+    _server_args_backends(facts, args, line)
+    record_read(facts, args, (("seed", "random_seed", as_int), ("mem_fraction", "mem_fraction_static", as_float)), line)
+    if facts.max_batch_size is None:
+        record_read(facts, args, (("max_batch_size", "max_running_requests", as_int),), line)
+    record_read(facts, args, (("deterministic", "enable_deterministic_inference", as_bool),), line)
+    if "speculative_algorithm" in args:
+        _server_args_speculative(facts, args, line)
+    disabled, _ = _sgl_graph_backend_requested(args)
+    if disabled:
+        r.graph_disabled_line = line
+    override_topk = _override_index_topk(args.get("json_model_override_args"))
+    if override_topk is not None:
+        r.override_topk = (override_topk, line)  # used at the end, where no log line said the topk
+
+
+def _server_args_backends(facts: ServerFacts, args: Mapping[str, object], line: str) -> None:
     attention = args.get("attention_backend")
     if isinstance(attention, str):
         facts.record("attention_backend", normalize_backend(attention), line)
@@ -127,35 +142,26 @@ def _sgl_server_args(
         dsa = args.get(f"dsa_{phase}_backend", args.get(f"nsa_{phase}_backend"))
         if isinstance(dsa, str):
             facts.record(f"nsa_{phase}_backend", normalize_backend(dsa), line)
-    record_read(facts, args, (("seed", "random_seed", as_int), ("mem_fraction", "mem_fraction_static", as_float)), line)
-    if facts.max_batch_size is None:
-        record_read(facts, args, (("max_batch_size", "max_running_requests", as_int),), line)
-    record_read(facts, args, (("deterministic", "enable_deterministic_inference", as_bool),), line)
-    if "speculative_algorithm" in args:
-        algorithm = args.get("speculative_algorithm")
-        if algorithm in (None, "None", ""):
-            facts.record("speculative", False, line)
-        else:
-            facts.record("speculative", True, line)
-            detail = [f"algorithm={algorithm}"]
-            for key in (
-                "speculative_draft_model_path",
-                "speculative_num_steps",
-                "speculative_eagle_topk",
-                "speculative_num_draft_tokens",
-            ):
-                if args.get(key) is not None:
-                    detail.append(f"{key.removeprefix('speculative_')}={args[key]}")
-            facts.record("speculative_detail", ", ".join(detail), line)
-    disabled, _ = _sgl_graph_backend_requested(args)
-    if disabled:
-        state["graph_disabled_line"] = line
-    override_topk = _override_index_topk(args.get("json_model_override_args"))
-    if override_topk is not None:
-        state["override_topk"] = (override_topk, line)  # used at the end, where no log line said the topk
 
 
-def _override_index_topk(value: Any) -> int | None:
+_SPECULATIVE_DETAIL_KEYS = ("speculative_draft_model_path", "speculative_num_steps", "speculative_eagle_topk",
+                            "speculative_num_draft_tokens")
+
+
+def _server_args_speculative(facts: ServerFacts, args: Mapping[str, object], line: str) -> None:
+    algorithm = args.get("speculative_algorithm")
+    if algorithm in (None, "None", ""):
+        facts.record("speculative", False, line)
+        return
+    facts.record("speculative", True, line)
+    detail = [f"algorithm={algorithm}"]
+    for key in _SPECULATIVE_DETAIL_KEYS:
+        if args.get(key) is not None:
+            detail.append(f"{key.removeprefix('speculative_')}={args[key]}")
+    facts.record("speculative_detail", ", ".join(detail), line)
+
+
+def _override_index_topk(value: object) -> int | None:
     """The integer ``index_topk`` of a ``json_model_override_args`` value (a JSON object as a string), else None.
     Malformed JSON is ignored, not an error: the server refuses it at boot, so it never ran with it."""
     if not isinstance(value, str):
@@ -208,7 +214,8 @@ class _SGLangLog(StampedLog):
 
     stamp = _SGL_TS
 
-    args_state: dict[str, Any] = field(default_factory=dict)  # what the ServerArgs line leaves for later
+    graph_disabled_line: str | None = None  # the ServerArgs line that turned decode graphs off
+    override_topk: tuple[int, str] | None = None  # (index_topk of the ServerArgs' override args, line)
     capture_sizes: tuple[int, ...] | None = None
     capture_lines: list[str] = field(default_factory=list)
     bar_sizes: set[int] = field(default_factory=set)
@@ -276,9 +283,9 @@ def _on_dsa_dense_topk(r: _SGLangLog, line: str, m: re.Match[str]) -> None:
 
 #: The lines of an SGLang log and what each proves; the first rule a line matches reads it.
 _SGL_RULES: tuple[LineRule[_SGLangLog], ...] = (
-    (_SGL_SERVER_ARGS, lambda r, line, m: _sgl_server_args(r.facts, line, m.group(1), r.args_state)),
+    (_SGL_SERVER_ARGS, lambda r, line, m: _sgl_server_args(r, line, m.group(1))),
     (_SGL_SERVER_ARGS_DICT,
-     lambda r, line, m: _sgl_server_args(r.facts, line, m.group(1), r.args_state, dict_form=True)),
+     lambda r, line, m: _sgl_server_args(r, line, m.group(1), dict_form=True)),
     (_SGL_DECODE, lambda r, line, m: _sgl_decode_line(r.facts, line, m.group(1))),
     (_SGL_DEFAULT_BACKEND, _on_default_backend),
     (_SGL_GRAPH_DISABLED, lambda r, line, m: r.disabled_lines.append(line)),
@@ -301,10 +308,10 @@ def parse_sglang_log(text: str) -> ServerFacts:
     r = _SGLangLog(ServerFacts(engine="sglang"))
     read_timed_log(r, text, _SGL_RULES)
     _sgl_backends(r)
-    if r.facts.dsa_index_topk is None and "override_topk" in r.args_state:
+    if r.facts.dsa_index_topk is None and r.override_topk is not None:
         # The "Set dense ... index_topk=N" line wins over the override args: it is the topk the server computed
         # from the config it loaded (overrides applied); the args are only what it was asked to apply.
-        r.facts.record("dsa_index_topk", *r.args_state["override_topk"])
+        r.facts.record("dsa_index_topk", *r.override_topk)
     if r.sched_running:
         # The scheduler's max_running_requests is the effective one (capped by the KV pool).
         r.facts.record("max_batch_size", r.sched_running[0], r.sched_running[1])
@@ -350,7 +357,7 @@ def _sgl_graph_facts(r: _SGLangLog) -> None:
         if r.graph_backend:
             facts.record("cudagraph_mode", r.graph_backend, capture_lines[0])
         return
-    why = r.disabled_lines + ([r.args_state["graph_disabled_line"]] if "graph_disabled_line" in r.args_state else [])
+    why = r.disabled_lines + ([r.graph_disabled_line] if r.graph_disabled_line is not None else [])
     proof = why + ([r.ready_line] if r.ready_line else [])
     if why or r.ready_line is not None or r.capture_failed:
         # Booted (or failed capture) without any target decode capture line: no graphs.
@@ -362,12 +369,12 @@ def _sgl_graph_facts(r: _SGLangLog) -> None:
             facts.record("cudagraph_mode", "disabled", why[0])
 
 
-def _info_source(key: str, value: Any) -> str:
+def _info_source(key: str, value: object) -> str:
     """The evidence line of a /server_info value."""
     return f"/server_info {key}={value!r}"
 
 
-def _as_str(value: Any) -> str | None:
+def _as_str(value: object) -> str | None:
     return value if isinstance(value, str) else None
 
 
@@ -384,14 +391,14 @@ def _record_info_values(facts: ServerFacts, info: Mapping[str, object], rows: tu
     record_read(facts, info, rows, _info_source)
 
 
-def parse_sglang_server_info(info: Mapping[str, Any]) -> ServerFacts:
+def parse_sglang_server_info(info: Mapping[str, object]) -> ServerFacts:
     """Facts from SGLang's ``/server_info`` JSON (resolved server args + scheduler info + version)."""
     facts = ServerFacts(engine="sglang")
     _record_info_values(facts, info, _INFO_VERSION)
     _info_backends(facts, info)
     _record_info_values(facts, info, _INFO_RESOURCES)
     states = info.get("internal_states")
-    state0: Mapping[str, Any] = (
+    state0: Mapping[str, object] = (
         states[0] if isinstance(states, list) and states and isinstance(states[0], Mapping) else {}
     )
     running = as_int(state0.get("effective_max_running_requests_per_dp"))
@@ -420,7 +427,7 @@ def parse_sglang_server_info(info: Mapping[str, Any]) -> ServerFacts:
     return facts
 
 
-def _info_backends(facts: ServerFacts, info: Mapping[str, Any]) -> None:
+def _info_backends(facts: ServerFacts, info: Mapping[str, object]) -> None:
     """The attention backends: prefill and decode default to attention_backend; dsa_* (0.5.15) or nsa_*."""
     attention = info.get("attention_backend")
     if isinstance(attention, str):
@@ -439,7 +446,7 @@ def _info_backends(facts: ServerFacts, info: Mapping[str, Any]) -> None:
                 break
 
 
-def _info_graphs(facts: ServerFacts, info: Mapping[str, Any], state0: Mapping[str, Any]) -> None:
+def _info_graphs(facts: ServerFacts, info: Mapping[str, object], state0: Mapping[str, object]) -> None:
     """Graph facts: memory held by captured graphs, else the requested disable flags and decode backend."""
     disabled, backend = _sgl_graph_backend_requested(info)
     memory = state0.get("memory_usage")

@@ -18,7 +18,7 @@ import sys
 import threading
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from pytest_llmserve.engines.base import EngineAdapter, LaunchPlan
 from pytest_llmserve.engines.sglang.facts import NAN_LOG_PATTERNS as SGLANG_NAN_LOG_PATTERNS
@@ -789,7 +789,7 @@ class SGLangAdapter(EngineAdapter):
                 )
 
     def parse_facts(
-        self, log_text: str, metrics_text: str | None = None, server_info: dict[str, Any] | None = None
+        self, log_text: str, metrics_text: str | None = None, server_info: Mapping[str, object] | None = None
     ) -> ServerFacts:
         """Log facts, plus graph-pass counters from /metrics, plus gaps filled from /server_info."""
         facts = parse_sglang_log(log_text)

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Any
 
 from pytest_llmserve.engines.log_reading import StampedLog, on_ready, record_read
 from pytest_llmserve.evidence.facts import (
@@ -104,7 +103,8 @@ def _vllm_capture_sizes(compilation_config: str) -> tuple[int, ...] | None:
     return tuple(sorted(set(int_list(match.group(1)))))
 
 
-def _vllm_config_line(facts: ServerFacts, line: str, version: str, body: str, state: dict[str, Any]) -> None:
+def _vllm_config_line(r: _VLLMLog, line: str, version: str, body: str) -> None:
+    facts = r.facts
     if version and facts.version is None:
         facts.record("version", version.strip(), line)
     config = parse_kwargs_repr(body)
@@ -127,14 +127,13 @@ def _vllm_config_line(facts: ServerFacts, line: str, version: str, body: str, st
             facts.record("cudagraph_mode", graph_mode, line)
         sizes = _vllm_capture_sizes(compilation)
         if sizes is not None:
-            state["capture_sizes"] = sizes
-            state["capture_sizes_line"] = line
+            r.capture_sizes = (sizes, line)
 
 
 def _vllm_non_default(facts: ServerFacts, line: str, raw: str) -> None:
     """The user's non-default args: requests, used only where nothing later reports the value."""
     data = literal(raw)
-    values: dict[str, Any] = data if isinstance(data, dict) else {}
+    values: dict[str, object] = data if isinstance(data, dict) else {}
     if not values:  # not a pure literal (an enum in it): pick the few scalars we need
         for key in ("gpu_memory_utilization", "max_num_seqs"):
             match = re.search(rf"'{key}': ([\d.]+)", raw)
@@ -170,7 +169,8 @@ class _VLLMLog(StampedLog):
     stamp = _VLLM_TS
     stamp_prefix = "2000-"  # vLLM stamps no year; 2000 is a leap year, so 02-29 reads too
 
-    state: dict[str, Any] = field(default_factory=dict)  # capture sizes from the config line, V2 runner
+    capture_sizes: tuple[tuple[int, ...], str] | None = None  # (the config line's capture sizes, the line)
+    v2_model_runner: bool = False  # "Using V2 Model Runner": no per-step graph use is logged
     captures: dict[str, tuple[int, str]] = field(default_factory=dict)  # "decode, FULL" -> (done, last line)
     capture_done_line: str | None = None
     backend_lines: list[tuple[str, str]] = field(default_factory=list)  # (backend, line)
@@ -199,6 +199,10 @@ def _on_graph_stats_row(r: _VLLMLog, line: str, m: re.Match[str]) -> bool:
     return True
 
 
+def _on_v2_model_runner(r: _VLLMLog, line: str, m: re.Match[str]) -> None:
+    r.v2_model_runner = True
+
+
 def _on_capture_done(r: _VLLMLog, line: str, m: re.Match[str]) -> None:
     r.capture_done_line = line
 
@@ -210,7 +214,7 @@ def _on_graph_stats_table(r: _VLLMLog, line: str, m: re.Match[str]) -> None:
 #: The lines of a vLLM log and what each proves; the first rule a line matches (and whose handler takes it)
 #: reads it.
 _VLLM_RULES: tuple[LineRule[_VLLMLog], ...] = (
-    (_VLLM_CONFIG, lambda r, line, m: _vllm_config_line(r.facts, line, m.group(1), m.group(2), r.state)),
+    (_VLLM_CONFIG, lambda r, line, m: _vllm_config_line(r, line, m.group(1), m.group(2))),
     # The banner is printed first, by the API server: what the user launched.
     (_VLLM_BANNER_VERSION, lambda r, line, m: r.facts.record("version", m.group(1), line)),
     (_VLLM_NON_DEFAULT, lambda r, line, m: _vllm_non_default(r.facts, line, m.group(1))),
@@ -221,7 +225,7 @@ _VLLM_RULES: tuple[LineRule[_VLLMLog], ...] = (
     (_VLLM_DOWNGRADE, lambda r, line, m: r.facts.record("cudagraph_mode", m.group(2).upper(), line)),
     (_VLLM_SET_MODE, lambda r, line, m: r.facts.record("cudagraph_mode", m.group(1).upper(), line)),
     (_VLLM_CAPTURE, _on_capture),
-    (re.compile(re.escape("Using V2 Model Runner")), lambda r, line, m: r.state.update(v2_model_runner=True)),
+    (re.compile(re.escape("Using V2 Model Runner")), _on_v2_model_runner),
     (_VLLM_CAPTURE_DONE, _on_capture_done),
     (_VLLM_KV, lambda r, line, m: r.facts.record("kv_cache_tokens", int(m.group(1).replace(",", "")), line)),
     (_VLLM_GPU_UTIL, lambda r, line, m: r.facts.record("mem_fraction", float(m.group(1)), line)),
@@ -251,11 +255,11 @@ def parse_vllm_log(text: str) -> ServerFacts:
 
     r.record_ready()
 
-    _vllm_graph_facts(facts, r.state, r.captures, r.capture_done_line, r.ready_line)
+    _vllm_graph_facts(facts, r.capture_sizes, r.captures, r.capture_done_line, r.ready_line)
     if not facts.decode_graph_reported:
         facts.graph_use_hint = (
             "this vLLM uses its V2 model runner, which records no per-step graph use (its --cudagraph-metrics table is "
-            "filled by the V1 runner only: VLLM_USE_V2_MODEL_RUNNER=0)" if r.state.get("v2_model_runner") else
+            "filled by the V1 runner only: VLLM_USE_V2_MODEL_RUNNER=0)" if r.v2_model_runner else
             "vLLM reports graph use per step only in its --cudagraph-metrics table (logged with the periodic stats "
             "while requests run); this log has none")
     facts.compact_evidence()
@@ -264,7 +268,7 @@ def parse_vllm_log(text: str) -> ServerFacts:
 
 def _vllm_graph_facts(
     facts: ServerFacts,
-    state: dict[str, Any],
+    capture_sizes: tuple[tuple[int, ...], str] | None,
     captures: dict[str, tuple[int, str]],
     capture_done_line: str | None,
     ready_line: str | None,
@@ -278,10 +282,9 @@ def _vllm_graph_facts(
         facts.record("cuda_graph_enabled", True, lines[0])
         for line in lines[1:]:
             facts.add_evidence("cuda_graph_enabled", line)
-        sizes = state.get("capture_sizes")
-        if sizes:
+        if capture_sizes is not None and capture_sizes[0]:
             # The sizes come from the resolved config; the capture bars prove they were captured.
-            facts.record("captured_batch_sizes", sizes, state["capture_sizes_line"])
+            facts.record("captured_batch_sizes", *capture_sizes)
             for line in lines:
                 facts.add_evidence("captured_batch_sizes", line)
         return
