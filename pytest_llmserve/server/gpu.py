@@ -27,7 +27,7 @@ import subprocess
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, SupportsInt, TypedDict, TypeVar, Unpack
 
 import psutil
 
@@ -68,6 +68,9 @@ DEFAULT_RETURN_TOLERANCE_MIB = 256
 #: gpu_summary's keys that are part of a host's identity (baseline contexts' "hardware").
 GPU_IDENTITY_FIELDS = ("gpu_name", "gpu_count", "driver", "cuda", "gpu_memory_mib", "gpu_compute_capability",
                        "gpu_power_limit_w", "gpu_interconnect")
+
+#: A value the GPUs of a host may share: a memory size or power limit (MiB, W), a compute capability.
+_Shared = TypeVar("_Shared", int, str)
 
 _GPU_FIELDS = "index,uuid,name,memory.total,memory.used,memory.free,driver_version,pci.bus_id"
 _APP_FIELDS = "gpu_uuid,pid,process_name,used_memory"
@@ -162,7 +165,7 @@ class PreflightResult:
     def ok(self) -> bool:
         return not self.problems
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return {
             "gpus": [asdict(g) for g in self.gpus],
             "devices": list(self.devices),
@@ -204,7 +207,7 @@ class MemoryReturn:
             )
         return text
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return {
             "ok": self.ok,
             "baseline_used_mib": {str(k): v for k, v in self.baseline_used_mib.items()},
@@ -325,11 +328,11 @@ def _run_smi(argv: Sequence[str]) -> str | None:
     return done.stdout if done.returncode == 0 else None
 
 
-def _text(value: Any) -> str:
+def _text(value: object) -> str:
     return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
 
 
-def _mib(value: Any) -> int:
+def _mib(value: SupportsInt) -> int:
     return int(value) // (1024 * 1024)
 
 
@@ -426,7 +429,7 @@ def _snapshot_nvml(nvml: Any = None) -> GpuSnapshot | None:
             nvml.nvmlShutdown()
 
 
-def _nvlink_active(nvml: Any, handle: Any) -> bool | None:
+def _nvlink_active(nvml: Any, handle: object) -> bool | None:
     """Whether any of the GPU's NVLink links is active; False when NVML answers for its links and none is
     (a PCIe-only GPU answers "not supported"); None when NVML cannot say."""
     links = int(getattr(nvml, "NVML_NVLINK_MAX_LINKS", 18))
@@ -517,6 +520,14 @@ def _with_commands(snap: GpuSnapshot) -> GpuSnapshot:
     return GpuSnapshot(snap.gpus, tuple(procs), snap.source)
 
 
+class SnapshotOptions(TypedDict, total=False):
+    """:func:`snapshot`'s options, which :func:`list_gpus`, :func:`gpu_processes` and :func:`no_gpu_reason` pass on."""
+
+    nvml: Any  # a pynvml-like module (pynvml is untyped; tests hand in stand-ins for the part gpu.py calls)
+    run: Runner | None
+    prefer: str
+
+
 def snapshot(*, nvml: Any = None, run: Runner | None = None, prefer: str = "nvml") -> GpuSnapshot:
     """GPUs and their processes now; an empty snapshot (source ``none``) without a GPU.
 
@@ -537,12 +548,12 @@ def snapshot(*, nvml: Any = None, run: Runner | None = None, prefer: str = "nvml
     return GpuSnapshot((), (), "none")
 
 
-def list_gpus(**kwargs: Any) -> list[GpuInfo]:
+def list_gpus(**kwargs: Unpack[SnapshotOptions]) -> list[GpuInfo]:
     """Every GPU the driver sees (not only the visible ones); ``[]`` without a GPU."""
     return list(snapshot(**kwargs).gpus)
 
 
-def gpu_processes(**kwargs: Any) -> list[GpuProcess]:
+def gpu_processes(**kwargs: Unpack[SnapshotOptions]) -> list[GpuProcess]:
     """Processes holding GPU memory now; ``[]`` without a GPU."""
     return list(snapshot(**kwargs).processes)
 
@@ -572,7 +583,7 @@ def visible_gpus(gpus: Sequence[GpuInfo], env: Mapping[str, str] | None = None) 
     return out
 
 
-def no_gpu_reason(env: Mapping[str, str] | None = None, **kwargs: Any) -> str | None:
+def no_gpu_reason(env: Mapping[str, str] | None = None, **kwargs: Unpack[SnapshotOptions]) -> str | None:
     """None when this process may use a GPU, else why not (the reason ``gpu`` tests are skipped).
 
     An empty or ``-1`` ``CUDA_VISIBLE_DEVICES`` answers without asking the driver.
@@ -589,7 +600,7 @@ def no_gpu_reason(env: Mapping[str, str] | None = None, **kwargs: Any) -> str | 
     return None
 
 
-def _one(values: Iterable[Any]) -> Any:
+def _one(values: Iterable[_Shared | None]) -> _Shared | list[_Shared | None] | None:
     """The value all GPUs share, else their distinct values sorted, None last (a mixed host says so)."""
     distinct = set(values)
     if len(distinct) == 1:
