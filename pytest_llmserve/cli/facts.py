@@ -52,7 +52,7 @@ _NOT_SHOWN = frozenset({"engine", "evidence", "nan_events", "errors", "decode_ba
                         "graph_captures", "ready"})
 
 
-def add_parser(sub: Any) -> None:
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("facts", help="print what a server log (and /metrics, /server_info) proves it ran")
     p.add_argument("log", type=Path, help="the server's log file (stdout and stderr)")
     p.add_argument("--engine", help="vllm, sglang or llamacpp (default: recognised from the log)")
@@ -71,7 +71,7 @@ def _read(path: Path | None, what: str) -> str | None:
         raise SystemExit(f"llmserve facts: cannot read {what} {str(path)!r}: {exc.strerror or exc}") from None
 
 
-def _value(value: Any) -> str:
+def _value(value: object) -> str:
     if isinstance(value, dict) and value and all(isinstance(v, dict) for v in value.values()):
         return ", ".join(f"{k}: {v.get('on', 0)} on graph / {v.get('off', 0)} off" for k, v in sorted(value.items()))
     if isinstance(value, (list, tuple)):
