@@ -30,7 +30,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 from pytest_llmserve.config import BuildSpec, LLMServeConfig, ServerSpec, cache_dir
 from pytest_llmserve.engine_registry import engine_distributions
@@ -51,6 +51,21 @@ class BuildError(LLMServeError):
     """A build could not be installed or used; the message names the build and what the installer said."""
 
 
+class BuildMeta(TypedDict, total=False):
+    """An installed build's record (``READY_FILE`` in its environment): written last, so an environment without
+    it is incomplete. Read back from disk, any key may be missing."""
+
+    build: str  # as written
+    kind: str  # BuildSpec.kind
+    target: str
+    resolved: str  # what the build stands for exactly (the cache key's first part)
+    version: str | None  # the engine distribution's version inside the environment
+    python_tag: str
+    platform: str
+    install_seconds: float
+    created_at: str  # UTC, ISO 8601
+
+
 @dataclass(frozen=True, slots=True)
 class BuildEnv:
     """An installed build: the interpreter that runs it and what it resolved to."""
@@ -62,7 +77,7 @@ class BuildEnv:
     version: str | None  # the engine distribution's version inside the env, when known
     reused: bool
     seconds: float = 0.0
-    extra: dict[str, Any] = field(default_factory=dict)
+    extra: dict[str, object] = field(default_factory=dict)
 
 
 # --------------------------------------------------------------------------- keys
@@ -246,7 +261,7 @@ class Installer:
             shutil.rmtree(directory, ignore_errors=True)
             raise
         seconds = time.monotonic() - start
-        meta = {"build": spec.text, "kind": spec.kind, "target": spec.target, "resolved": resolved,
+        meta: BuildMeta = {"build": spec.text, "kind": spec.kind, "target": spec.target, "resolved": resolved,
                 "version": version, "python_tag": self.python_tag(), "platform": platform_tag(),
                 "install_seconds": round(seconds, 1), "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
         (directory / READY_FILE).write_text(dumps(meta, indent=2) + "\n")
@@ -254,7 +269,7 @@ class Installer:
         return BuildEnv(spec, py, directory, resolved, version, reused=False, seconds=seconds)
 
     # ---- listing / removal
-    def installed(self) -> list[tuple[Path, dict[str, Any]]]:
+    def installed(self) -> list[tuple[Path, BuildMeta]]:
         """Every complete build environment under the root, with its metadata."""
         if not self.root.is_dir():
             return []
@@ -275,9 +290,9 @@ class Installer:
         return matches
 
 
-def read_meta(directory: Path) -> dict[str, Any] | None:
+def read_meta(directory: Path) -> BuildMeta | None:
     try:
-        meta = json.loads((directory / READY_FILE).read_text())
+        meta: BuildMeta = json.loads((directory / READY_FILE).read_text())  # a JSON object, checked below
     except (OSError, ValueError):
         return None
     return meta if isinstance(meta, dict) and (directory / "bin" / "python").exists() else None
@@ -309,7 +324,7 @@ def _engine_version(python: str) -> str | None:
     return found[1] if found else None
 
 
-def to_dict(env: BuildEnv) -> dict[str, Any]:
+def to_dict(env: BuildEnv) -> dict[str, object]:
     out = asdict(env)
     out["directory"] = str(env.directory) if env.directory else None
     return out

@@ -59,13 +59,14 @@ import math
 import os
 import shlex
 import tomllib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Literal
 
 from pytest_llmserve import engine_registry  # read at call time: a test may put another registry in its place
 from pytest_llmserve.config_values import (
+    ServerValue,
     check_known_key,
     check_log,
     check_table,
@@ -268,26 +269,26 @@ class ServerSpec:
     def env_dict(self) -> dict[str, str]:
         return dict(self.env)
 
-    def public_dict(self) -> dict[str, Any]:
+    def public_dict(self) -> dict[str, object]:
         """The spec as plain data for reports and baselines, secrets removed."""
-        out: dict[str, Any] = {}
-        for f in fields(self):
-            value = getattr(self, f.name)
-            if f.name == "api_key":
-                value = mask(value)
-            elif f.name == "env":
-                value = redact_env(value)
-            elif isinstance(value, BuildSpec):
-                value = value.text
-            elif isinstance(value, CudaGraphSpec):
-                value = {"enabled": value.enabled, "batch_sizes": list(value.batch_sizes or []) or None,
-                         "max_batch_size": value.max_batch_size}
-            elif isinstance(value, tuple):
-                value = [list(v) if isinstance(v, tuple) else v for v in value]
-            out[f.name] = value
+        out = {f.name: _public_value(getattr(self, f.name)) for f in fields(self)}
+        out["api_key"] = mask(self.api_key)
+        out["env"] = redact_env(self.env)
         out["args"] = redact_argv(list(self.args))
         out["argv"] = redact_argv(list(self.argv))
         return out
+
+
+def _public_value(value: object) -> object:
+    """One of a spec's values as plain data: a build as written, a graph spec as a table, tuples as lists."""
+    if isinstance(value, BuildSpec):
+        return value.text
+    if isinstance(value, CudaGraphSpec):
+        return {"enabled": value.enabled, "batch_sizes": list(value.batch_sizes or []) or None,
+                "max_batch_size": value.max_batch_size}
+    if isinstance(value, tuple):
+        return [list(v) if isinstance(v, tuple) else v for v in value]
+    return value
 
 
 @dataclass(frozen=True, slots=True)
@@ -304,7 +305,7 @@ class Workload:
     seed: int = 0
     burstiness: float = 1.0  # gamma shape of inter-arrival times (1.0 = Poisson)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         """The workload as plain data, an infinite ``request_rate`` written ``"inf"`` as the configuration file
         writes it: a setting, not a figure, which the JSON policy's null would lose
         (:mod:`pytest_llmserve.json_encoding`)."""
@@ -336,7 +337,7 @@ class LLMServeConfig:
     references: Mapping[str, str] = field(default_factory=dict)
     #: ``[tool.llmserve.bench]`` as written (keys checked here, values by :mod:`pytest_llmserve.settings`,
     #: which applies them with the same rules as the ini keys and options of the same names).
-    bench: Mapping[str, Any] = field(default_factory=dict)
+    bench: Mapping[str, object] = field(default_factory=dict)
 
     def server(self, name: str) -> ServerSpec:
         for spec in self.servers:
@@ -377,7 +378,7 @@ _TOP_KEYS = {"servers", "matrix", "workloads", "default_server", "bench"}
 BENCH_KEYS = tuple(f.name for f in fields(BenchDefaults))
 
 
-def find_config_file(rootdir: Path) -> tuple[Path, dict[str, Any]] | None:
+def find_config_file(rootdir: Path) -> tuple[Path, dict[str, object]] | None:
     """Return (file, the llmserve table) from llmserve.toml or pyproject.toml in ``rootdir``."""
     for name in CONFIG_FILE_NAMES:
         path = rootdir / name
@@ -397,7 +398,7 @@ def find_config_file(rootdir: Path) -> tuple[Path, dict[str, Any]] | None:
     return None
 
 
-def load_config(rootdir: Path, default_factory: Any = None) -> LLMServeConfig:
+def load_config(rootdir: Path, default_factory: Callable[[], ServerSpec] | None = None) -> LLMServeConfig:
     """Load configuration from ``rootdir``; with no configuration, the embedded default server.
 
     ``default_factory`` returns the embedded default :class:`ServerSpec` (injected so that this
@@ -410,7 +411,8 @@ def load_config(rootdir: Path, default_factory: Any = None) -> LLMServeConfig:
     return config_from_table(table, str(path), default_factory)
 
 
-def config_from_table(table: Mapping[str, Any], source: str, default_factory: Any = None) -> LLMServeConfig:
+def config_from_table(table: Mapping[str, object], source: str,
+                      default_factory: Callable[[], ServerSpec] | None = None) -> LLMServeConfig:
     for key in table:
         if key not in _TOP_KEYS:
             raise ConfigError(f"{source}: unknown key [tool.llmserve] {key!r} "
@@ -456,7 +458,7 @@ def config_from_table(table: Mapping[str, Any], source: str, default_factory: An
                           source=source, matrices=matrices, references=references, bench=dict(bench))
 
 
-def server_from_table(name: str, body: Mapping[str, Any], source: str,
+def server_from_table(name: str, body: Mapping[str, object], source: str,
                       base: ServerSpec | None = None, *, check: bool = True) -> ServerSpec:
     where = f"[tool.llmserve.servers.{name}]"
     kwargs: dict[str, Any] = {}
@@ -510,7 +512,7 @@ def _check_spec(spec: ServerSpec, where: str) -> None:
         raise ConfigError(f"{where} engine = {spec.engine!r} needs model = '<path or id>'")
 
 
-def _server_value(key: str, value: Any, where: str, source: str = "<built-in>") -> Any:
+def _server_value(key: str, value: object, where: str, source: str = "<built-in>") -> ServerValue | CudaGraphSpec:
     if key == "cuda_graph":
         return parse_cuda_graph(value, where)
     return parse_server_value(key, value, where, source)
@@ -567,7 +569,7 @@ def untrained_reason(spec: ServerSpec) -> str | None:
     return found.reason if found is not None else None
 
 
-def _verified_marker_digest(spec: ServerSpec, marker: Path, data: Mapping[str, Any]) -> str:
+def _verified_marker_digest(spec: ServerSpec, marker: Path, data: Mapping[str, object]) -> str:
     """The weights' sha256 when it is the one ``marker`` records; else a :class:`ConfigError` naming the marker,
     what it records and what the folder holds.
 
@@ -607,7 +609,7 @@ def _verified_marker_digest(spec: ServerSpec, marker: Path, data: Mapping[str, A
     return actual
 
 
-def checkpoint_marker(spec: ServerSpec) -> tuple[Path, dict[str, Any]] | None:
+def checkpoint_marker(spec: ServerSpec) -> tuple[Path, dict[str, object]] | None:
     """The model folder's :data:`CHECKPOINT_MARKER` and what it says (None: no marker there); one that is not
     a readable JSON object is a :class:`ConfigError` naming the file."""
     marker = _marker_path(spec)
@@ -638,39 +640,60 @@ def _marker_path(spec: ServerSpec) -> Path | None:
     return None
 
 
-def parse_cuda_graph(value: Any, where: str) -> CudaGraphSpec:
+_GRAPH_KEYS = ("enabled", "batch_sizes", "max_batch_size", "mode")
+
+
+def parse_cuda_graph(value: object, where: str) -> CudaGraphSpec:
+    """``cuda_graph = true/false`` or its table ``{ enabled, batch_sizes, max_batch_size, mode }``."""
     if isinstance(value, bool):
         return CudaGraphSpec(enabled=value)
     if not isinstance(value, dict):
         raise ConfigError(f"{where} = {value!r}: must be true/false or {{ enabled = true, batch_sizes = [1, 2, 4] }}")
-    unknown = set(value) - {"enabled", "batch_sizes", "max_batch_size", "mode"}
+    unknown = set(value) - set(_GRAPH_KEYS)
     if unknown:
         raise ConfigError(f"{where} = {value!r}: unknown key(s) {', '.join(sorted(unknown))} "
-                          "(known: enabled, batch_sizes, max_batch_size, mode)")
+                          f"(known: {', '.join(_GRAPH_KEYS)})")
     enabled = value.get("enabled", True)
     if not isinstance(enabled, bool):
         raise ConfigError(f"{where}.enabled = {enabled!r}: must be true or false")
-    sizes = value.get("batch_sizes")
-    if sizes is not None:
-        if (not isinstance(sizes, list) or not sizes
-                or not all(isinstance(s, int) and not isinstance(s, bool) and s > 0 for s in sizes)):
-            raise ConfigError(f"{where}.batch_sizes = {sizes!r}: must be a non-empty list of positive integers")
-        if not enabled:
-            raise ConfigError(f"{where} = {value!r}: batch_sizes given but enabled = false")
-        sizes = tuple(sorted(set(sizes)))
-    max_bs = value.get("max_batch_size")
-    if max_bs is not None and (not isinstance(max_bs, int) or isinstance(max_bs, bool) or max_bs < 1):
-        raise ConfigError(f"{where}.max_batch_size = {max_bs!r}: must be a positive integer")
-    mode = value.get("mode")
-    if mode is not None and (not isinstance(mode, str) or not mode.strip()):
+    return CudaGraphSpec(enabled=enabled, batch_sizes=_graph_batch_sizes(value, enabled, where),
+                         max_batch_size=_graph_max_batch_size(value.get("max_batch_size"), where),
+                         mode=_graph_mode(value, enabled, where))
+
+
+def _graph_batch_sizes(table: Mapping[str, object], enabled: bool, where: str) -> tuple[int, ...] | None:
+    """The capture sizes, sorted and each once; only with graphs on."""
+    sizes = table.get("batch_sizes")
+    if sizes is None:
+        return None
+    if (not isinstance(sizes, list) or not sizes
+            or not all(isinstance(s, int) and not isinstance(s, bool) and s > 0 for s in sizes)):
+        raise ConfigError(f"{where}.batch_sizes = {sizes!r}: must be a non-empty list of positive integers")
+    if not enabled:
+        raise ConfigError(f"{where} = {table!r}: batch_sizes given but enabled = false")
+    return tuple(sorted(set(sizes)))
+
+
+def _graph_max_batch_size(value: object, where: str) -> int | None:
+    if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+        raise ConfigError(f"{where}.max_batch_size = {value!r}: must be a positive integer")
+    return value
+
+
+def _graph_mode(table: Mapping[str, object], enabled: bool, where: str) -> str | None:
+    """The engine's own graph mode name, verbatim; only with graphs on."""
+    mode = table.get("mode")
+    if mode is None:
+        return None
+    if not isinstance(mode, str) or not mode.strip():
         raise ConfigError(f"{where}.mode = {mode!r}: must be the engine's graph mode name "
                           "(vLLM: FULL_AND_PIECEWISE, PIECEWISE, FULL, FULL_DECODE_ONLY; SGLang: full, breakable)")
-    if mode is not None and not enabled:
-        raise ConfigError(f"{where} = {value!r}: mode given but enabled = false")
-    return CudaGraphSpec(enabled=enabled, batch_sizes=sizes, max_batch_size=max_bs, mode=mode)
+    if not enabled:
+        raise ConfigError(f"{where} = {table!r}: mode given but enabled = false")
+    return mode
 
 
-def workload_from_table(name: str, body: Mapping[str, Any], source: str, base: Workload | None = None) -> Workload:
+def workload_from_table(name: str, body: Mapping[str, object], source: str, base: Workload | None = None) -> Workload:
     where = f"{source}: [tool.llmserve.workloads.{name}]"
     kwargs: dict[str, Any] = {}
     for key, value in body.items():
@@ -682,10 +705,14 @@ def workload_from_table(name: str, body: Mapping[str, Any], source: str, base: W
     return wl
 
 
-def _variant_label(value: Any) -> str:
-    if isinstance(value, BuildSpec):
-        return value.label
-    if isinstance(value, CudaGraphSpec):
+#: One value a matrix varies: a server key's, a ``cuda_graph``'s or a ``build``'s.
+MatrixValue = ServerValue | CudaGraphSpec | BuildSpec
+#: Server keys a matrix cannot vary: what the server is and where it runs.
+_NOT_VARYING = ("engine", "url", "log", "argv", "name")
+
+
+def _variant_label(value: object) -> str:
+    if isinstance(value, BuildSpec | CudaGraphSpec):
         return value.label
     if isinstance(value, bool):
         return "on" if value else "off"
@@ -694,48 +721,13 @@ def _variant_label(value: Any) -> str:
     return str(value)
 
 
-def expand_matrix(base: ServerSpec, body: Mapping[str, Any], source: str) -> tuple[ServerSpec, ...]:
+def expand_matrix(base: ServerSpec, body: Mapping[str, object], source: str) -> tuple[ServerSpec, ...]:
     """Cartesian product of the matrix's lists, in file order, each a ServerSpec with a readable id."""
     where = f"{source}: [tool.llmserve.matrix.{base.name}]"
-    body = dict(body)
-    attach = body.pop("attach", None)
-    if attach is not None:
-        attach = check_table(attach, f"[tool.llmserve.matrix.{base.name}.attach]", source)
-        if "build" in body:
-            raise ConfigError(f"{where} build = ... installs and launches each build here; combinations attached "
-                              "by [tool.llmserve.matrix." + base.name + ".attach] are launched elsewhere: "
-                              "vary the build on the cluster and declare it per combination instead")
-        if base.url:
-            raise ConfigError(f"{where}.attach: [tool.llmserve.servers.{base.name}] already gives url = "
-                              f"{base.url!r}; give the url either there (every combination attaches to it) or "
-                              "per combination in the attach table, not both")
-    axes: list[tuple[str, list[Any]]] = []
-    for key, values in body.items():
-        if key == "build":
-            axes.append((key, _matrix_builds(values, where)))
-            continue
-        if key not in _SERVER_KEYS or key in ("engine", "url", "log", "argv", "python", "name"):
-            if key not in ("python",):
-                raise ConfigError(f"{where} unknown or non-varying key {key!r} "
-                                  f"(a matrix varies logical options: attention_backend, cuda_graph, eager, ...)")
-        if not isinstance(values, list) or not values:
-            raise ConfigError(f"{where} {key} = {values!r}: must be a non-empty list of values")
-        parsed = [_server_value(key, v, f"{where} {key}[{i}]", source) for i, v in enumerate(values)]
-        axes.append((key, parsed))
-    out: list[ServerSpec] = []
-    seen: set[str] = set()
-    for combo in itertools.product(*(vals for _, vals in axes)):
-        changes = {key: val for (key, _), val in zip(axes, combo, strict=True)}
-        variant = tuple((key, _variant_label(val)) for key, val in changes.items())
-        build = changes.get("build")
-        if build is not None:  # a build is its interpreter (once installed) plus the server arguments it declares
-            changes["python"] = None
-            changes["args"] = tuple(changes.get("args", base.args)) + build.server_args
-        spec = replace(base, variant=variant, **changes)
-        if spec.id in seen:
-            raise ConfigError(f"{where}: two combinations have the same id {spec.id!r}")
-        seen.add(spec.id)
-        out.append(spec)
+    axes_table = dict(body)
+    attach = _matrix_attach_table(base, axes_table.pop("attach", None), "build" in axes_table, where, source)
+    axes = [_matrix_axis(key, values, where, source) for key, values in axes_table.items()]
+    out = _combinations(base, axes, where)
     if attach is not None:
         if not axes:
             raise ConfigError(f"{where}.attach: the matrix varies nothing, so there are no combinations to attach; "
@@ -746,7 +738,63 @@ def expand_matrix(base: ServerSpec, body: Mapping[str, Any], source: str) -> tup
     return tuple(out)
 
 
-def matrix_reference(specs: tuple[ServerSpec, ...], value: Any, where: str) -> str:
+def _matrix_attach_table(base: ServerSpec, attach: object, varies_build: bool, where: str,
+                         source: str) -> dict[str, object] | None:
+    """The matrix's ``attach`` table (None without one), refused where the matrix installs builds here or the
+    server already names its url."""
+    if attach is None:
+        return None
+    table = check_table(attach, f"[tool.llmserve.matrix.{base.name}.attach]", source)
+    if varies_build:
+        raise ConfigError(f"{where} build = ... installs and launches each build here; combinations attached "
+                          "by [tool.llmserve.matrix." + base.name + ".attach] are launched elsewhere: "
+                          "vary the build on the cluster and declare it per combination instead")
+    if base.url:
+        raise ConfigError(f"{where}.attach: [tool.llmserve.servers.{base.name}] already gives url = "
+                          f"{base.url!r}; give the url either there (every combination attaches to it) or "
+                          "per combination in the attach table, not both")
+    return table
+
+
+def _matrix_axis(key: str, values: object, where: str, source: str) -> tuple[str, list[MatrixValue]]:
+    """One key the matrix varies and its values, each parsed as the server's own value would be."""
+    if key == "build":
+        return key, list(_matrix_builds(values, where))
+    if key not in _SERVER_KEYS or key in _NOT_VARYING:
+        raise ConfigError(f"{where} unknown or non-varying key {key!r} "
+                          f"(a matrix varies logical options: attention_backend, cuda_graph, eager, ...)")
+    if not isinstance(values, list) or not values:
+        raise ConfigError(f"{where} {key} = {values!r}: must be a non-empty list of values")
+    return key, [_server_value(key, v, f"{where} {key}[{i}]", source) for i, v in enumerate(values)]
+
+
+def _combinations(base: ServerSpec, axes: Sequence[tuple[str, Sequence[MatrixValue]]],
+                  where: str) -> list[ServerSpec]:
+    """Every combination of the axes' values, in file order, each id once."""
+    out: list[ServerSpec] = []
+    seen: set[str] = set()
+    for combo in itertools.product(*(values for _, values in axes)):
+        spec = _combination(base, dict(zip((key for key, _ in axes), combo, strict=True)))
+        if spec.id in seen:
+            raise ConfigError(f"{where}: two combinations have the same id {spec.id!r}")
+        seen.add(spec.id)
+        out.append(spec)
+    return out
+
+
+def _combination(base: ServerSpec, values: Mapping[str, MatrixValue]) -> ServerSpec:
+    """``base`` with one combination's values; a build is its interpreter (once installed) plus the server
+    arguments it declares."""
+    variant = tuple((key, _variant_label(value)) for key, value in values.items())
+    changes: dict[str, Any] = dict(values)  # each value checked for its key by _matrix_axis
+    build = values.get("build")
+    if isinstance(build, BuildSpec):
+        changes["python"] = None
+        changes["args"] = tuple(changes.get("args", base.args)) + build.server_args
+    return replace(base, variant=variant, **changes)
+
+
+def matrix_reference(specs: tuple[ServerSpec, ...], value: object, where: str) -> str:
     """``reference = "..."`` in a matrix table: one of the ids its combinations have, as written inside the
     brackets (``"nsa_decode_backend=flashmla_sparse,cuda_graph=on(1,2,4,8)"``) or whole (``"NAME[...]"``);
     returns the combination's full id."""
@@ -760,7 +808,7 @@ def matrix_reference(specs: tuple[ServerSpec, ...], value: Any, where: str) -> s
     raise ConfigError(f"{where} = {value!r} names no combination of this matrix (its combinations: {valid})")
 
 
-def _attach_combinations(specs: list[ServerSpec], table: Mapping[str, Any], where: str,
+def _attach_combinations(specs: list[ServerSpec], table: Mapping[str, object], where: str,
                          source: str) -> list[ServerSpec]:
     """``[tool.llmserve.matrix.NAME.attach]``: one running server per combination (launched by a cluster
     manager), keyed by the combination's id inside the brackets (``"max_batch_size=4,eager=on"``; the
@@ -804,7 +852,7 @@ def _attach_combinations(specs: list[ServerSpec], table: Mapping[str, Any], wher
     return [replace(spec, url=entries[spec.id][0], log=entries[spec.id][1]) for spec in specs]
 
 
-def _matrix_builds(values: Any, where: str) -> list[BuildSpec]:
+def _matrix_builds(values: object, where: str) -> list[BuildSpec]:
     """``build = [...]`` in a matrix: each build parsed, not installed (loading a configuration installs
     nothing; :func:`pytest_llmserve.builds.install_builds` does, as a step of its own)."""
     if not isinstance(values, list) or not values or not all(isinstance(v, str) for v in values):

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from pytest_llmserve.config import ServerSpec
 from pytest_llmserve.errors import ConfigError
@@ -38,13 +37,13 @@ class IndexTopk:
         return self.value if self.configured is None else max(self.value, self.configured)
 
 
-def _positive_topk(value: Any, where: str) -> int:
+def _positive_topk(value: object, where: str) -> int:
     if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
         raise ConfigError(f"{where}: index_topk = {value!r}: must be a positive integer")
     return value
 
 
-def _override(args: tuple[str, ...], where: str) -> tuple[str, dict[str, Any]] | None:
+def _override(args: tuple[str, ...], where: str) -> tuple[str, dict[str, object]] | None:
     """The last override flag in ``args`` (``--flag VALUE`` or ``--flag=VALUE``) and its JSON object: the engine's
     argument parser takes the last one given."""
     found: tuple[str, str] | None = None

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 #: Where :func:`pytest_llmserve.config.find_config_file` looks in the rootdir, in this order.
 CONFIG_FILE_NAMES = ("llmserve.toml", "pyproject.toml")
@@ -151,11 +151,11 @@ OPTIONS_BY_NAME = {option.name: option for option in OPTIONS}
 class Sources:
     """The raw values, as the plugin read them: ``cli`` and ``ini`` by option name (None = not given)."""
 
-    cli: Mapping[str, Any]
-    ini: Mapping[str, Any]
+    cli: Mapping[str, object]
+    ini: Mapping[str, object]
     env: Mapping[str, str]
 
-    def lookup(self, option: Option) -> tuple[Any, str] | None:
+    def lookup(self, option: Option) -> tuple[object, str] | None:
         """The winning value of one setting and where it came from, or None when none was given."""
         cli = self.cli.get(option.name)
         if cli is not None:

@@ -124,16 +124,22 @@ class BenchSpec:
 BENCH_MARKER_ARGS = ("workload", "metric", "tolerance", "rounds", "max_rounds", "variable", "higher_is_better",
                      "alpha", "baseline_server", "baseline_test", "warmup_rounds", "warmup_agreement",
                      "extend_to_resolve", "extend_budget_s", "contention_bound", "between_run_sd")
+#: What a benchmark setting becomes: a name (workload, metric), a number or a switch.
+BenchValue = str | float | int | bool
 
 
-def _flag(got: tuple[Any, str] | None) -> bool:
+#: A setting's winning value and where it came from (:meth:`Sources.lookup`), or None when none was given.
+Given = tuple[object, str] | None
+
+
+def _flag(got: Given) -> bool:
     if got is None:
         return False
     value, where = got
     return value if isinstance(value, bool) else parse_bool(str(value), where)
 
 
-def _load(rootdir: Path, got: tuple[Any, str] | None,
+def _load(rootdir: Path, got: Given,
           default_factory: Callable[[], ServerSpec] | None) -> tuple[LLMServeConfig, bool]:
     """The configuration, and whether it came from a file."""
     if got is None:
@@ -157,63 +163,107 @@ def _load(rootdir: Path, got: tuple[Any, str] | None,
 def resolve_settings(rootdir: Path, sources: Sources,
                      default_factory: Callable[[], ServerSpec] | None = None) -> Settings:
     """Resolve every setting once (ini < environment < command line); ``default_factory`` makes the
-    embedded default server when no server is configured."""
+    embedded default server when no server is configured.
 
-    def get(name: str) -> tuple[Any, str] | None:
+    Bad values are named in this order: the configuration file, the servers, the benchmark defaults, the reference
+    answers, the inconclusive policy, then the switches and the probe concurrency as the fields come."""
+
+    def get(name: str) -> Given:
         return sources.lookup(OPTIONS_BY_NAME[name])
 
     cfg, from_file = _load(rootdir, get("config"), default_factory)
+    servers = _chosen_servers(cfg, get("servers"))
     url = get("url")
-    servers_got = get("servers")
-    servers = None
-    if servers_got:
-        servers = tuple(s.strip() for s in str(servers_got[0]).split(",") if s.strip())
-        for name in servers:
-            if name != "*" and name not in {s.name for s in cfg.servers}:
-                raise ConfigError(f"{servers_got[1]} = {servers_got[0]!r}: no server named {name!r} "
-                                  f"(configured: {', '.join(s.name for s in cfg.servers)}; from {cfg.source})")
-    if url:
-        attach = ServerSpec(name="external", engine="external", url=str(url[0]), source=url[1],
-                            api_key=os.environ.get("OPENAI_API_KEY") or None)
-        cfg = replace(cfg, servers=(attach,), default_server="external", matrices={})
-        servers = ("external",)
-
-    bench, bench_where = _bench_defaults(cfg, sources)
-    if bench.max_rounds < bench.rounds:
-        raise ConfigError(f"{bench_where['max_rounds']} = {bench.max_rounds} is below "
-                          f"{bench_where['rounds']} = {bench.rounds}: max_rounds must be >= rounds")
-    baseline_dir, results_dir, bench_json = get("baseline_dir"), get("results_dir"), get("benchmark_json")
-    inconclusive = get("inconclusive")
-    probe_concurrency = get("probe_concurrency")
-    reference_answers = get("reference_answers")
-    if reference_answers and not (rootdir / Path(str(reference_answers[0])).expanduser()).exists():
-        raise ConfigError(f"{reference_answers[1]} = {reference_answers[0]!r}: no such file or directory")
-    if inconclusive and str(inconclusive[0]).strip().lower() not in INCONCLUSIVE_POLICIES:
-        raise ConfigError(f"{inconclusive[1]} = {inconclusive[0]!r}: must be one of "
-                          f"{', '.join(INCONCLUSIVE_POLICIES)}")
+    if url is not None:
+        cfg, servers = _attached(cfg, url), ("external",)
+    bench = _checked_bench_defaults(cfg, sources)
+    reference_answers = _existing_path(rootdir, get("reference_answers"))
+    inconclusive = _inconclusive_policy(get("inconclusive"))
     return Settings(
         rootdir=rootdir,
         cfg=cfg,
         servers=servers,
-        url=str(url[0]) if url else None,
+        url=None if url is None else str(url[0]),
         save_baseline=_flag(get("save_baseline")),
-        baseline_dir=(rootdir / str(baseline_dir[0])) if baseline_dir else rootdir / "baselines",
-        results_dir=(rootdir / str(results_dir[0])) if results_dir else rootdir / "llmserve-results",
+        baseline_dir=rootdir / _text_or(get("baseline_dir"), "baselines"),
+        results_dir=rootdir / _text_or(get("results_dir"), "llmserve-results"),
         bench=bench,
         kill_stale=_flag(get("kill_stale")),
         allow_confounded=_flag(get("allow_confounded")),
         allow_host_change=_flag(get("allow_host_change")),
-        bench_json=Path(str(bench_json[0])) if bench_json else None,
+        bench_json=_path(get("benchmark_json")),
         suite=_flag(get("suite")),
-        inconclusive=str(inconclusive[0]).strip().lower() if inconclusive else "warn",
-        probe_concurrency=parse_positive_int(*probe_concurrency) if probe_concurrency else None,
-        reference_answers=(rootdir / Path(str(reference_answers[0])).expanduser()) if reference_answers else None,
+        inconclusive=inconclusive,
+        probe_concurrency=_positive_int_or_none(get("probe_concurrency")),
+        reference_answers=reference_answers,
         configured=from_file or any(sources.lookup(option) is not None for option in OPTIONS),
         strict=_flag(get("strict")),
     )
 
 
-def bench_spec(settings: Settings, args: tuple[Any, ...] = (), kwargs: Mapping[str, Any] | None = None,
+def _chosen_servers(cfg: LLMServeConfig, got: Given) -> tuple[str, ...] | None:
+    """``--llmserve-server a,b``: configured server names (``*``: all); None when not given."""
+    if not got:
+        return None
+    value, where = got
+    servers = tuple(s.strip() for s in str(value).split(",") if s.strip())
+    for name in servers:
+        if name != "*" and name not in {s.name for s in cfg.servers}:
+            raise ConfigError(f"{where} = {value!r}: no server named {name!r} "
+                              f"(configured: {', '.join(s.name for s in cfg.servers)}; from {cfg.source})")
+    return servers
+
+
+def _attached(cfg: LLMServeConfig, url: tuple[object, str]) -> LLMServeConfig:
+    """The configuration with its servers replaced by the one server ``--llmserve-url`` attaches to."""
+    value, where = url
+    attach = ServerSpec(name="external", engine="external", url=str(value), source=where,
+                        api_key=os.environ.get("OPENAI_API_KEY") or None)
+    return replace(cfg, servers=(attach,), default_server="external", matrices={})
+
+
+def _checked_bench_defaults(cfg: LLMServeConfig, sources: Sources) -> BenchDefaults:
+    bench, bench_where = _bench_defaults(cfg, sources)
+    if bench.max_rounds < bench.rounds:
+        raise ConfigError(f"{bench_where['max_rounds']} = {bench.max_rounds} is below "
+                          f"{bench_where['rounds']} = {bench.rounds}: max_rounds must be >= rounds")
+    return bench
+
+
+def _existing_path(rootdir: Path, got: Given) -> Path | None:
+    """A file or folder that must exist (``~`` expanded, relative to the rootdir); None when not given."""
+    if not got:
+        return None
+    value, where = got
+    path = rootdir / Path(str(value)).expanduser()
+    if not path.exists():
+        raise ConfigError(f"{where} = {value!r}: no such file or directory")
+    return path
+
+
+def _inconclusive_policy(got: Given) -> str:
+    if not got:
+        return "warn"
+    value, where = got
+    policy = str(value).strip().lower()
+    if policy not in INCONCLUSIVE_POLICIES:
+        raise ConfigError(f"{where} = {value!r}: must be one of {', '.join(INCONCLUSIVE_POLICIES)}")
+    return policy
+
+
+def _text_or(got: Given, default: str) -> str:
+    return str(got[0]) if got else default
+
+
+def _path(got: Given) -> Path | None:
+    return Path(str(got[0])) if got else None
+
+
+def _positive_int_or_none(got: Given) -> int | None:
+    return parse_positive_int(*got) if got else None
+
+
+def bench_spec(settings: Settings, args: tuple[object, ...] = (), kwargs: Mapping[str, object] | None = None,
                where: str = "") -> BenchSpec:
     """The gate of one benchmark test: ``settings.bench`` with the marker's ``args``/``kwargs`` applied.
 
@@ -243,7 +293,7 @@ def bench_spec(settings: Settings, args: tuple[Any, ...] = (), kwargs: Mapping[s
     return spec
 
 
-def _bench_value(settings: Settings, key: str, value: Any, where: str) -> Any:
+def _bench_value(settings: Settings, key: str, value: object, where: str) -> BenchValue | None:
     if key in BENCH_KEYS:
         return parse_bench_default(settings.cfg, key, value, f"{where} {key}")
     if key == "higher_is_better":
@@ -254,7 +304,7 @@ def _bench_value(settings: Settings, key: str, value: Any, where: str) -> Any:
     return None if value is None else str(value)
 
 
-def parse_fraction(value: Any, where: str) -> float:
+def parse_fraction(value: object, where: str) -> float:
     """A tolerance or significance level: a number in (0, 1), whichever source it came from."""
     number = parse_positive_float(value, where)
     if number >= 1:
@@ -262,7 +312,7 @@ def parse_fraction(value: Any, where: str) -> float:
     return number
 
 
-def parse_bench_default(cfg: LLMServeConfig, key: str, value: Any, where: str) -> Any:
+def parse_bench_default(cfg: LLMServeConfig, key: str, value: object, where: str) -> BenchValue:
     """One benchmark default (a :data:`~pytest_llmserve.config.BENCH_KEYS` name) by the rule every source
     shares; ``where`` names the source and key, e.g. ``--llmserve-tolerance``."""
     if key == "workload":
@@ -297,7 +347,7 @@ def _bench_defaults(cfg: LLMServeConfig, sources: Sources) -> tuple[BenchDefault
     values: dict[str, Any] = {}
     where: dict[str, str] = {}
     for key in BENCH_KEYS:
-        got: tuple[Any, str] | None = None
+        got: Given = None
         option = OPTIONS_BY_NAME.get(key)
         if option is not None:
             got = sources.lookup(option)

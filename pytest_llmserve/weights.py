@@ -22,7 +22,6 @@ import os
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from pytest_llmserve.json_encoding import dumps
 
@@ -58,11 +57,11 @@ class FileVersion:
     def same_file(self, stat: os.stat_result) -> bool:
         return (self.size, self.mtime_ns) == (stat.st_size, stat.st_mtime_ns)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return {"size": self.size, "mtime_ns": self.mtime_ns, "sha256": self.sha256}
 
     @classmethod
-    def from_dict(cls, value: Any) -> FileVersion | None:
+    def from_dict(cls, value: object) -> FileVersion | None:
         """An entry read back, or None when it is not one this code wrote (then it is dropped)."""
         if not isinstance(value, dict):
             return None

@@ -17,7 +17,7 @@ import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TextIO
 
 from pytest_llmserve.errors import BaselineError
 from pytest_llmserve.json_encoding import dumps
@@ -112,7 +112,7 @@ def _add_decision(p: argparse.ArgumentParser) -> None:
     )
 
 
-def add_parser(subparsers: Any) -> None:
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Register ``baselines`` (list/show/diff/accept) and ``compare`` on an argparse subparsers object."""
     base = subparsers.add_parser(
         "baselines",
@@ -282,7 +282,7 @@ def cmd_show(args: argparse.Namespace) -> int:
 @dataclass
 class _Side:
     key: BenchKey
-    context: dict[str, Any]
+    context: dict[str, object]
     metric: str
     higher_is_better: bool
     samples: dict[str, list[float]]

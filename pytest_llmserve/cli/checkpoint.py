@@ -8,12 +8,11 @@ registers the command.
 from __future__ import annotations
 
 import argparse
-from typing import Any
 
 from pytest_llmserve.testing.dsa_checkpoint import add_arguments, run_from_args
 
 
-def add_parser(sub: Any) -> None:
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("checkpoint", help="write a tiny random-weight checkpoint (dsa-tiny: DeepSeek-V3.2 DSA)")
     kinds = p.add_subparsers(dest="kind", required=True)
     dsa = kinds.add_parser("dsa-tiny", help="seeded random-weight DeepSeek-V3.2 (DSA) model with SmolLM2's "

@@ -11,10 +11,14 @@ import json
 import sys
 from dataclasses import fields
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pytest_llmserve.engine_registry import ADAPTERS
 from pytest_llmserve.json_encoding import dumps
+
+if TYPE_CHECKING:
+    from pytest_llmserve.engines.base import EngineAdapter
+    from pytest_llmserve.evidence.facts import ServerFacts
 
 #: What the command shows, in this order: (label, ServerFacts field).
 SHOWN = (
@@ -48,7 +52,7 @@ _NOT_SHOWN = frozenset({"engine", "evidence", "nan_events", "errors", "decode_ba
                         "graph_captures", "ready"})
 
 
-def add_parser(sub: Any) -> None:
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("facts", help="print what a server log (and /metrics, /server_info) proves it ran")
     p.add_argument("log", type=Path, help="the server's log file (stdout and stderr)")
     p.add_argument("--engine", help="vllm, sglang or llamacpp (default: recognised from the log)")
@@ -67,7 +71,7 @@ def _read(path: Path | None, what: str) -> str | None:
         raise SystemExit(f"llmserve facts: cannot read {what} {str(path)!r}: {exc.strerror or exc}") from None
 
 
-def _value(value: Any) -> str:
+def _value(value: object) -> str:
     if isinstance(value, dict) and value and all(isinstance(v, dict) for v in value.values()):
         return ", ".join(f"{k}: {v.get('on', 0)} on graph / {v.get('off', 0)} off" for k, v in sorted(value.items()))
     if isinstance(value, (list, tuple)):
@@ -77,40 +81,61 @@ def _value(value: Any) -> str:
     return str(value)
 
 
-def run(args: argparse.Namespace) -> int:
-    # lazy: the engines' adapters and parsers (15 ms), which the other commands do not need
-    from pytest_llmserve.engines import adapter_for_log, adapter_named
-    from pytest_llmserve.evidence.facts import focus_line
+class _Refused(Exception):
+    """Input the command cannot read facts from: its message goes to stderr, the command exits with 2."""
 
+
+def run(args: argparse.Namespace) -> int:
     log = _read(args.log, "log")
     assert log is not None
     metrics = _read(args.metrics, "metrics file")
-    info_text = _read(args.server_info, "server info file")
-    info: dict[str, Any] | None = None
-    if info_text is not None:
-        try:
-            info = json.loads(info_text)
-        except json.JSONDecodeError as exc:
-            print(f"llmserve facts: {args.server_info} is not JSON ({exc})", file=sys.stderr)
-            return 2
-    if args.engine:
-        if args.engine not in ADAPTERS or args.engine in ("external", "command"):
-            print(f"llmserve facts: --engine {args.engine!r} is not an engine with a log parser "
-                  "(vllm, sglang, llamacpp)", file=sys.stderr)
-            return 2
-        adapter = adapter_named(args.engine)
-    else:
-        found = adapter_for_log(log)
-        if found is None:
-            print(f"llmserve facts: {args.log} does not look like a vLLM, SGLang or llama.cpp log; "
-                  "name the engine with --engine", file=sys.stderr)
-            return 2
-        adapter = found
+    try:
+        info = _server_info(args)
+        adapter = _adapter(args, log)
+    except _Refused as refused:
+        print(f"llmserve facts: {refused}", file=sys.stderr)
+        return 2
     facts = adapter.parse_facts(log, metrics, info)
     if args.json:
         print(dumps(facts.to_dict(), indent=2))
         return 0
     print(f"{args.log}: {adapter.name} server log" + ("" if args.engine else " (engine recognised from the log)"))
+    _print_facts(facts)
+    return 0
+
+
+def _server_info(args: argparse.Namespace) -> Any:
+    """The saved /server_info or /props as parsed JSON (None when not given)."""
+    info_text = _read(args.server_info, "server info file")
+    if info_text is None:
+        return None
+    try:
+        return json.loads(info_text)
+    except json.JSONDecodeError as exc:
+        raise _Refused(f"{args.server_info} is not JSON ({exc})") from None
+
+
+def _adapter(args: argparse.Namespace, log: str) -> EngineAdapter:
+    """The engine named by --engine, else the one whose log this is."""
+    # lazy: the engines' adapters and parsers (15 ms), which the other commands do not need
+    from pytest_llmserve.engines import adapter_for_log, adapter_named
+
+    if args.engine:
+        if args.engine not in ADAPTERS or args.engine in ("external", "command"):
+            raise _Refused(f"--engine {args.engine!r} is not an engine with a log parser (vllm, sglang, llamacpp)")
+        return adapter_named(args.engine)
+    found = adapter_for_log(log)
+    if found is None:
+        raise _Refused(f"{args.log} does not look like a vLLM, SGLang or llama.cpp log; name the engine with --engine")
+    return found
+
+
+def _print_facts(facts: ServerFacts) -> None:
+    """Each fact (those of :data:`SHOWN` first, then the engine's own) with up to three lines that prove it, then
+    the engine's hint and the NaN and error lines."""
+    # lazy: with the engines' parsers (see _adapter)
+    from pytest_llmserve.evidence.facts import focus_line
+
     shown = list(SHOWN) + [(f.name.replace("_", " "), f.name) for f in fields(facts) if f.name not in _NOT_SHOWN
                            and f.name not in {name for _, name in SHOWN}]
     for label, name in shown:
@@ -127,4 +152,3 @@ def run(args: argparse.Namespace) -> int:
         print(f"  NaN lines: {len(facts.nan_events)}, first: {facts.nan_events[0][:200]}")
     if facts.errors:
         print(f"  error lines: {len(facts.errors)}, first: {facts.errors[0][:200]}")
-    return 0

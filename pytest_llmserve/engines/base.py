@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import re
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from pytest_llmserve.evidence.facts import ServerFacts
 from pytest_llmserve.verdicts.execution import CheckResult, check_config_is_execution
@@ -69,7 +69,7 @@ class EngineAdapter(ABC):
         """Map the spec's logical options to this engine's argv and environment."""
 
     def parse_facts(self, log_text: str, metrics_text: str | None = None,
-                    server_info: dict[str, Any] | None = None) -> ServerFacts:
+                    server_info: Mapping[str, object] | None = None) -> ServerFacts:
         """What the server's own log and metrics say it did."""
         return ServerFacts(engine=self.name)
 

@@ -5,7 +5,7 @@ Nothing is launched or killed; readiness is still checked (/health, then one gen
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping
 
 from pytest_llmserve import engine_registry
 from pytest_llmserve.config import ServerSpec
@@ -31,7 +31,7 @@ class ExternalAdapter(EngineAdapter):
                           health_path="/health", generation_probe=True)
 
     def parse_facts(self, log_text: str, metrics_text: str | None = None,
-                    server_info: dict[str, Any] | None = None) -> Any:
+                    server_info: Mapping[str, object] | None = None) -> ServerFacts:
         out = ServerFacts(engine="external")
         engine = adapter_for_metrics(metrics_text) if metrics_text else None
         if engine is not None and metrics_text:

@@ -27,7 +27,7 @@ import subprocess
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, SupportsInt, TypedDict, TypeVar, Unpack
 
 import psutil
 
@@ -68,6 +68,9 @@ DEFAULT_RETURN_TOLERANCE_MIB = 256
 #: gpu_summary's keys that are part of a host's identity (baseline contexts' "hardware").
 GPU_IDENTITY_FIELDS = ("gpu_name", "gpu_count", "driver", "cuda", "gpu_memory_mib", "gpu_compute_capability",
                        "gpu_power_limit_w", "gpu_interconnect")
+
+#: A value the GPUs of a host may share: a memory size or power limit (MiB, W), a compute capability.
+_Shared = TypeVar("_Shared", int, str)
 
 _GPU_FIELDS = "index,uuid,name,memory.total,memory.used,memory.free,driver_version,pci.bus_id"
 _APP_FIELDS = "gpu_uuid,pid,process_name,used_memory"
@@ -162,7 +165,7 @@ class PreflightResult:
     def ok(self) -> bool:
         return not self.problems
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return {
             "gpus": [asdict(g) for g in self.gpus],
             "devices": list(self.devices),
@@ -204,7 +207,7 @@ class MemoryReturn:
             )
         return text
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return {
             "ok": self.ok,
             "baseline_used_mib": {str(k): v for k, v in self.baseline_used_mib.items()},
@@ -325,11 +328,11 @@ def _run_smi(argv: Sequence[str]) -> str | None:
     return done.stdout if done.returncode == 0 else None
 
 
-def _text(value: Any) -> str:
+def _text(value: object) -> str:
     return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
 
 
-def _mib(value: Any) -> int:
+def _mib(value: SupportsInt) -> int:
     return int(value) // (1024 * 1024)
 
 
@@ -426,7 +429,7 @@ def _snapshot_nvml(nvml: Any = None) -> GpuSnapshot | None:
             nvml.nvmlShutdown()
 
 
-def _nvlink_active(nvml: Any, handle: Any) -> bool | None:
+def _nvlink_active(nvml: Any, handle: object) -> bool | None:
     """Whether any of the GPU's NVLink links is active; False when NVML answers for its links and none is
     (a PCIe-only GPU answers "not supported"); None when NVML cannot say."""
     links = int(getattr(nvml, "NVML_NVLINK_MAX_LINKS", 18))
@@ -517,6 +520,14 @@ def _with_commands(snap: GpuSnapshot) -> GpuSnapshot:
     return GpuSnapshot(snap.gpus, tuple(procs), snap.source)
 
 
+class SnapshotOptions(TypedDict, total=False):
+    """:func:`snapshot`'s options, which :func:`list_gpus`, :func:`gpu_processes` and :func:`no_gpu_reason` pass on."""
+
+    nvml: Any  # a pynvml-like module (pynvml is untyped; tests hand in stand-ins for the part gpu.py calls)
+    run: Runner | None
+    prefer: str
+
+
 def snapshot(*, nvml: Any = None, run: Runner | None = None, prefer: str = "nvml") -> GpuSnapshot:
     """GPUs and their processes now; an empty snapshot (source ``none``) without a GPU.
 
@@ -537,12 +548,12 @@ def snapshot(*, nvml: Any = None, run: Runner | None = None, prefer: str = "nvml
     return GpuSnapshot((), (), "none")
 
 
-def list_gpus(**kwargs: Any) -> list[GpuInfo]:
+def list_gpus(**kwargs: Unpack[SnapshotOptions]) -> list[GpuInfo]:
     """Every GPU the driver sees (not only the visible ones); ``[]`` without a GPU."""
     return list(snapshot(**kwargs).gpus)
 
 
-def gpu_processes(**kwargs: Any) -> list[GpuProcess]:
+def gpu_processes(**kwargs: Unpack[SnapshotOptions]) -> list[GpuProcess]:
     """Processes holding GPU memory now; ``[]`` without a GPU."""
     return list(snapshot(**kwargs).processes)
 
@@ -572,7 +583,7 @@ def visible_gpus(gpus: Sequence[GpuInfo], env: Mapping[str, str] | None = None) 
     return out
 
 
-def no_gpu_reason(env: Mapping[str, str] | None = None, **kwargs: Any) -> str | None:
+def no_gpu_reason(env: Mapping[str, str] | None = None, **kwargs: Unpack[SnapshotOptions]) -> str | None:
     """None when this process may use a GPU, else why not (the reason ``gpu`` tests are skipped).
 
     An empty or ``-1`` ``CUDA_VISIBLE_DEVICES`` answers without asking the driver.
@@ -589,7 +600,7 @@ def no_gpu_reason(env: Mapping[str, str] | None = None, **kwargs: Any) -> str | 
     return None
 
 
-def _one(values: Iterable[Any]) -> Any:
+def _one(values: Iterable[_Shared | None]) -> _Shared | list[_Shared | None] | None:
     """The value all GPUs share, else their distinct values sorted, None last (a mixed host says so)."""
     distinct = set(values)
     if len(distinct) == 1:
@@ -700,37 +711,54 @@ def preflight_gpus(
     visible = visible_gpus(gpus, env)
     want = max(1, spec.tp)
     if len(visible) < want:
-        cvd = env.get("CUDA_VISIBLE_DEVICES")
-        result.problems.append(
-            f"server {spec.id} needs {want} GPU(s) (tp = {spec.tp} in {spec.source}) but only {len(visible)} "
-            f"visible ({len(gpus)} on the machine"
-            + (f", CUDA_VISIBLE_DEVICES={cvd!r}" if cvd is not None else "")
-            + ")"
-        )
+        result.problems.append(_too_few_gpus(spec, want, visible, gpus, env.get("CUDA_VISIBLE_DEVICES")))
     used = visible[:want]
     result.devices = [g.index for g in used]
     ignored = set(ignore_pids)
-    for gpu in used:
-        # This run's own servers (an A/B keeps two up) are not what makes a GPU unclean: their memory is counted
-        # as free for the check, the rest must be.
-        ours = sum(p.used_memory_mib or 0 for p in snap.processes if p.pid in ignored
-                   and (p.gpu_index == gpu.index or (p.gpu_index is None and p.gpu_uuid == gpu.uuid)))
-        need_mib = max(min_free_mib or 0, int(gpu.memory_total_mib * min_free_fraction))
-        if gpu.memory_free_mib + ours < need_mib:
-            result.problems.append(
-                f"{gpu.describe()}: less than the {need_mib} MiB free needed to boot {spec.id} on a clean GPU"
-                + (f" ({ours} MiB held by this run's other servers counted as free)" if ours else "")
-            )
-    holders = [
-        p
-        for p in snap.processes
-        if p.pid not in ignored
-        and (p.gpu_index in result.devices or (p.gpu_index is None and p.gpu_uuid in {g.uuid for g in used}))
-    ]
-    result.processes = holders
-    for p in holders:
-        result.problems.append(f"stale GPU process: {p.describe()}; {_clear_hint(p)}")
+    need = _need_free_mib(min_free_fraction, min_free_mib)
+    result.problems += [problem for gpu in used
+                        if (problem := _too_little_free(spec, gpu, need(gpu), _held_by(snap.processes, ignored, gpu)))]
+    result.processes = _holders(snap.processes, ignored, used)
+    result.problems += [f"stale GPU process: {p.describe()}; {_clear_hint(p)}" for p in result.processes]
     return result
+
+
+def _too_few_gpus(spec: ServerSpec, want: int, visible: Sequence[GpuInfo], gpus: Sequence[GpuInfo],
+                  cvd: str | None) -> str:
+    return (f"server {spec.id} needs {want} GPU(s) (tp = {spec.tp} in {spec.source}) but only {len(visible)} "
+            f"visible ({len(gpus)} on the machine" + (f", CUDA_VISIBLE_DEVICES={cvd!r}" if cvd is not None else "")
+            + ")")
+
+
+def _on(process: GpuProcess, gpu: GpuInfo) -> bool:
+    """Whether ``process`` runs on ``gpu`` (by index, or by UUID where the driver gave no index)."""
+    return process.gpu_index == gpu.index or (process.gpu_index is None and process.gpu_uuid == gpu.uuid)
+
+
+def _held_by(processes: Iterable[GpuProcess], pids: set[int], gpu: GpuInfo) -> int:
+    """MiB that the processes ``pids`` hold on ``gpu``."""
+    return sum(p.used_memory_mib or 0 for p in processes if p.pid in pids and _on(p, gpu))
+
+
+def _need_free_mib(min_free_fraction: float, min_free_mib: int | None) -> Callable[[GpuInfo], int]:
+    return lambda gpu: max(min_free_mib or 0, int(gpu.memory_total_mib * min_free_fraction))
+
+
+def _too_little_free(spec: ServerSpec, gpu: GpuInfo, need_mib: int, ours: int) -> str | None:
+    """This run's own servers (an A/B keeps two up) are not what makes a GPU unclean: their memory is counted as
+    free for the check, the rest must be."""
+    if gpu.memory_free_mib + ours >= need_mib:
+        return None
+    return (f"{gpu.describe()}: less than the {need_mib} MiB free needed to boot {spec.id} on a clean GPU"
+            + (f" ({ours} MiB held by this run's other servers counted as free)" if ours else ""))
+
+
+def _holders(processes: Iterable[GpuProcess], ignored: set[int], used: Sequence[GpuInfo]) -> list[GpuProcess]:
+    """The processes (but ``ignored``) on the GPUs the server will use."""
+    devices = {g.index for g in used}
+    uuids = {g.uuid for g in used}
+    return [p for p in processes if p.pid not in ignored
+            and (p.gpu_index in devices or (p.gpu_index is None and p.gpu_uuid in uuids))]
 
 
 def gpu_check(spec: ServerSpec, *, ignore_pids: Iterable[int] = ()) -> PreflightResult:
@@ -774,17 +802,7 @@ def wait_memory_returned(
         if not snap.gpus:
             return MemoryReturn(True, dict(baseline_used), {}, clock() - start, tolerance_mib=tolerance_mib)
         used = {g.index: g.memory_used_mib for g in snap.gpus if g.index in wanted}
-        allowance = {i: baseline_used.get(i, 0) + tolerance_mib for i in wanted}
-        held_by_server: list[GpuProcess] = []
-        if mine is not None:
-            for p in snap.processes:
-                if p.gpu_index not in allowance:
-                    continue
-                if p.pid in mine:
-                    held_by_server.append(p)
-                elif p.pid not in before and p.used_memory_mib is not None:
-                    allowance[p.gpu_index] += p.used_memory_mib  # someone else's, started since
-        back = not held_by_server and all(used.get(i, 0) <= allowance[i] for i in wanted)
+        back = _returned(snap, used, {i: baseline_used.get(i, 0) + tolerance_mib for i in wanted}, mine, before)
         waited = clock() - start
         if back or waited >= timeout_s:
             leftover = [] if back else [p for p in snap.processes if p.gpu_index in wanted]
@@ -792,3 +810,29 @@ def wait_memory_returned(
                 back, {i: baseline_used.get(i, 0) for i in wanted}, used, waited, leftover, tolerance_mib
             )
         sleep(poll_s)
+
+
+def _returned(snap: GpuSnapshot, used: Mapping[int, int], allowance: dict[int, int], server_pids: set[int] | None,
+              before: set[int]) -> bool:
+    """Whether no process of the server is left on the checked GPUs (the keys of ``allowance``) and each GPU's
+    used memory is within its allowance."""
+    held_by_server = _held_by_server(snap.processes, allowance, server_pids, before)
+    return not held_by_server and all(used.get(i, 0) <= limit for i, limit in allowance.items())
+
+
+def _held_by_server(processes: Iterable[GpuProcess], allowance: dict[int, int], server_pids: set[int] | None,
+                    before: set[int]) -> list[GpuProcess]:
+    """The torn-down server's processes still on the checked GPUs; memory of processes started since the baseline
+    (someone else's: the other side of an A/B) is added to its GPU's ``allowance``. Without ``server_pids`` nothing
+    is known of whose memory is whose: every byte counts."""
+    if server_pids is None:
+        return []
+    held: list[GpuProcess] = []
+    for p in processes:
+        if p.gpu_index not in allowance:
+            continue
+        if p.pid in server_pids:
+            held.append(p)
+        elif p.pid not in before and p.used_memory_mib is not None:
+            allowance[p.gpu_index] += p.used_memory_mib  # someone else's, started since
+    return held

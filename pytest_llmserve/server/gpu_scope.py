@@ -8,15 +8,23 @@ gone). Under pytest-xdist the scope travels in the server's record to the worker
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import TypedDict
 
 import psutil
 
 from pytest_llmserve.server.gpu import GpuSnapshot
 
-__all__ = ["GpuScope", "server_gpu_scope"]
+__all__ = ["GpuScope", "GpuScopeRecord", "server_gpu_scope"]
+
+
+class GpuScopeRecord(TypedDict, total=False):
+    """A :class:`GpuScope` as the server's record (JSON) carries it to the workers that attach."""
+
+    devices: list[int]
+    server_pids: list[int]
+    how: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,12 +50,12 @@ class GpuScope:
         gpus = ", ".join(str(i) for i in self.devices) or "none"
         return f"GPU {gpus} (the server's); its own GPU processes: {self.how}"
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> GpuScopeRecord:
         """For the record another xdist worker attaches with (it did not see the boot)."""
         return {"devices": list(self.devices), "server_pids": sorted(self.server_pids), "how": self.how}
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> GpuScope:
+    def from_dict(cls, data: GpuScopeRecord) -> GpuScope:
         return cls(tuple(int(i) for i in data["devices"]), frozenset(int(p) for p in data["server_pids"]),
                    str(data.get("how", "")))
 

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import IO, TYPE_CHECKING, Protocol, TypedDict, runtime_checkable
 
 import httpx
 import psutil
@@ -54,11 +54,11 @@ class TimeAccount(Protocol):
     plugin hands in its :class:`pytest_llmserve.gates.accounting.Accounting` (a layer above this one, so it
     is named here by what the servers call, not imported)."""
 
-    def boot(self, key: str | None = None) -> AbstractContextManager[Any]: ...
+    def boot(self, key: str | None = None) -> AbstractContextManager[object]: ...
 
-    def teardown(self) -> AbstractContextManager[Any]: ...
+    def teardown(self) -> AbstractContextManager[object]: ...
 
-    def requests(self, kind: str = "other") -> AbstractContextManager[Any]: ...
+    def requests(self, kind: str = "other") -> AbstractContextManager[object]: ...
 
 
 @runtime_checkable
@@ -104,7 +104,7 @@ class RunningServer(Protocol):
 
     def metrics_text(self) -> str | None: ...
 
-    def server_info(self) -> dict[str, Any] | None: ...
+    def server_info(self) -> dict[str, object] | None: ...
 
     def facts(self) -> ServerFacts: ...
 
@@ -149,7 +149,7 @@ class BootRecord:
     log_path: str | None
     boot_s: float = 0.0
     stop_s: float = 0.0
-    teardown: dict[str, Any] = field(default_factory=dict)
+    teardown: dict[str, object] = field(default_factory=dict)
 
 
 class ServerHandle:
@@ -474,7 +474,7 @@ class ServerHandle:
     def metrics_text(self) -> str | None:
         return self.page("/metrics").body
 
-    def server_info(self) -> dict[str, Any] | None:
+    def server_info(self) -> dict[str, object] | None:
         """The engine's own account of its resolved settings (SGLang ``/server_info``, llama.cpp ``/props``),
         asked of the configured engine's adapter (an attached server is reached as ``external``)."""
         adapter = engine_of(self)
@@ -502,10 +502,10 @@ def _live_server_pids() -> list[int]:
         return pids
     for path in reg.glob("*.json"):
         try:
-            entry = json.loads(path.read_text())
+            entry: RunningRecord = json.loads(path.read_text())
         except (OSError, json.JSONDecodeError):
             continue
-        pid = int(entry.get("pid", 0))
+        pid = _recorded_pid(entry)
         if pid and procs.pid_alive(pid):
             pids.extend(p.pid for p in procs.tree_of(pid))
     # Processes of live runs' servers that left their tree (engine workers re-parented to init).
@@ -515,6 +515,28 @@ def _live_server_pids() -> list[int]:
 
 def registry_dir() -> Path:
     return cache_dir() / "running"
+
+
+class RunningRecord(TypedDict, total=False):
+    """A launched server's record in the registry (:func:`register_running`, one JSON file per server), or what a
+    dead run left that no record names (its marker and owner only); :func:`stale_servers` adds what is left of it.
+    Read back from disk, any key may be missing."""
+
+    pid: int | None  # the API process (None: known by its marker only)
+    create_time: float | None  # its start time: a reused pid is not the same process
+    port: int
+    server: str  # the configuration's id
+    owner_pid: int  # the pytest that launched it, and its start time
+    owner_create_time: float | None
+    run_pid: int  # the run it belongs to (the xdist controller for a worker's boot), and its start time
+    run_create_time: float | None
+    log: str
+    started: float
+    marker: str  # the run marker its processes carry (isolation.RUN_MARKER_ENV)
+    owner: str | None  # the marker's owner (isolation.RUN_OWNER_ENV)
+    api_alive: bool  # added by stale_servers: the API process still runs
+    orphans: list[int]  # added by stale_servers: its other processes left
+    orphan_descriptions: list[str]
 
 
 def register_running(handle: ServerHandle) -> None:
@@ -527,7 +549,7 @@ def register_running(handle: ServerHandle) -> None:
     reg.mkdir(parents=True, exist_ok=True)
     assert handle.pid is not None
     me = os.getpid()
-    entry = {"pid": handle.pid, "create_time": procs.create_time(handle.pid), "port": handle.port,
+    entry: RunningRecord = {"pid": handle.pid, "create_time": procs.create_time(handle.pid), "port": handle.port,
              "server": handle.spec.id, "owner_pid": me, "owner_create_time": procs.create_time(me),
              "run_pid": handle.run_pid, "run_create_time": procs.create_time(handle.run_pid),
              "log": str(handle.log_path), "started": time.time(), "marker": handle.marker,
@@ -543,18 +565,27 @@ def unregister_running(handle: ServerHandle) -> None:
             (registry_dir() / f"{handle.pid}.json").unlink()
 
 
-def _entry_owner_alive(entry: dict[str, Any]) -> bool:
+def _recorded_pid(entry: RunningRecord) -> int:
+    """A record's API pid (0 when it names none); a null pid raises as any malformed record does."""
+    pid = entry.get("pid", 0)
+    if pid is None:
+        raise TypeError("a registry record with a null pid")
+    return int(pid)
+
+
+def _entry_owner_alive(entry: RunningRecord) -> bool:
     """True while the pytest that launched the server, or the run it belongs to, is still running."""
-    for pid_key, created_key in (("owner_pid", "owner_create_time"), ("run_pid", "run_create_time")):
-        pid = int(entry.get(pid_key) or 0)
-        if pid and procs.pid_alive(pid, entry.get(created_key)):
+    for given, created in ((entry.get("owner_pid"), entry.get("owner_create_time")),
+                           (entry.get("run_pid"), entry.get("run_create_time"))):
+        pid = int(given or 0)
+        if pid and procs.pid_alive(pid, created):
             return True
     if "owner_pid" not in entry and "run_pid" not in entry:
         return isolation.owner_alive(entry.get("owner"))  # an orphan known by its marker only
     return False
 
 
-def _leftovers(entry: dict[str, Any], marked: list[isolation.MarkedProcess]) -> dict[int, str]:
+def _leftovers(entry: RunningRecord, marked: list[isolation.MarkedProcess]) -> dict[int, str]:
     """pid -> description of what is left of a recorded server besides its API process: processes with
     its marker, and, once the API process is gone, the members of the process group it led (its engine
     processes keep that group id, whatever titles they give themselves)."""
@@ -568,7 +599,7 @@ def _leftovers(entry: dict[str, Any], marked: list[isolation.MarkedProcess]) -> 
     return left
 
 
-def stale_servers() -> list[dict[str, Any]]:
+def stale_servers() -> list[RunningRecord]:
     """Servers launched by an earlier run whose owner is gone but which are still running.
 
     A server is running while its API process runs or any of its processes does (vLLM's EngineCore and
@@ -577,15 +608,15 @@ def stale_servers() -> list[dict[str, Any]]:
     under ``"orphans"``. Marked processes of a dead run that no record names are stale too (one entry
     per server marker). A server whose owning pytest still runs (a concurrent run) is never stale.
     """
-    out: list[dict[str, Any]] = []
+    out: list[RunningRecord] = []
     by_marker: dict[str, list[isolation.MarkedProcess]] = {}
     reg = registry_dir()
     for proc in isolation.marked_processes(registry=reg):
         by_marker.setdefault(proc.marker, []).append(proc)
     for path in sorted(reg.glob("*.json")) if reg.is_dir() else []:
         try:
-            entry = json.loads(path.read_text())
-            pid = int(entry.get("pid", 0))
+            entry: RunningRecord = json.loads(path.read_text())
+            pid = _recorded_pid(entry)
         except (OSError, ValueError, TypeError, AttributeError):
             continue
         marked = by_marker.pop(entry["marker"], []) if isinstance(entry.get("marker"), str) else []
@@ -595,7 +626,9 @@ def stale_servers() -> list[dict[str, Any]]:
             with contextlib.suppress(OSError):
                 path.unlink()  # the server is gone (or its pid now names another process): history
             continue
-        entry.update(api_alive=api_alive, orphans=sorted(left), orphan_descriptions=[left[p] for p in sorted(left)])
+        entry["api_alive"] = api_alive
+        entry["orphans"] = sorted(left)
+        entry["orphan_descriptions"] = [left[p] for p in sorted(left)]
         if not _entry_owner_alive(entry):
             out.append(entry)
     for marker, unrecorded in sorted(by_marker.items()):
@@ -609,7 +642,7 @@ def stale_servers() -> list[dict[str, Any]]:
     return out
 
 
-def describe_stale(entry: dict[str, Any]) -> str:
+def describe_stale(entry: RunningRecord) -> str:
     owner = entry.get("owner_pid") or str(entry.get("owner") or "?").partition(":")[0]
     gone = f"its pytest, pid {owner}, is gone"
     if entry.get("api_alive", True):

@@ -13,7 +13,7 @@ import platform
 from collections.abc import Mapping
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any
+from typing import Any, TypedDict
 
 from pytest_llmserve.server import gpu
 
@@ -34,7 +34,19 @@ MEMINFO = Path("/proc/meminfo")
 NODES = Path("/sys/devices/system/node")
 
 
-def parse_cpuinfo(text: str) -> dict[str, Any]:
+class CpuIdentity(TypedDict):
+    """The CPU part of a host's identity (:func:`parse_cpuinfo`); None where ``/proc/cpuinfo`` does not say."""
+
+    cpu_model: str | None
+    cpu_vendor: str | None
+    cpu_family: str | None
+    cpu_model_id: str | None
+    cpu_stepping: str | None
+    cpu_flags: list[str]  # the DISPATCH_FLAGS it has, sorted
+    cpu_cores: int | None  # physical cores
+
+
+def parse_cpuinfo(text: str) -> CpuIdentity:
     """The CPU's identity from a ``/proc/cpuinfo`` text: name, vendor, family, model and stepping (of the
     first processor; aarch64 spells them ``CPU implementer``/``CPU architecture``/``CPU part``/``CPU variant``),
     the :data:`DISPATCH_FLAGS` it has (sorted) and its physical cores (distinct ``physical id``/``core id``

@@ -23,7 +23,7 @@ import socket
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 from pytest_llmserve.config import ServerSpec
 
@@ -65,12 +65,12 @@ def this_host() -> str:
     return socket.gethostname()
 
 
-def gateway_is_remote(spec: Any) -> bool:
+def gateway_is_remote(spec: object) -> bool:
     """Whether an execnet ``XSpec`` reaches another host (ssh, socket, vagrant) rather than a local popen."""
     return bool(getattr(spec, "ssh", None) or getattr(spec, "socket", None) or getattr(spec, "vagrant_ssh", None))
 
 
-def gateway_label(spec: Any) -> str:
+def gateway_label(spec: object) -> str:
     """The host a gateway reaches, as the user wrote it: ``root@gpu-3`` for ``ssh=root@gpu-3 -p 2222``,
     the ``Host`` alias for an ``ssh_config`` entry, ``ADDR:PORT`` for a socket; ``localhost`` for popen."""
     ssh = getattr(spec, "ssh", None) or getattr(spec, "vagrant_ssh", None)
@@ -112,6 +112,26 @@ def host_run_dir(controller_run_dir: str, results_dir: Path, *, remote: bool, la
 
 # ---------------------------------------------------------------------- what a host reports home
 
+class BootEntry(TypedDict, total=False):
+    """One boot (or attachment) as ``boots.jsonl`` of a run directory records it (:mod:`pytest_llmserve.server.pool`)
+    and a host reports it home; a launch as ``launches.jsonl`` records it, the moment its process starts (server, key,
+    pid, worker_pid, create_time, log). Read back from disk, any key may be missing."""
+
+    server: str  # the configuration's id
+    key: str  # the server's key in the pool
+    pid: int | None  # the launched process (None: attached)
+    create_time: float | None  # a launch's: its start time (a reused pid is not the same process)
+    worker_pid: int  # the pytest process that booted it
+    started: float  # time.time() at the start
+    boot_s: float
+    ok: bool
+    error: str | None  # the first line of why it failed
+    launched: bool  # False: attached to a server launched elsewhere
+    url: str | None
+    log: str | None
+    hostname: str
+
+
 @dataclass
 class HostReport:
     """What one worker sends home in ``workeroutput``: its host name and the boots it made."""
@@ -119,10 +139,10 @@ class HostReport:
     gateway: str  # the gateway's id, e.g. gw1
     label: str  # the host as the user named it in --tx
     hostname: str | None = None  # socket.gethostname() on that host; None when the worker never reported
-    boots: list[dict[str, Any]] = field(default_factory=list)
+    boots: list[BootEntry] = field(default_factory=list)
     down: str | None = None  # why the worker went down, when it did
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return {"gateway": self.gateway, "label": self.label, "hostname": self.hostname, "boots": self.boots,
                 "down": self.down}
 
@@ -139,7 +159,7 @@ class ConfigRow:
     verdicts: dict[str, int] = field(default_factory=dict)
     down: str | None = None
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return {"server": self.server, "host": self.host, "hostname": self.hostname, "boots": self.boots,
                 "failed_boots": self.failed_boots, "verdicts": dict(sorted(self.verdicts.items())), "down": self.down}
 

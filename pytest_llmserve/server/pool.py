@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, TypedDict
 
 from filelock import FileLock
 
@@ -34,7 +34,7 @@ from pytest_llmserve.config import ServerSpec
 from pytest_llmserve.errors import ServerDiedError, ServerError
 from pytest_llmserve.json_encoding import dumps
 from pytest_llmserve.server import hosts, isolation, procs
-from pytest_llmserve.server.gpu_scope import GpuScope
+from pytest_llmserve.server.gpu_scope import GpuScope, GpuScopeRecord
 from pytest_llmserve.server.handle import ServerHandle, TimeAccount, engine_of, registry_dir
 
 if TYPE_CHECKING:
@@ -55,6 +55,21 @@ def url_key(url: str) -> str:
     digest = hashlib.sha256(base.encode()).hexdigest()[:10]
     safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in base.split("://", 1)[-1])[:60]
     return f"attached-{safe}-{digest}"
+
+
+class SharedServer(TypedDict, total=False):
+    """A server one xdist worker booted, as its record (``servers/<key>.json`` of the run directory) tells the
+    others that attach to it; or why its boot failed (``error``)."""
+
+    url: str
+    model: str  # the name requests use
+    pid: int | None
+    port: int
+    create_time: float | None
+    log: str | None
+    owner_pid: int  # the worker that booted it
+    gpu_scope: GpuScopeRecord | None  # its GPUs and GPU pids, found at its boot
+    error: str
 
 
 class ServerPool:
@@ -156,7 +171,7 @@ class ServerPool:
                                     else contextlib.nullcontext())
 
     def _start_recorded(self, spec: ServerSpec, handle: ServerHandle, key: str,
-                        timed_as: contextlib.AbstractContextManager[Any]) -> ServerHandle:
+                        timed_as: contextlib.AbstractContextManager[object]) -> ServerHandle:
         """Start ``handle`` (a launch, or an attachment's readiness check), timed as ``timed_as`` says, and
         record the outcome in boots.jsonl, a failure also in ``failed``."""
         started = time.time()
@@ -218,36 +233,39 @@ class ServerPool:
                 "gpu_scope": handle.gpu_scope.to_dict() if handle.gpu_scope is not None else None}))
             return handle
 
-    def _attach(self, spec: ServerSpec, info: dict[str, Any]) -> ServerHandle:
+    def _attach(self, spec: ServerSpec, info: SharedServer) -> ServerHandle:
         """Attach to a server booted by another worker: same spec, but nothing launched or killed here."""
         ext = replace(spec, engine="external", url=info["url"], served_model_name=info["model"])
-        handle = AttachedHandle(ext, original=spec, pid=info.get("pid"),
-                                log_path=Path(info["log"]) if info.get("log") else None,
+        log = info.get("log")
+        handle = AttachedHandle(ext, original=spec, pid=info.get("pid"), log_path=Path(log) if log else None,
                                 created=info.get("create_time"))
         handle.accounting = self.accounting  # this worker's requests are this run's request time too
         handle.request_lock = self.request_lock(spec_key(spec))
         handle.start()  # readiness only
-        if info.get("gpu_scope"):
-            handle.gpu_scope = GpuScope.from_dict(info["gpu_scope"])
+        scope = info.get("gpu_scope")
+        if scope:
+            handle.gpu_scope = GpuScope.from_dict(scope)
         return handle
 
     def _record_launch(self, handle: ServerHandle) -> None:
         """Written the moment a process starts, before readiness: if this worker dies mid-boot, the
         controller still finds (and stops) the server."""
-        entry = {"server": handle.spec.id, "key": handle.server_key, "pid": handle.pid, "worker_pid": os.getpid(),
-                 "create_time": procs.create_time(handle.pid) if handle.pid else None,
-                 "log": str(handle.log_path) if handle.log_path else None}
+        entry: hosts.BootEntry = {
+            "server": handle.spec.id, "key": handle.server_key, "pid": handle.pid, "worker_pid": os.getpid(),
+            "create_time": procs.create_time(handle.pid) if handle.pid else None,
+            "log": str(handle.log_path) if handle.log_path else None}
         path = self.run_dir / "launches.jsonl"
         with FileLock(str(path) + ".lock"), open(path, "a") as fh:
             fh.write(dumps(entry) + "\n")
 
     def _record_boot(self, spec: ServerSpec, handle: ServerHandle, started: float, *, ok: bool,
                      error: str | None = None) -> None:
-        entry = {"server": spec.id, "key": spec_key(spec), "pid": handle.pid, "worker_pid": os.getpid(),
-                 "started": started, "boot_s": round(handle.boot.boot_s, 2), "ok": ok, "error": error,
-                 "launched": handle.adapter.launches,
-                 "url": handle.plan.base_url if handle.plan else spec.url,
-                 "log": str(handle.log_path) if handle.log_path else None, "hostname": hosts.this_host()}
+        entry: hosts.BootEntry = {
+            "server": spec.id, "key": spec_key(spec), "pid": handle.pid, "worker_pid": os.getpid(),
+            "started": started, "boot_s": round(handle.boot.boot_s, 2), "ok": ok, "error": error,
+            "launched": handle.adapter.launches,
+            "url": handle.plan.base_url if handle.plan else spec.url,
+            "log": str(handle.log_path) if handle.log_path else None, "hostname": hosts.this_host()}
         with FileLock(str(self.run_dir / "boots.jsonl.lock")), open(self.run_dir / "boots.jsonl", "a") as fh:
             fh.write(dumps(entry) + "\n")
 
@@ -333,17 +351,17 @@ class AttachedHandle(ServerHandle):
         return None
 
 
-def _read_jsonl(path: Path) -> list[dict[str, Any]]:
+def _read_jsonl(path: Path) -> list[hosts.BootEntry]:
     if not path.is_file():
         return []
-    out = []
+    out: list[hosts.BootEntry] = []
     for line in path.read_text().splitlines():
         with contextlib.suppress(json.JSONDecodeError):
             out.append(json.loads(line))
     return out
 
 
-def read_boots(run_dir: Path) -> list[dict[str, Any]]:
+def read_boots(run_dir: Path) -> list[hosts.BootEntry]:
     return _read_jsonl(run_dir / "boots.jsonl")
 
 

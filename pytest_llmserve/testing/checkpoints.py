@@ -116,7 +116,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, TypeVar
 
 from filelock import FileLock
 
@@ -141,6 +141,10 @@ _LAYER_RE = re.compile(r"^(?P<prefix>.*?\blayers\.)(?P<index>\d+)(?P<rest>\..+)$
 # Tensors planted with NaN in the chosen layer, in order of preference (Llama/Qwen/Mistral naming).
 _NAN_TARGETS = ("input_layernorm.weight", "mlp.down_proj.weight")
 _COPY_CHUNK = 16 * 1024 * 1024
+#: What a derivation records in the checkpoint's marker (JSON): the fault's details, the source's identity.
+Details = dict[str, object]
+#: The elements of an ``array`` of weights: bf16/f16 bit patterns or f32/f64 values.
+_Number = TypeVar("_Number", int, float)
 
 # The recipes of the fault kinds, named by token text and looked up in the model's tokenizer.json, so a
 # recipe means the same words on any checkpoint that shares the tokenizer. Chosen on SmolLM2-135M-Instruct
@@ -182,7 +186,7 @@ def read_header(path: str | os.PathLike[str]) -> tuple[dict[str, Any], int]:
     return header, 8 + size
 
 
-def encode_header(header: Mapping[str, Any]) -> bytes:
+def encode_header(header: Mapping[str, object]) -> bytes:
     """The 8-byte length and the JSON header, padded with spaces to a multiple of 8 like safetensors."""
     body = json.dumps(header, separators=(",", ":")).encode()
     body += b" " * (-(8 + len(body)) % 8)
@@ -192,7 +196,7 @@ def encode_header(header: Mapping[str, Any]) -> bytes:
 def write_safetensors(path: str | os.PathLike[str], tensors: Mapping[str, tuple[str, Sequence[int], bytes]],
                       metadata: Mapping[str, str] | None = None) -> None:
     """Write ``name -> (dtype, shape, raw little-endian bytes)`` as a safetensors file (tiny models)."""
-    header: dict[str, Any] = {}
+    header: dict[str, object] = {}
     if metadata:
         header["__metadata__"] = dict(metadata)
     offset = 0
@@ -297,7 +301,7 @@ def scrambled_name(name: str, layers: Sequence[int]) -> str:
     return f"{m.group('prefix')}{layers[len(layers) - 1 - position]}{m.group('rest')}"
 
 
-def _derive_nan(src: Path, dst: Path, files: Sequence[Path], layer: int | None) -> dict[str, Any]:
+def _derive_nan(src: Path, dst: Path, files: Sequence[Path], layer: int | None) -> Details:
     targets = set(nan_targets(_all_tensor_names(files), layer))
     planted: list[str] = []
     for path in files:
@@ -323,7 +327,7 @@ def _derive_nan(src: Path, dst: Path, files: Sequence[Path], layer: int | None) 
     return {"nan_tensors": sorted(planted)}
 
 
-def _derive_scrambled(src: Path, dst: Path, files: Sequence[Path]) -> dict[str, Any]:
+def _derive_scrambled(src: Path, dst: Path, files: Sequence[Path]) -> Details:
     names = _all_tensor_names(files)
     layers = layer_indices(names)
     if len(layers) < 2:
@@ -331,7 +335,7 @@ def _derive_scrambled(src: Path, dst: Path, files: Sequence[Path]) -> dict[str, 
     renamed: dict[str, str] = {}
     for path in files:
         header, data_start = read_header(path)
-        new_header: dict[str, Any] = {}
+        new_header: dict[str, object] = {}
         for name, info in header.items():
             new_name = name if name == "__metadata__" else scrambled_name(name, layers)
             if new_name != name:
@@ -569,7 +573,7 @@ def scale_values(dtype: str, data: bytes, factor: float) -> bytes:
     raise CheckpointError(f"cannot scale {dtype} values (BF16, F16, F32 and F64 only)")
 
 
-def _little_endian(values: array[Any], data: bytes = b"") -> array[Any]:
+def _little_endian(values: array[_Number], data: bytes = b"") -> array[_Number]:
     """Load ``data`` into ``values`` (if given) and swap bytes on a big-endian host: safetensors is little-endian."""
     if data:
         values.frombytes(data)
@@ -588,7 +592,7 @@ def _copy_weights(dst: Path, files: Sequence[Path]) -> _WeightFiles:
     return _WeightFiles(dst, files)
 
 
-def _derive_nan_late(src: Path, dst: Path, files: Sequence[Path], layer: int | None) -> dict[str, Any]:
+def _derive_nan_late(src: Path, dst: Path, files: Sequence[Path], layer: int | None) -> Details:
     tokens = token_ids(src, NAN_LATE_TOKENS)
     weights = _copy_weights(dst, files)
     # Untie first: the output head keeps the healthy rows, so greedy decoding can still choose these tokens;
@@ -603,7 +607,7 @@ def _derive_nan_late(src: Path, dst: Path, files: Sequence[Path], layer: int | N
     return {"nan_rows": {"tensor": embedding, "tokens": tokens}, "untied": untied}
 
 
-def _derive_wrong_eos(src: Path, dst: Path, files: Sequence[Path], layer: int | None) -> dict[str, Any]:
+def _derive_wrong_eos(src: Path, dst: Path, files: Sequence[Path], layer: int | None) -> Details:
     tokens = token_ids(src, WRONG_EOS_TOKENS)
     _copy_weights(dst, files)  # the weights stay byte-identical: only the stop list is wrong
     path = dst / "generation_config.json"
@@ -620,7 +624,7 @@ def _derive_wrong_eos(src: Path, dst: Path, files: Sequence[Path], layer: int | 
     return {"eos_token_id": generation["eos_token_id"], "ordinary_stop_tokens": tokens}
 
 
-def _derive_lm_head_flip(src: Path, dst: Path, files: Sequence[Path], layer: int | None) -> dict[str, Any]:
+def _derive_lm_head_flip(src: Path, dst: Path, files: Sequence[Path], layer: int | None) -> Details:
     tokens = token_ids(src, LM_HEAD_FLIP_TOKENS)
     weights = _copy_weights(dst, files)
     untied = _untie(weights, dst / "config.json")
@@ -630,7 +634,7 @@ def _derive_lm_head_flip(src: Path, dst: Path, files: Sequence[Path], layer: int
     return {"scaled_rows": {"tensor": LM_HEAD, "tokens": tokens, "factor": LM_HEAD_FLIP_FACTOR}, "untied": untied}
 
 
-def _derive_answer_swap(src: Path, dst: Path, files: Sequence[Path], layer: int | None) -> dict[str, Any]:
+def _derive_answer_swap(src: Path, dst: Path, files: Sequence[Path], layer: int | None) -> Details:
     tokens = token_ids(src, ANSWER_SWAP_TOKENS)
     first, second = (tokens[t] for t in ANSWER_SWAP_TOKENS)
     weights = _copy_weights(dst, files)
@@ -644,7 +648,7 @@ def _derive_answer_swap(src: Path, dst: Path, files: Sequence[Path], layer: int 
     return {"swapped_rows": {"tensors": swapped, "tokens": tokens}}
 
 
-def _derive_attn_drift(src: Path, dst: Path, files: Sequence[Path], layer: int | None) -> dict[str, Any]:
+def _derive_attn_drift(src: Path, dst: Path, files: Sequence[Path], layer: int | None) -> Details:
     weights = _copy_weights(dst, files)
     layers = layer_indices(list(weights.tensors))
     if layer is not None and layer not in layers:
@@ -659,7 +663,7 @@ def _derive_attn_drift(src: Path, dst: Path, files: Sequence[Path], layer: int |
     return {"scaled_tensors": targets, "factor": ATTN_DRIFT_FACTOR}
 
 
-_FAULT_RECIPES: dict[str, Callable[[Path, Path, Sequence[Path], int | None], dict[str, Any]]] = {
+_FAULT_RECIPES: dict[str, Callable[[Path, Path, Sequence[Path], int | None], Details]] = {
     "nan-late": _derive_nan_late,
     "wrong-eos": _derive_wrong_eos,
     "lm-head-flip": _derive_lm_head_flip,
@@ -683,8 +687,8 @@ def derive_checkpoint(src_dir: str | os.PathLike[str], dst_dir: str | os.PathLik
     if dst == src or src in dst.parents:
         raise CheckpointError(f"{dst}: destination must be outside the source {src}")
     files = weight_files(src)
-    want = {"kind": kind, "source": str(src), "source_sha256": source_hash(src), "layer": layer,
-            "version": DERIVATION_VERSION}
+    want: Details = {"kind": kind, "source": str(src), "source_sha256": source_hash(src), "layer": layer,
+                     "version": DERIVATION_VERSION}
     # Two runs may derive the same checkpoint at once (xdist workers, parallel sessions sharing the cache):
     # the second one waits, then finds it made (seen: "Directory not empty" when both renamed into place).
     dst.parent.mkdir(parents=True, exist_ok=True)
@@ -693,7 +697,7 @@ def derive_checkpoint(src_dir: str | os.PathLike[str], dst_dir: str | os.PathLik
 
 
 def _derive_locked(src: Path, dst: Path, files: list[Path], kind: str, layer: int | None,
-                   want: dict[str, Any]) -> Path:
+                   want: Details) -> Path:
     marker = dst / MARKER
     if dst.exists():
         if not marker.is_file():
@@ -717,7 +721,7 @@ def _derive_locked(src: Path, dst: Path, files: list[Path], kind: str, layer: in
             # Config, tokenizer and chat template are copied unchanged; dot-files (markers) are not.
             if path.is_file() and not path.name.endswith(".safetensors") and not path.name.startswith("."):
                 shutil.copyfile(path, tmp / path.name)
-        details: dict[str, Any]
+        details: Details
         if kind == "nan":
             details = _derive_nan(src, tmp, files, layer)
         elif kind == "scrambled":

@@ -120,10 +120,10 @@ import shutil
 import struct
 import sys
 import tempfile
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import numpy as np
 
@@ -181,8 +181,54 @@ class DsaCheckpointError(LLMServeError):
 # config and tensor layout
 # --------------------------------------------------------------------------------------------------
 
+class DsaConfig(TypedDict):
+    """The tiny checkpoint's config.json (:func:`make_config`): DeepSeek-V3.2's keys, shrunk sizes."""
+
+    architectures: list[str]
+    model_type: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    first_k_dense_replace: int
+    moe_layer_freq: int
+    n_routed_experts: int
+    n_shared_experts: int
+    num_experts_per_tok: int
+    moe_intermediate_size: int
+    n_group: int
+    topk_group: int
+    routed_scaling_factor: float
+    scoring_func: str
+    topk_method: str
+    norm_topk_prob: bool
+    num_attention_heads: int
+    num_key_value_heads: int
+    q_lora_rank: int
+    kv_lora_rank: int
+    qk_rope_head_dim: int
+    qk_nope_head_dim: int
+    v_head_dim: int
+    index_topk: int
+    index_head_dim: int
+    index_n_heads: int
+    max_position_embeddings: int
+    rope_theta: float
+    rms_norm_eps: float
+    hidden_act: str
+    attention_bias: bool
+    attention_dropout: float
+    tie_word_embeddings: bool
+    num_nextn_predict_layers: int
+    initializer_range: float
+    bos_token_id: int
+    eos_token_id: int
+    use_cache: bool
+    torch_dtype: str
+
+
 def make_config(layers: int, bos: int, eos: int, *, arch: str = DEFAULT_ARCH,
-                index_n_heads: int = INDEX_N_HEADS) -> dict[str, Any]:
+                index_n_heads: int = INDEX_N_HEADS) -> DsaConfig:
     """DeepSeek-V3.2's layout, shrunk. The module docstring gives the constraint behind each size."""
     return {
         "architectures": [ARCHITECTURES[arch]],  # DSA = this architecture + index_topk set
@@ -236,7 +282,7 @@ def make_config(layers: int, bos: int, eos: int, *, arch: str = DEFAULT_ARCH,
     }
 
 
-def tensor_specs(cfg: dict[str, Any]) -> list[tuple[str, tuple[int, ...], str]]:
+def tensor_specs(cfg: DsaConfig) -> list[tuple[str, tuple[int, ...], str]]:
     """``(name, shape, kind)`` in HF DeepSeek-V3.2 naming, sorted by name (generation and file order).
 
     kind: ``w`` random, ``one`` all 1.0, ``zero`` all 0.0.
@@ -335,7 +381,7 @@ def bf16_bits(value: float) -> int:
 
 def encode_header(entries: Sequence[tuple[str, tuple[int, ...]]]) -> bytes:
     """8-byte length + JSON header of BF16 tensors stored back to back in ``entries`` order."""
-    header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
+    header: dict[str, object] = {"__metadata__": {"format": "pt"}}
     offset = 0
     for name, shape in entries:
         nbytes = int(np.prod(shape)) * 2
@@ -425,13 +471,13 @@ def _validate(variant: str, seed: int, layers: int, arch: str) -> None:
         raise DsaCheckpointError(f"seed = {seed!r}: must be a non-negative integer")
 
 
-def _identity(variant: str, seed: int, layers: int, arch: str) -> dict[str, Any]:
+def _identity(variant: str, seed: int, layers: int, arch: str) -> dict[str, object]:
     """The marker keys that decide whether an existing build is this one."""
     return {"builder": BUILDER, "architecture": ARCHITECTURES[arch], "variant": variant, "seed": seed,
             "layers": layers, "format_version": FORMAT_VERSION}
 
 
-def _variant_edit(variant: str, cfg: dict[str, Any]) -> tuple[Callable[[str, np.ndarray], None], dict[str, Any]]:
+def _variant_edit(variant: str, cfg: DsaConfig) -> tuple[Callable[[str, np.ndarray], None], dict[str, object]]:
     """An in-place edit applied to each tensor (flat uint16 bf16 bits) before it is written, and what it
     records in the marker."""
     kv_lora = cfg["kv_lora_rank"]
@@ -447,7 +493,7 @@ def _variant_edit(variant: str, cfg: dict[str, Any]) -> tuple[Callable[[str, np.
         elif variant == "fp8-kv-outlier" and name.endswith(".self_attn.kv_b_proj.weight"):
             bits.reshape(-1, kv_lora)[:, list(channels)] = 0
 
-    details: dict[str, Any] = {}
+    details: dict[str, object] = {}
     if variant == "nan-late":
         details = {"nan_tensor": "model.embed_tokens.weight", "nan_token_id": NAN_TOKEN_ID,
                    "nan_token": NAN_TOKEN.replace("Ġ", " ")}
@@ -461,7 +507,7 @@ def _variant_edit(variant: str, cfg: dict[str, Any]) -> tuple[Callable[[str, np.
     return edit, details
 
 
-def _write_model(path: Path, cfg: dict[str, Any], variant: str, seed: int,
+def _write_model(path: Path, cfg: DsaConfig, variant: str, seed: int,
                  edit: Callable[[str, np.ndarray], None]) -> tuple[int, int, str]:
     """Generate and write model.safetensors tensor by tensor; (tensors, params, sha256)."""
     specs = tensor_specs(cfg)
@@ -543,7 +589,7 @@ def build(out: str | os.PathLike[str], *, variant: str = "healthy", seed: int = 
         raise DsaCheckpointError(f"{dst}: cannot write the checkpoint ({exc.strerror or exc})") from None
 
 
-def _is_built(dst: Path, want: dict[str, Any]) -> dict[str, Any] | None:
+def _is_built(dst: Path, want: Mapping[str, object]) -> dict[str, Any] | None:
     have = read_marker(dst)
     if have is None or any(have.get(k) != v for k, v in want.items()):
         return None
@@ -552,7 +598,7 @@ def _is_built(dst: Path, want: dict[str, Any]) -> dict[str, Any] | None:
     return have
 
 
-def _build_locked(dst: Path, want: dict[str, Any], variant: str, seed: int, layers: int, arch: str,
+def _build_locked(dst: Path, want: Mapping[str, object], variant: str, seed: int, layers: int, arch: str,
                   tokenizer_dir: str | os.PathLike[str] | None) -> BuildInfo:
     have = _is_built(dst, want)
     if have is not None:

@@ -29,13 +29,16 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pytest_llmserve.errors import RequestError
 from pytest_llmserve.evidence.client import LLMClient, StreamedCompletion
 from pytest_llmserve.evidence.completion import Completion, TokenLogprob
 from pytest_llmserve.verdicts.findings import Finding, OracleReport, TokenAt
 from pytest_llmserve.verdicts.oracles import response_findings
+
+if TYPE_CHECKING:
+    from hypothesis.strategies import SearchStrategy
 
 ORACLE = "property"
 
@@ -74,14 +77,14 @@ class ApiExample:
 
     def send(self, client: LLMClient) -> Completion:
         """The non-streamed request (raises :class:`RequestError` on a transport failure)."""
-        extra: dict[str, Any] = {} if self.top_p == 1.0 else {"top_p": self.top_p}
+        extra: dict[str, Any] = {} if self.top_p == 1.0 else {"top_p": self.top_p}  # **kwargs for the body
         return client.complete(self.prompt, self.max_tokens, temperature=self.temperature,
                                logprobs=self.logprobs, seed=self.seed, stop=list(self.stop) or None, **extra)
 
     def stream(self, client: LLMClient) -> StreamedCompletion:
         """The same request, streamed with ``stream_options.include_usage``."""
-        body: dict[str, Any] = {"model": client.model, "prompt": self.prompt, "max_tokens": self.max_tokens,
-                                "temperature": self.temperature, "logprobs": self.logprobs}
+        body: dict[str, object] = {"model": client.model, "prompt": self.prompt, "max_tokens": self.max_tokens,
+                                   "temperature": self.temperature, "logprobs": self.logprobs}
         if self.seed is not None:
             body["seed"] = self.seed
         if self.stop:
@@ -91,7 +94,7 @@ class ApiExample:
         return stream_completion(client, body)
 
 
-def _short(value: Any, limit: int = 100) -> str:
+def _short(value: object, limit: int = 100) -> str:
     text = repr(value)
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
@@ -100,7 +103,7 @@ def _short(value: Any, limit: int = 100) -> str:
 # streaming
 # --------------------------------------------------------------------------------------------------
 
-def stream_completion(client: LLMClient, body: dict[str, Any],
+def stream_completion(client: LLMClient, body: dict[str, object],
                       timeout_s: float | None = None) -> StreamedCompletion:
     """POST ``body`` to /v1/completions streamed, joined into one :class:`StreamedCompletion` (the
     client's :meth:`~pytest_llmserve.evidence.client.LLMClient.stream`: counted as request time, and
@@ -306,7 +309,7 @@ WORDS = ("the", "cat", "river", "quantum", "blue", "seven", "and", "is", "of", "
 COMMON_STOPS = (".", ",", "\n", " the", "e", " a", "!", "?", " and", ":")
 
 
-def prompt_texts() -> Any:
+def prompt_texts() -> SearchStrategy[str]:
     """Prompt texts: a few natural prompts, runs of words, and raw Unicode (no control characters or
     surrogates), 1-120 characters."""
     # lazy: hypothesis takes ~155 ms to import (-X importtime); only the API property checks need it
@@ -318,7 +321,7 @@ def prompt_texts() -> Any:
     return st.one_of(st.sampled_from(SEED_PROMPTS), words, raw)
 
 
-def stop_sequences() -> Any:
+def stop_sequences() -> SearchStrategy[tuple[str, ...]]:
     """Zero to three distinct stop strings, common ones and short random ones."""
     # lazy: hypothesis takes ~155 ms to import (-X importtime); only the API property checks need it
     from hypothesis import strategies as st
@@ -327,7 +330,7 @@ def stop_sequences() -> Any:
     return st.lists(st.one_of(st.sampled_from(COMMON_STOPS), short), max_size=3, unique=True).map(tuple)
 
 
-def api_examples(max_tokens: tuple[int, int] = (1, 32)) -> Any:
+def api_examples(max_tokens: tuple[int, int] = (1, 32)) -> SearchStrategy[ApiExample]:
     """Requests over the API's sampling surface: prompt, ``max_tokens``, stop sequences, greedy or sampled
     temperature, ``top_p``, with or without a seed."""
     # lazy: hypothesis takes ~155 ms to import (-X importtime); only the API property checks need it
@@ -340,7 +343,7 @@ def api_examples(max_tokens: tuple[int, int] = (1, 32)) -> Any:
                      stop=stop_sequences(), temperature=temperature, top_p=top_p, seed=seed)
 
 
-def seeded_examples(max_tokens: tuple[int, int] = (4, 32)) -> Any:
+def seeded_examples(max_tokens: tuple[int, int] = (4, 32)) -> SearchStrategy[ApiExample]:
     """Sampled (temperature > 0), seeded requests, for :func:`check_seeded_repeatable`."""
     # lazy: hypothesis takes ~155 ms to import (-X importtime); only the API property checks need it
     from hypothesis import strategies as st

@@ -40,7 +40,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, TypedDict, TypeGuard
 
 from pytest_llmserve.evidence.facts import LineRule, ServerFacts, apply_line_rules, split_lines
 from pytest_llmserve.evidence.prometheus import parse as parse_prometheus
@@ -56,6 +56,7 @@ if TYPE_CHECKING:
     from pytest_llmserve.config import ServerSpec
 
 __all__ = [
+    "CudaDevice",
     "LlamaCppFacts",
     "check_llamacpp_execution",
     "merge_llamacpp_metrics",
@@ -67,6 +68,16 @@ __all__ = [
 MAX_EVENT_LINES = 200
 #: Decoded tokens (per-token debug lines or the metrics counter) needed before "no graph line" counts.
 MIN_DECODE_TOKENS_FOR_ABSENCE = 8
+
+
+class CudaDevice(TypedDict):
+    """One CUDA device as ggml_cuda_init lists it."""
+
+    index: int
+    name: str
+    compute_capability: str  # "9.0"
+    vmm: bool  # virtual memory management
+    vram_mib: int | None
 
 
 @dataclass
@@ -88,9 +99,7 @@ class LlamaCppFacts(ServerFacts):
     offloaded_layers: int | None = None
     total_layers: int | None = None
     gpu_offload_supported: bool | None = None  # False: a CPU build ignored -ngl
-    gpus: list[dict[str, Any]] = field(
-        default_factory=list
-    )  # ggml_cuda_init devices: index, name, cc, vram_mib
+    gpus: list[CudaDevice] = field(default_factory=list)  # ggml_cuda_init's devices
     devices_used: tuple[str, ...] | None = None  # "CUDA0", "CUDA1": devices the model was loaded on
     model_buffers: dict[str, float] = field(default_factory=dict)  # buffer name -> MiB of weights
     n_ctx: int | None = None  # the whole context (KV pool)
@@ -410,41 +419,59 @@ def merge_llamacpp_metrics(facts: LlamaCppFacts, metrics_text: str) -> LlamaCppF
     return facts
 
 
-def parse_llamacpp_props(info: Mapping[str, Any]) -> LlamaCppFacts:
+def parse_llamacpp_props(info: Mapping[str, object]) -> LlamaCppFacts:
     """Facts from ``GET /props`` (and ``GET /slots`` when the adapter added it under ``"slots"``)."""
     facts = LlamaCppFacts(engine="llamacpp")
-
-    def line(path: str, value: Any) -> str:
-        return f"/props {path} = {value!r}"
-
-    build = info.get("build_info")
-    if isinstance(build, str) and build:
-        facts.record_many(line("build_info", build), build_info=build, version=build)
-    slots = info.get("total_slots")
-    if isinstance(slots, int) and not isinstance(slots, bool):
-        facts.record_many(line("total_slots", slots), n_parallel=slots, max_batch_size=slots)
-    path = info.get("model_path")
-    if isinstance(path, str) and path:
-        facts.record("model_path", path, line("model_path", path))
+    _props_server(facts, info)
     settings = info.get("default_generation_settings")
     if isinstance(settings, Mapping):
-        n_ctx = settings.get("n_ctx")
-        if isinstance(n_ctx, int) and not isinstance(n_ctx, bool):
-            facts.record("n_ctx_slot", n_ctx, line("default_generation_settings.n_ctx", n_ctx))
-        params = settings.get("params")
-        if isinstance(params, Mapping):
-            seed = params.get("seed")
-            if isinstance(seed, int) and not isinstance(seed, bool):
-                facts.record("seed", seed, line("default_generation_settings.params.seed", seed))
+        _props_generation(facts, settings)
     slot_list = info.get("slots")
     if isinstance(slot_list, list) and slot_list:
-        flags = [s.get("speculative") for s in slot_list if isinstance(s, Mapping)]
-        if flags and all(isinstance(f, bool) for f in flags):
-            on = any(flags)
-            facts.record("speculative", on, f"/slots speculative = {flags!r}")
-        if facts.n_parallel is None:
-            facts.record("n_parallel", len(slot_list), f"/slots: {len(slot_list)} slots")
+        _slots(facts, slot_list)
     return facts
+
+
+def _props_line(path: str, value: object) -> str:
+    """The evidence line of a /props value."""
+    return f"/props {path} = {value!r}"
+
+
+def _is_int(value: object) -> TypeGuard[int]:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _props_server(facts: LlamaCppFacts, info: Mapping[str, object]) -> None:
+    """The build, the slots and the model file."""
+    build = info.get("build_info")
+    if isinstance(build, str) and build:
+        facts.record_many(_props_line("build_info", build), build_info=build, version=build)
+    slots = info.get("total_slots")
+    if _is_int(slots):
+        facts.record_many(_props_line("total_slots", slots), n_parallel=slots, max_batch_size=slots)
+    path = info.get("model_path")
+    if isinstance(path, str) and path:
+        facts.record("model_path", path, _props_line("model_path", path))
+
+
+def _props_generation(facts: LlamaCppFacts, settings: Mapping[str, object]) -> None:
+    """``default_generation_settings``: a slot's context and the seed."""
+    n_ctx = settings.get("n_ctx")
+    if _is_int(n_ctx):
+        facts.record("n_ctx_slot", n_ctx, _props_line("default_generation_settings.n_ctx", n_ctx))
+    params = settings.get("params")
+    seed = params.get("seed") if isinstance(params, Mapping) else None
+    if _is_int(seed):
+        facts.record("seed", seed, _props_line("default_generation_settings.params.seed", seed))
+
+
+def _slots(facts: LlamaCppFacts, slot_list: list[object]) -> None:
+    """``/slots``: whether they decode speculatively (when every slot says), and how many there are."""
+    flags = [s.get("speculative") for s in slot_list if isinstance(s, Mapping)]
+    if flags and all(isinstance(f, bool) for f in flags):
+        facts.record("speculative", any(flags), f"/slots speculative = {flags!r}")
+    if facts.n_parallel is None:
+        facts.record("n_parallel", len(slot_list), f"/slots: {len(slot_list)} slots")
 
 
 def _fill(facts: LlamaCppFacts, other: LlamaCppFacts) -> LlamaCppFacts:
@@ -472,7 +499,7 @@ def _fill(facts: LlamaCppFacts, other: LlamaCppFacts) -> LlamaCppFacts:
 
 
 def parse_llamacpp(
-    log_text: str, metrics_text: str | None = None, server_info: Mapping[str, Any] | None = None
+    log_text: str, metrics_text: str | None = None, server_info: Mapping[str, object] | None = None
 ) -> LlamaCppFacts:
     """Log facts, plus ``/metrics`` counters, plus gaps filled from ``/props`` and ``/slots``.
 

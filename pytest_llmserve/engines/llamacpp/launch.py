@@ -45,8 +45,9 @@ from __future__ import annotations
 import os
 import re
 import shutil
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from pytest_llmserve.config import ServerSpec, cache_dir
 from pytest_llmserve.engines.base import EngineAdapter, LaunchPlan
@@ -149,6 +150,126 @@ def _user_verbosity(args: tuple[str, ...]) -> str | None:
     return found
 
 
+@dataclass
+class _Plan:
+    """The command line being built and the notes that say where each part came from."""
+
+    argv: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def add(self, args: list[str], note: str | None = None) -> None:
+        self.argv += args
+        if note is not None:
+            self.notes.append(note)
+
+
+def _command(spec: ServerSpec, where: str) -> list[str]:
+    command = find_llama_server(spec)
+    if command is None:
+        raise ConfigError(
+            f"{where} engine = 'llamacpp': no llama-server found (looked at argv, ${BINARY_ENV}, PATH, "
+            f"{cpu_build_binary()}). Build one with scripts/build_llamacpp_cpu.sh (CPU) or "
+            "scripts/gpu/run_gpu_suite.sh (CUDA), or set argv = ['/path/to/llama-server']"
+        )
+    return command
+
+
+def _refuse_owned_flags(spec: ServerSpec, user_flags: set[str], where: str) -> None:
+    """Flags in ``args`` that the plugin sets from an option (the same flag twice would silently win or clash)."""
+    clashes = sorted(f for f in user_flags if f in _OWNED)
+    if clashes:
+        raise ConfigError(
+            f"{where} args {list(spec.args)!r} set {', '.join(clashes)}, which the plugin sets from "
+            f"{', '.join(sorted({_OWNED[f] for f in clashes}))}; set the option, not the flag"
+        )
+
+
+def _verbosity(args: tuple[str, ...], notes: list[str]) -> str:
+    """The -lv the server starts with: the user's, else :data:`DEFAULT_VERBOSITY` (put first either way)."""
+    verbosity = _user_verbosity(args)
+    if verbosity is None:
+        notes.append(f"-lv {DEFAULT_VERBOSITY} added: CUDA archs, USE_GRAPHS, offloaded layers, slots and KV size "
+                     "are logged at trace level")
+        return str(DEFAULT_VERBOSITY)
+    notes.append(f"-lv {verbosity} from args, also put first (CUDA starts while flags are parsed)")
+    return verbosity
+
+
+def _slots(spec: ServerSpec, plan: _Plan, where: str) -> None:
+    """``parallel`` or ``max_batch_size`` -> ``-np`` (both mean the server's slots)."""
+    if spec.parallel is not None and spec.max_batch_size is not None and spec.parallel != spec.max_batch_size:
+        raise ConfigError(
+            f"{where} parallel = {spec.parallel} and max_batch_size = {spec.max_batch_size} "
+            "disagree: both mean llama-server's slots (-np); set one"
+        )
+    option, slots = ("parallel", spec.parallel) if spec.parallel is not None else ("max_batch_size",
+                                                                                   spec.max_batch_size)
+    if slots is not None:
+        plan.add(["-np", str(slots)], f"{option}={slots} -> -np {slots}")
+
+
+def _context_size(spec: ServerSpec, plan: _Plan, where: str) -> None:
+    if spec.context_size is not None:
+        plan.add(["-c", str(spec.context_size)],
+                 f"context_size={spec.context_size} -> -c {spec.context_size} (KV pool shared by the slots)")
+
+
+def _gpu_layers(spec: ServerSpec, plan: _Plan, where: str) -> None:
+    if spec.gpu_layers is not None:
+        plan.add(["-ngl", str(spec.gpu_layers)], f"gpu_layers={spec.gpu_layers} -> -ngl {spec.gpu_layers}")
+
+
+def _flash_attention(spec: ServerSpec, plan: _Plan, where: str) -> None:
+    if spec.flash_attention is not None:
+        value = "on" if spec.flash_attention else "off"
+        plan.add(["-fa", value], f"flash_attention={spec.flash_attention} -> -fa {value}")
+
+
+def _split(spec: ServerSpec, plan: _Plan, where: str) -> None:
+    """``tp`` > 1: layers spread over that many GPUs; one GPU: no split at all."""
+    if spec.tp > 1:
+        ones = ",".join("1" for _ in range(spec.tp))
+        plan.add(["--split-mode", "layer", "--tensor-split", ones],
+                 f"tp={spec.tp} -> --split-mode layer --tensor-split {ones} "
+                 "(llama.cpp spreads layers over the GPUs; this is pipelining, not tensor parallelism)")
+    elif spec.gpu:
+        plan.add(["--split-mode", "none"], "tp=1, gpu=true -> --split-mode none (the first visible GPU only)")
+
+
+#: The logical options mapped to flags, in the order their flags follow the seed.
+_OPTION_FLAGS: tuple[Callable[[ServerSpec, _Plan, str], None], ...] = (
+    _slots, _context_size, _gpu_layers, _flash_attention, _split)
+
+
+def _environment(spec: ServerSpec, notes: list[str], where: str) -> dict[str, str]:
+    """The server's environment: the spec's, the API key (never on the command line) and the graphs' switch."""
+    env = dict(spec.env)
+    if spec.api_key:
+        env["LLAMA_API_KEY"] = spec.api_key
+    graph = spec.cuda_graph
+    if graph is not None and not graph.enabled:
+        env[GRAPHS_ENV] = "1"
+        notes.append(
+            f"cuda_graph=off -> env {GRAPHS_ENV}=1 (no log line confirms it at -lv 4: "
+            "the execution check says unverifiable unless -lv 5 shows no graph use)"
+        )
+    elif graph is not None:
+        _refuse_graphs_disabled_by_environment(env, where)
+        notes.append("cuda_graph=on -> nothing to pass (CUDA builds with USE_GRAPHS capture graphs by default)")
+    return env
+
+
+def _refuse_graphs_disabled_by_environment(env: Mapping[str, str], where: str) -> None:
+    inherited = env.get(GRAPHS_ENV, os.environ.get(GRAPHS_ENV))
+    if inherited is not None:
+        origin = "in env" if GRAPHS_ENV in env else "in this run's environment"
+        raise ConfigError(
+            f"{where} cuda_graph = on, but {GRAPHS_ENV}={inherited!r} is set "
+            f"({origin}); ggml-cuda turns "
+            "graphs off whenever the variable exists, whatever its value: unset it"
+        )
+
+
 class LlamaCppAdapter(EngineAdapter):
     """``llama-server`` (llama.cpp's OpenAI-compatible server)."""
 
@@ -164,120 +285,29 @@ class LlamaCppAdapter(EngineAdapter):
         if not spec.model:
             raise ConfigError(f"{where} engine = 'llamacpp' needs model = '/path/to/model.gguf'")
         self._refuse_unmapped(spec, where)
-        command = find_llama_server(spec)
-        if command is None:
-            raise ConfigError(
-                f"{where} engine = 'llamacpp': no llama-server found (looked at argv, ${BINARY_ENV}, PATH, "
-                f"{cpu_build_binary()}). Build one with scripts/build_llamacpp_cpu.sh (CPU) or "
-                "scripts/gpu/run_gpu_suite.sh (CUDA), or set argv = ['/path/to/llama-server']"
-            )
+        command = _command(spec, where)
         user_flags = {_flag_of(a) for a in spec.args if a.startswith("-")}
-        clashes = sorted(f for f in user_flags if f in _OWNED)
-        if clashes:
-            raise ConfigError(
-                f"{where} args {list(spec.args)!r} set {', '.join(clashes)}, which the plugin sets from "
-                f"{', '.join(sorted({_OWNED[f] for f in clashes}))}; set the option, not the flag"
-            )
-        notes: list[str] = [f"binary: {command[0]}"]
-        verbosity = _user_verbosity(spec.args)
-        if verbosity is None:
-            verbosity = str(DEFAULT_VERBOSITY)
-            notes.append(
-                f"-lv {verbosity} added: CUDA archs, USE_GRAPHS, offloaded layers, slots and KV size "
-                "are logged at trace level"
-            )
-        else:
-            notes.append(f"-lv {verbosity} from args, also put first (CUDA starts while flags are parsed)")
-        served = spec.served_model_name or Path(spec.model).name
-        argv = [
-            *command,
-            "-lv",
-            verbosity,
-            "-m",
-            spec.model,
-            "--host",
-            host,
-            "--port",
-            str(port),
-            "--seed",
-            str(spec.seed),
-        ]
-        notes.append(f"seed={spec.seed} -> --seed {spec.seed}")
-        slots = spec.parallel if spec.parallel is not None else spec.max_batch_size
-        if (
-            spec.parallel is not None
-            and spec.max_batch_size is not None
-            and spec.parallel != spec.max_batch_size
-        ):
-            raise ConfigError(
-                f"{where} parallel = {spec.parallel} and max_batch_size = {spec.max_batch_size} "
-                "disagree: both mean llama-server's slots (-np); set one"
-            )
-        if slots is not None:
-            argv += ["-np", str(slots)]
-            notes.append(
-                f"{'parallel' if spec.parallel is not None else 'max_batch_size'}={slots} -> -np {slots}"
-            )
-        if spec.context_size is not None:
-            argv += ["-c", str(spec.context_size)]
-            notes.append(
-                f"context_size={spec.context_size} -> -c {spec.context_size} (KV pool shared by the slots)"
-            )
-        if spec.gpu_layers is not None:
-            argv += ["-ngl", str(spec.gpu_layers)]
-            notes.append(f"gpu_layers={spec.gpu_layers} -> -ngl {spec.gpu_layers}")
-        if spec.flash_attention is not None:
-            value = "on" if spec.flash_attention else "off"
-            argv += ["-fa", value]
-            notes.append(f"flash_attention={spec.flash_attention} -> -fa {value}")
-        if spec.tp > 1:
-            argv += ["--split-mode", "layer", "--tensor-split", ",".join("1" for _ in range(spec.tp))]
-            notes.append(
-                f"tp={spec.tp} -> --split-mode layer --tensor-split {','.join('1' for _ in range(spec.tp))} "
-                "(llama.cpp spreads layers over the GPUs; this is pipelining, not tensor parallelism)"
-            )
-        elif spec.gpu:
-            argv += ["--split-mode", "none"]
-            notes.append("tp=1, gpu=true -> --split-mode none (the first visible GPU only)")
+        _refuse_owned_flags(spec, user_flags, where)
+        plan = _Plan(notes=[f"binary: {command[0]}"])
+        verbosity = _verbosity(spec.args, plan.notes)
+        plan.add([*command, "-lv", verbosity, "-m", spec.model, "--host", host, "--port", str(port),
+                  "--seed", str(spec.seed)], f"seed={spec.seed} -> --seed {spec.seed}")
+        for option in _OPTION_FLAGS:
+            option(spec, plan, where)
         if spec.served_model_name:
-            argv += ["--alias", spec.served_model_name]
+            plan.add(["--alias", spec.served_model_name])
         if "--metrics" not in user_flags:
-            argv.append("--metrics")
-            notes.append("--metrics added: llamacpp:tokens_predicted_total and friends for the cross-checks")
-        argv += list(spec.args)
-        if spec.args:
-            notes.append(f"args passed through verbatim: {' '.join(spec.args)}")
-        env = dict(spec.env)
-        if spec.api_key:
-            env["LLAMA_API_KEY"] = spec.api_key
-        graph = spec.cuda_graph
-        if graph is not None and not graph.enabled:
-            env[GRAPHS_ENV] = "1"
-            notes.append(
-                f"cuda_graph=off -> env {GRAPHS_ENV}=1 (no log line confirms it at -lv 4: "
-                "the execution check says unverifiable unless -lv 5 shows no graph use)"
-            )
-        elif graph is not None and graph.enabled:
-            inherited = env.get(GRAPHS_ENV, os.environ.get(GRAPHS_ENV))
-            if inherited is not None:
-                origin = "in env" if GRAPHS_ENV in env else "in this run's environment"
-                raise ConfigError(
-                    f"{where} cuda_graph = on, but {GRAPHS_ENV}={inherited!r} is set "
-                    f"({origin}); ggml-cuda turns "
-                    "graphs off whenever the variable exists, whatever its value: unset it"
-                )
-            notes.append(
-                "cuda_graph=on -> nothing to pass (CUDA builds with USE_GRAPHS capture graphs by default)"
-            )
+            plan.add(["--metrics"], "--metrics added: llamacpp:tokens_predicted_total and friends for the cross-checks")
+        plan.add(list(spec.args), f"args passed through verbatim: {' '.join(spec.args)}" if spec.args else None)
         url_host = "127.0.0.1" if host in ("0.0.0.0", "") else (f"[{host}]" if ":" in host else host)
         return LaunchPlan(
-            argv=argv,
-            env=env,
+            argv=plan.argv,
+            env=_environment(spec, plan.notes, where),
             base_url=f"http://{url_host}:{port}",
-            model_name=served,
+            model_name=spec.served_model_name or Path(spec.model).name,
             health_path="/health",  # 503 "Loading model" until the model is loaded
             generation_probe=True,
-            notes=notes,
+            notes=plan.notes,
         )
 
     @staticmethod
@@ -329,7 +359,7 @@ class LlamaCppAdapter(EngineAdapter):
 
     def fetch_server_info(
         self, base_url: str, api_key: str | None = None, timeout_s: float = 10.0
-    ) -> dict[str, Any] | None:
+    ) -> dict[str, object] | None:
         """``GET /props`` with ``GET /slots`` added under ``"slots"``; None when /props does not answer."""
         info = read_page(base_url, "/props", api_key, timeout_s).json()
         if not isinstance(info, dict):
@@ -340,7 +370,7 @@ class LlamaCppAdapter(EngineAdapter):
         return info
 
     def parse_facts(
-        self, log_text: str, metrics_text: str | None = None, server_info: dict[str, Any] | None = None
+        self, log_text: str, metrics_text: str | None = None, server_info: Mapping[str, object] | None = None
     ) -> ServerFacts:
         """Log facts, plus /metrics counters, plus gaps filled from /props and /slots."""
         return parse_llamacpp(log_text, metrics_text, server_info)

@@ -6,11 +6,10 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import datetime
-from typing import Any
 
+from pytest_llmserve.engines.log_reading import FactRow, StampedLog, on_ready, record_read
 from pytest_llmserve.evidence.facts import (
     DecodeBatch,
     LineRule,
@@ -24,7 +23,6 @@ from pytest_llmserve.evidence.facts import (
     normalize_backend,
     parse_kwargs_repr,
     read_timed_log,
-    record_ready,
     split_top_level,
 )
 from pytest_llmserve.evidence.prometheus import MetricSamples, metric_line
@@ -67,7 +65,7 @@ _SGL_DSA_DENSE_TOPK = re.compile(
     r"Set dense attention kv len threshold to model index_topk=(\d+) for DeepSeek with DSA\.")
 
 
-def _sgl_graph_backend_requested(args: Mapping[str, Any]) -> tuple[bool | None, str | None]:
+def _sgl_graph_backend_requested(args: Mapping[str, object]) -> tuple[bool | None, str | None]:
     """(graphs disabled?, decode graph backend) from the ServerArgs of any of the three versions."""
     backend = args.get("cuda_graph_backend_decode")
     config = args.get("cuda_graph_config")
@@ -96,9 +94,9 @@ def _sgl_graph_backend_requested(args: Mapping[str, Any]) -> tuple[bool | None, 
     return (disabled if known else None), backend_name
 
 
-def _dict_repr_items(body: str) -> dict[str, Any]:
+def _dict_repr_items(body: str) -> dict[str, object]:
     """``'a': 1, 'b': [1, 2], 'c': <Enum.X: 1>`` (a dict repr's inside) -> {key: value or raw text}."""
-    out: dict[str, Any] = {}
+    out: dict[str, object] = {}
     for part in split_top_level(body):
         key, colon, value = part.partition(":")
         key = key.strip().strip("'\"")
@@ -107,14 +105,30 @@ def _dict_repr_items(body: str) -> dict[str, Any]:
     return out
 
 
-def _sgl_server_args(
-    facts: ServerFacts, line: str, body: str, state: dict[str, Any], *, dict_form: bool = False
-) -> None:
+def _sgl_server_args(r: _SGLangLog, line: str, body: str, *, dict_form: bool = False) -> None:
+    """The ``server_args=`` line: the backends, resources and speculative decoding it set; whether it turned
+    graphs off and the index_topk its override args give, which the end of the log decides on."""
+    facts = r.facts
     if dict_form:
         args = _dict_repr_items(body)
     else:
         args = {key: literal(value) for key, value in parse_kwargs_repr(body).items()}
-    state["server_args"] = args
+    _server_args_backends(facts, args, line)
+    record_read(facts, args, (("seed", "random_seed", as_int), ("mem_fraction", "mem_fraction_static", as_float)), line)
+    if facts.max_batch_size is None:
+        record_read(facts, args, (("max_batch_size", "max_running_requests", as_int),), line)
+    record_read(facts, args, (("deterministic", "enable_deterministic_inference", as_bool),), line)
+    if "speculative_algorithm" in args:
+        _server_args_speculative(facts, args, line)
+    disabled, _ = _sgl_graph_backend_requested(args)
+    if disabled:
+        r.graph_disabled_line = line
+    override_topk = _override_index_topk(args.get("json_model_override_args"))
+    if override_topk is not None:
+        r.override_topk = (override_topk, line)  # used at the end, where no log line said the topk
+
+
+def _server_args_backends(facts: ServerFacts, args: Mapping[str, object], line: str) -> None:
     attention = args.get("attention_backend")
     if isinstance(attention, str):
         facts.record("attention_backend", normalize_backend(attention), line)
@@ -128,43 +142,26 @@ def _sgl_server_args(
         dsa = args.get(f"dsa_{phase}_backend", args.get(f"nsa_{phase}_backend"))
         if isinstance(dsa, str):
             facts.record(f"nsa_{phase}_backend", normalize_backend(dsa), line)
-    seed = as_int(args.get("random_seed"))
-    if seed is not None:
-        facts.record("seed", seed, line)
-    fraction = as_float(args.get("mem_fraction_static"))
-    if fraction is not None:
-        facts.record("mem_fraction", fraction, line)
-    running = as_int(args.get("max_running_requests"))
-    if running is not None and facts.max_batch_size is None:
-        facts.record("max_batch_size", running, line)
-    deterministic = as_bool(args.get("enable_deterministic_inference"))
-    if deterministic is not None:
-        facts.record("deterministic", deterministic, line)
-    if "speculative_algorithm" in args:
-        algorithm = args.get("speculative_algorithm")
-        if algorithm in (None, "None", ""):
-            facts.record("speculative", False, line)
-        else:
-            facts.record("speculative", True, line)
-            detail = [f"algorithm={algorithm}"]
-            for key in (
-                "speculative_draft_model_path",
-                "speculative_num_steps",
-                "speculative_eagle_topk",
-                "speculative_num_draft_tokens",
-            ):
-                if args.get(key) is not None:
-                    detail.append(f"{key.removeprefix('speculative_')}={args[key]}")
-            facts.record("speculative_detail", ", ".join(detail), line)
-    disabled, _ = _sgl_graph_backend_requested(args)
-    if disabled:
-        state["graph_disabled_line"] = line
-    override_topk = _override_index_topk(args.get("json_model_override_args"))
-    if override_topk is not None:
-        state["override_topk"] = (override_topk, line)  # used at the end, where no log line said the topk
 
 
-def _override_index_topk(value: Any) -> int | None:
+_SPECULATIVE_DETAIL_KEYS = ("speculative_draft_model_path", "speculative_num_steps", "speculative_eagle_topk",
+                            "speculative_num_draft_tokens")
+
+
+def _server_args_speculative(facts: ServerFacts, args: Mapping[str, object], line: str) -> None:
+    algorithm = args.get("speculative_algorithm")
+    if algorithm in (None, "None", ""):
+        facts.record("speculative", False, line)
+        return
+    facts.record("speculative", True, line)
+    detail = [f"algorithm={algorithm}"]
+    for key in _SPECULATIVE_DETAIL_KEYS:
+        if args.get(key) is not None:
+            detail.append(f"{key.removeprefix('speculative_')}={args[key]}")
+    facts.record("speculative_detail", ", ".join(detail), line)
+
+
+def _override_index_topk(value: object) -> int | None:
     """The integer ``index_topk`` of a ``json_model_override_args`` value (a JSON object as a string), else None.
     Malformed JSON is ignored, not an error: the server refuses it at boot, so it never ran with it."""
     if not isinstance(value, str):
@@ -212,15 +209,13 @@ def _sgl_decode_line(facts: ServerFacts, line: str, tail: str) -> None:
 
 
 @dataclass
-class _SGLangLog:
+class _SGLangLog(StampedLog):
     """What reading an SGLang log has found so far, beyond the facts: what only the whole log decides."""
 
-    facts: ServerFacts
-    args_state: dict[str, Any] = field(default_factory=dict)  # what the ServerArgs line leaves for later
-    line_ts: datetime | None = None  # the current line's timestamp
-    first_ts: datetime | None = None
-    ready_ts: datetime | None = None
-    ready_line: str | None = None
+    stamp = _SGL_TS
+
+    graph_disabled_line: str | None = None  # the ServerArgs line that turned decode graphs off
+    override_topk: tuple[int, str] | None = None  # (index_topk of the ServerArgs' override args, line)
     capture_sizes: tuple[int, ...] | None = None
     capture_lines: list[str] = field(default_factory=list)
     bar_sizes: set[int] = field(default_factory=set)
@@ -230,16 +225,6 @@ class _SGLangLog:
     default_backend: tuple[str, str] | None = None  # (backend, line)
     dsa_line: tuple[str, str, str] | None = None  # (prefill, decode, line)
     sched_running: tuple[int, str] | None = None  # (max running requests, line)
-
-    def note_time(self, line: str) -> None:
-        self.line_ts = None
-        if ts_match := _SGL_TS.search(line):
-            try:
-                self.line_ts = datetime.strptime(ts_match.group(1), "%Y-%m-%d %H:%M:%S")
-            except ValueError:
-                self.line_ts = None
-            if self.line_ts is not None and self.first_ts is None:
-                self.first_ts = self.line_ts
 
 
 def _on_capture_059(r: _SGLangLog, line: str, m: re.Match[str]) -> None:
@@ -276,11 +261,6 @@ def _on_kv_allocated(r: _SGLangLog, line: str, m: re.Match[str]) -> None:
         r.facts.record("kv_cache_tokens", int(m.group(1).replace(",", "")), line)
 
 
-def _on_ready(r: _SGLangLog, line: str, m: re.Match[str]) -> None:
-    if r.ready_line is None:
-        r.ready_line, r.ready_ts = line, r.line_ts
-
-
 def _on_default_backend(r: _SGLangLog, line: str, m: re.Match[str]) -> None:
     r.default_backend = (m.group(1), line)  # used at the end, where ServerArgs named no backend
 
@@ -303,9 +283,9 @@ def _on_dsa_dense_topk(r: _SGLangLog, line: str, m: re.Match[str]) -> None:
 
 #: The lines of an SGLang log and what each proves; the first rule a line matches reads it.
 _SGL_RULES: tuple[LineRule[_SGLangLog], ...] = (
-    (_SGL_SERVER_ARGS, lambda r, line, m: _sgl_server_args(r.facts, line, m.group(1), r.args_state)),
+    (_SGL_SERVER_ARGS, lambda r, line, m: _sgl_server_args(r, line, m.group(1))),
     (_SGL_SERVER_ARGS_DICT,
-     lambda r, line, m: _sgl_server_args(r.facts, line, m.group(1), r.args_state, dict_form=True)),
+     lambda r, line, m: _sgl_server_args(r, line, m.group(1), dict_form=True)),
     (_SGL_DECODE, lambda r, line, m: _sgl_decode_line(r.facts, line, m.group(1))),
     (_SGL_DEFAULT_BACKEND, _on_default_backend),
     (_SGL_GRAPH_DISABLED, lambda r, line, m: r.disabled_lines.append(line)),
@@ -319,7 +299,7 @@ _SGL_RULES: tuple[LineRule[_SGLangLog], ...] = (
     (_SGL_CAPTURE_FAILED, _on_capture_failed),
     (_SGL_SCHED, _on_scheduler),
     (_SGL_KV_ALLOC, _on_kv_allocated),
-    (_SGL_READY, _on_ready),
+    (_SGL_READY, on_ready),
 )
 
 
@@ -328,15 +308,14 @@ def parse_sglang_log(text: str) -> ServerFacts:
     r = _SGLangLog(ServerFacts(engine="sglang"))
     read_timed_log(r, text, _SGL_RULES)
     _sgl_backends(r)
-    if r.facts.dsa_index_topk is None and "override_topk" in r.args_state:
+    if r.facts.dsa_index_topk is None and r.override_topk is not None:
         # The "Set dense ... index_topk=N" line wins over the override args: it is the topk the server computed
         # from the config it loaded (overrides applied); the args are only what it was asked to apply.
-        r.facts.record("dsa_index_topk", *r.args_state["override_topk"])
+        r.facts.record("dsa_index_topk", *r.override_topk)
     if r.sched_running:
         # The scheduler's max_running_requests is the effective one (capped by the KV pool).
         r.facts.record("max_batch_size", r.sched_running[0], r.sched_running[1])
-    if r.ready_line is not None:
-        record_ready(r.facts, r.ready_line, r.first_ts, r.ready_ts)
+    r.record_ready()
     _sgl_graph_facts(r)
     r.facts.compact_evidence()
     return r.facts
@@ -378,7 +357,7 @@ def _sgl_graph_facts(r: _SGLangLog) -> None:
         if r.graph_backend:
             facts.record("cudagraph_mode", r.graph_backend, capture_lines[0])
         return
-    why = r.disabled_lines + ([r.args_state["graph_disabled_line"]] if "graph_disabled_line" in r.args_state else [])
+    why = r.disabled_lines + ([r.graph_disabled_line] if r.graph_disabled_line is not None else [])
     proof = why + ([r.ready_line] if r.ready_line else [])
     if why or r.ready_line is not None or r.capture_failed:
         # Booted (or failed capture) without any target decode capture line: no graphs.
@@ -390,39 +369,36 @@ def _sgl_graph_facts(r: _SGLangLog) -> None:
             facts.record("cudagraph_mode", "disabled", why[0])
 
 
-def _info_source(key: str, value: Any) -> str:
+def _info_source(key: str, value: object) -> str:
     """The evidence line of a /server_info value."""
     return f"/server_info {key}={value!r}"
 
 
-def _as_str(value: Any) -> str | None:
+def _as_str(value: object) -> str | None:
     return value if isinstance(value, str) else None
 
 
 #: /server_info keys that prove one fact each: (fact, key, reader); a value the reader cannot read is not reported.
-_INFO_VERSION = (("version", "version", _as_str),)
-_INFO_RESOURCES = (("seed", "random_seed", as_int), ("mem_fraction", "mem_fraction_static", as_float),
-                   ("kv_cache_tokens", "max_total_num_tokens", as_int))
-_INFO_DETERMINISTIC = (("deterministic", "enable_deterministic_inference", as_bool),)
-_INFO_STARTUP = (("startup_s", "startup_time", as_float),)
+_INFO_VERSION: tuple[FactRow, ...] = (("version", "version", _as_str),)
+_INFO_RESOURCES: tuple[FactRow, ...] = (("seed", "random_seed", as_int),
+                                        ("mem_fraction", "mem_fraction_static", as_float),
+                                        ("kv_cache_tokens", "max_total_num_tokens", as_int))
+_INFO_DETERMINISTIC: tuple[FactRow, ...] = (("deterministic", "enable_deterministic_inference", as_bool),)
+_INFO_STARTUP: tuple[FactRow, ...] = (("startup_s", "startup_time", as_float),)
 
 
-def _record_info_values(facts: ServerFacts, info: Mapping[str, Any],
-                        rows: tuple[tuple[str, str, Callable[[Any], Any]], ...]) -> None:
-    for fact, key, read in rows:
-        value = read(info.get(key))
-        if value is not None:
-            facts.record(fact, value, _info_source(key, value))
+def _record_info_values(facts: ServerFacts, info: Mapping[str, object], rows: tuple[FactRow, ...]) -> None:
+    record_read(facts, info, rows, _info_source)
 
 
-def parse_sglang_server_info(info: Mapping[str, Any]) -> ServerFacts:
+def parse_sglang_server_info(info: Mapping[str, object]) -> ServerFacts:
     """Facts from SGLang's ``/server_info`` JSON (resolved server args + scheduler info + version)."""
     facts = ServerFacts(engine="sglang")
     _record_info_values(facts, info, _INFO_VERSION)
     _info_backends(facts, info)
     _record_info_values(facts, info, _INFO_RESOURCES)
     states = info.get("internal_states")
-    state0: Mapping[str, Any] = (
+    state0: Mapping[str, object] = (
         states[0] if isinstance(states, list) and states and isinstance(states[0], Mapping) else {}
     )
     running = as_int(state0.get("effective_max_running_requests_per_dp"))
@@ -451,7 +427,7 @@ def parse_sglang_server_info(info: Mapping[str, Any]) -> ServerFacts:
     return facts
 
 
-def _info_backends(facts: ServerFacts, info: Mapping[str, Any]) -> None:
+def _info_backends(facts: ServerFacts, info: Mapping[str, object]) -> None:
     """The attention backends: prefill and decode default to attention_backend; dsa_* (0.5.15) or nsa_*."""
     attention = info.get("attention_backend")
     if isinstance(attention, str):
@@ -470,7 +446,7 @@ def _info_backends(facts: ServerFacts, info: Mapping[str, Any]) -> None:
                 break
 
 
-def _info_graphs(facts: ServerFacts, info: Mapping[str, Any], state0: Mapping[str, Any]) -> None:
+def _info_graphs(facts: ServerFacts, info: Mapping[str, object], state0: Mapping[str, object]) -> None:
     """Graph facts: memory held by captured graphs, else the requested disable flags and decode backend."""
     disabled, backend = _sgl_graph_backend_requested(info)
     memory = state0.get("memory_usage")
@@ -494,41 +470,51 @@ def _info_graphs(facts: ServerFacts, info: Mapping[str, Any], state0: Mapping[st
 
 
 def merge_sglang_metrics(facts: ServerFacts, metrics: MetricSamples) -> None:
-    # One series per scheduler: TP ranks run the same batches (take the max), DP ranks run
-    # different ones (add them up).
-    per_mode: dict[str, dict[str, tuple[float, str]]] = {}
-    for labels, value in metrics.get("sglang:cuda_graph_passes_total", []):
-        mode = labels.get("mode", "")
-        dp = labels.get("dp_rank", "")
-        line = metric_line("sglang:cuda_graph_passes_total", labels, value)
-        current = per_mode.setdefault(mode, {}).get(dp)
-        if current is None or value > current[0]:
-            per_mode[mode][dp] = (value, line)
-    for mode, by_dp in per_mode.items():
-        passes = sum(v for v, _ in by_dp.values())
-        facts.graph_passes[mode] = passes
-        for _, line in by_dp.values():
-            facts.add_evidence("graph_passes", line)
-        # Modes: decode_cuda_graph / decode_none (prefill_* are prefill graphs, not decode).
-        if mode.startswith("decode"):
-            if mode.endswith("none"):
-                facts.graph_passes_off += passes
-            else:
-                facts.graph_passes_on += passes
+    """What SGLang's /metrics proves: decode graph passes, and the KV pool and start-up time where the log did
+    not say them."""
+    _graph_passes(facts, metrics)
     if facts.kv_cache_tokens is None:
         for labels, value in metrics.get("sglang:max_total_num_tokens", [])[:1]:
             facts.record(
                 "kv_cache_tokens", int(value), metric_line("sglang:max_total_num_tokens", labels, value)
             )
     if facts.startup_s is None:
-        for labels, value in metrics.get("sglang:engine_startup_time", [])[:1]:
-            facts.record("startup_s", value, metric_line("sglang:engine_startup_time", labels, value))
-    # 0.5.23: sglang:startup_time_seconds{phase=...}; the whole start is the "total" phase, else the sum.
+        _startup_time(facts, metrics)
+
+
+def _graph_passes(facts: ServerFacts, metrics: MetricSamples) -> None:
+    """``sglang:cuda_graph_passes_total`` by mode. One series per scheduler: TP ranks run the same batches (take
+    the max), DP ranks run different ones (add them up)."""
+    per_mode: dict[str, dict[str, tuple[float, str]]] = {}
+    for labels, value in metrics.get("sglang:cuda_graph_passes_total", []):
+        by_dp = per_mode.setdefault(labels.get("mode", ""), {})
+        dp = labels.get("dp_rank", "")
+        if dp not in by_dp or value > by_dp[dp][0]:
+            by_dp[dp] = (value, metric_line("sglang:cuda_graph_passes_total", labels, value))
+    for mode, by_dp in per_mode.items():
+        passes = sum(v for v, _ in by_dp.values())
+        facts.graph_passes[mode] = passes
+        for _, line in by_dp.values():
+            facts.add_evidence("graph_passes", line)
+        # Modes: decode_cuda_graph / decode_none (prefill_* are prefill graphs, not decode).
+        if mode.startswith("decode") and mode.endswith("none"):
+            facts.graph_passes_off += passes
+        elif mode.startswith("decode"):
+            facts.graph_passes_on += passes
+
+
+def _startup_time(facts: ServerFacts, metrics: MetricSamples) -> None:
+    """0.5.15: ``sglang:engine_startup_time``; 0.5.23: ``sglang:startup_time_seconds{phase=...}``, the whole start
+    being the "total" phase, else the sum of the phases."""
+    for labels, value in metrics.get("sglang:engine_startup_time", [])[:1]:
+        facts.record("startup_s", value, metric_line("sglang:engine_startup_time", labels, value))
+        return
     phases = metrics.get("sglang:startup_time_seconds", [])
-    if facts.startup_s is None and phases:
-        total = [(labels, value) for labels, value in phases if labels.get("phase") == "total"]
-        chosen = total or phases
-        facts.record("startup_s", total[0][1] if total else sum(value for _, value in phases),
-                     metric_line("sglang:startup_time_seconds", chosen[0][0], chosen[0][1]))
-        for labels, value in chosen[1:]:
-            facts.add_evidence("startup_s", metric_line("sglang:startup_time_seconds", labels, value))
+    if not phases:
+        return
+    total = [(labels, value) for labels, value in phases if labels.get("phase") == "total"]
+    chosen = total or phases
+    facts.record("startup_s", total[0][1] if total else sum(value for _, value in phases),
+                 metric_line("sglang:startup_time_seconds", chosen[0][0], chosen[0][1]))
+    for labels, value in chosen[1:]:
+        facts.add_evidence("startup_s", metric_line("sglang:startup_time_seconds", labels, value))

@@ -18,7 +18,7 @@ import sys
 import threading
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from pytest_llmserve.engines.base import EngineAdapter, LaunchPlan
 from pytest_llmserve.engines.sglang.facts import NAN_LOG_PATTERNS as SGLANG_NAN_LOG_PATTERNS
@@ -541,6 +541,77 @@ def sgl_kernel_lacks_flash_ops(python: str, env: Mapping[str, str] | None = None
     return answer.removeprefix("LACKS ") if answer.startswith("LACKS ") else None
 
 
+def _map_server(plan: _Plan, model: str, host: str, port: int) -> None:
+    """The model, the address, the seed (SGLang draws a random one when none is given: always pass one), TP."""
+    spec = plan.spec
+    plan.add("model", model, ("--model-path", "--model"), model)
+    plan.add("host", host, ("--host",), host)
+    plan.add("port", port, ("--port",), str(port))
+    plan.add("seed", spec.seed, ("--random-seed",), str(spec.seed))
+    if spec.tp != 1:
+        plan.add("tp", spec.tp, ("--tp-size", "--tensor-parallel-size"), str(spec.tp))
+
+
+def _map_backends(plan: _Plan) -> None:
+    """The attention backends, then the DSA (formerly NSA) ones, each checked against the version's choices."""
+    spec = plan.spec
+    for option in ("attention_backend", "prefill_attention_backend", "decode_attention_backend"):
+        value = getattr(spec, option)
+        if value is not None:
+            plan.add(option, value, ("--" + option.replace("_", "-"),), value, choice=value)
+    for phase in ("prefill", "decode"):
+        value = getattr(spec, f"nsa_{phase}_backend")
+        if value is not None:
+            plan.add(f"nsa_{phase}_backend", value, (f"--dsa-{phase}-backend", f"--nsa-{phase}-backend"), value,
+                     choice=value)
+
+
+def _map_capacity(plan: _Plan) -> None:
+    spec = plan.spec
+    if spec.max_batch_size is not None:
+        plan.add("max_batch_size", spec.max_batch_size, ("--max-running-requests",), str(spec.max_batch_size))
+    if spec.mem_fraction is not None:
+        plan.add("mem_fraction", spec.mem_fraction, ("--mem-fraction-static",), f"{spec.mem_fraction:g}")
+
+
+def _map_serving(plan: _Plan) -> None:
+    """Deterministic inference, the served model name and the API key (masked in the notes)."""
+    spec = plan.spec
+    if spec.deterministic:
+        plan.add("deterministic", True, ("--enable-deterministic-inference",))
+    if spec.served_model_name:
+        plan.add("served_model_name", spec.served_model_name, ("--served-model-name",), spec.served_model_name)
+    if spec.api_key:
+        plan.pick("api_key", MASK, "--api-key")
+        plan.argv.extend(["--api-key", spec.api_key])
+        plan.notes.append(f"api_key -> --api-key {MASK}")
+
+
+def _refuse_owned_flags(plan: _Plan, user_flags: set[str]) -> None:
+    """Flags in ``args`` that an option already set (or an alias of one)."""
+    clashes = sorted(flag for flag in user_flags if flag in plan.owned)
+    if clashes:
+        raise ConfigError(
+            f"{plan.where()} args {list(plan.spec.args)!r} set {', '.join(clashes)}, which the "
+            f"plugin sets from {', '.join(sorted({plan.owned[f] for f in clashes}))}; "
+            "set the option instead of passing the flag"
+        )
+
+
+def _add_evidence_flags(plan: _Plan, user_flags: set[str]) -> None:
+    """What the execution checks read, where this version has it and ``args`` do not set it already."""
+    # /metrics carries sglang:cuda_graph_passes_total, the proof that decode replayed graphs.
+    if plan.flagset.has("--enable-metrics") and "--enable-metrics" not in user_flags:
+        plan.argv.append("--enable-metrics")
+        plan.notes.append("--enable-metrics added: graph-pass and token counters for the execution checks")
+    # Decode lines come every --decode-log-interval steps (40 by default): with short probes only one appears,
+    # so the per-step graph check would see almost nothing. One line per step proves every batch size.
+    if plan.spec.cuda_graph is not None and plan.flagset.has("--decode-log-interval") \
+            and "--decode-log-interval" not in user_flags:
+        plan.argv.extend(["--decode-log-interval", "1"])
+        plan.notes.append("--decode-log-interval 1 added: a decode line per step proves graph use per batch size")
+
+
 class SGLangAdapter(EngineAdapter):
     """``python -m sglang.launch_server`` with flags mapped to the installed version."""
 
@@ -593,65 +664,15 @@ class SGLangAdapter(EngineAdapter):
             )
         plan = _Plan(spec, self.flagset(python, spec.env_dict))
         plan.argv = [python, "-m", "sglang.launch_server"]
-        plan.add("model", spec.model, ("--model-path", "--model"), spec.model)
-        plan.add("host", host, ("--host",), host)
-        plan.add("port", port, ("--port",), str(port))
-        # SGLang draws a random seed when none is given: always pass one.
-        plan.add("seed", spec.seed, ("--random-seed",), str(spec.seed))
-        if spec.tp != 1:
-            plan.add("tp", spec.tp, ("--tp-size", "--tensor-parallel-size"), str(spec.tp))
-        for option in ("attention_backend", "prefill_attention_backend", "decode_attention_backend"):
-            value = getattr(spec, option)
-            if value is not None:
-                plan.add(option, value, ("--" + option.replace("_", "-"),), value, choice=value)
-        for phase in ("prefill", "decode"):
-            value = getattr(spec, f"nsa_{phase}_backend")
-            if value is not None:
-                plan.add(
-                    f"nsa_{phase}_backend",
-                    value,
-                    (f"--dsa-{phase}-backend", f"--nsa-{phase}-backend"),
-                    value,
-                    choice=value,
-                )
+        _map_server(plan, spec.model, host, port)
+        _map_backends(plan)
         self._map_cuda_graph(plan)
-        if spec.max_batch_size is not None:
-            plan.add(
-                "max_batch_size", spec.max_batch_size, ("--max-running-requests",), str(spec.max_batch_size)
-            )
-        if spec.mem_fraction is not None:
-            plan.add("mem_fraction", spec.mem_fraction, ("--mem-fraction-static",), f"{spec.mem_fraction:g}")
+        _map_capacity(plan)
         self._map_speculative(plan)
-        if spec.deterministic:
-            plan.add("deterministic", True, ("--enable-deterministic-inference",))
-        if spec.served_model_name:
-            plan.add(
-                "served_model_name", spec.served_model_name, ("--served-model-name",), spec.served_model_name
-            )
-        if spec.api_key:
-            plan.pick("api_key", MASK, "--api-key")
-            plan.argv.extend(["--api-key", spec.api_key])
-            plan.notes.append(f"api_key -> --api-key {MASK}")
+        _map_serving(plan)
         user_flags = {arg.split("=", 1)[0] for arg in spec.args if arg.startswith("--")}
-        clashes = sorted(flag for flag in user_flags if flag in plan.owned)
-        if clashes:
-            raise ConfigError(
-                f"{plan.where()} args {list(spec.args)!r} set {', '.join(clashes)}, which the "
-                f"plugin sets from {', '.join(sorted({plan.owned[f] for f in clashes}))}; "
-                "set the option instead of passing the flag"
-            )
-        # /metrics carries sglang:cuda_graph_passes_total, the proof that decode replayed graphs.
-        if plan.flagset.has("--enable-metrics") and "--enable-metrics" not in user_flags:
-            plan.argv.append("--enable-metrics")
-            plan.notes.append(
-                "--enable-metrics added: graph-pass and token counters for the execution checks"
-            )
-        # Decode lines come every --decode-log-interval steps (40 by default): with short probes only one appears,
-        # so the per-step graph check would see almost nothing. One line per step proves every batch size.
-        if spec.cuda_graph is not None and plan.flagset.has("--decode-log-interval") \
-                and "--decode-log-interval" not in user_flags:
-            plan.argv.extend(["--decode-log-interval", "1"])
-            plan.notes.append("--decode-log-interval 1 added: a decode line per step proves graph use per batch size")
+        _refuse_owned_flags(plan, user_flags)
+        _add_evidence_flags(plan, user_flags)
         plan.argv.extend(spec.args)
         if spec.args:
             plan.notes.append(f"args passed through verbatim: {' '.join(spec.args)}")
@@ -768,7 +789,7 @@ class SGLangAdapter(EngineAdapter):
                 )
 
     def parse_facts(
-        self, log_text: str, metrics_text: str | None = None, server_info: dict[str, Any] | None = None
+        self, log_text: str, metrics_text: str | None = None, server_info: Mapping[str, object] | None = None
     ) -> ServerFacts:
         """Log facts, plus graph-pass counters from /metrics, plus gaps filled from /server_info."""
         facts = parse_sglang_log(log_text)

@@ -6,9 +6,8 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from datetime import datetime
-from typing import Any
 
+from pytest_llmserve.engines.log_reading import StampedLog, on_ready, record_read
 from pytest_llmserve.evidence.facts import (
     LineRule,
     NanLogPattern,
@@ -21,7 +20,6 @@ from pytest_llmserve.evidence.facts import (
     normalize_backend,
     parse_kwargs_repr,
     read_timed_log,
-    record_ready,
 )
 from pytest_llmserve.evidence.prometheus import MetricSamples, metric_line
 
@@ -105,7 +103,8 @@ def _vllm_capture_sizes(compilation_config: str) -> tuple[int, ...] | None:
     return tuple(sorted(set(int_list(match.group(1)))))
 
 
-def _vllm_config_line(facts: ServerFacts, line: str, version: str, body: str, state: dict[str, Any]) -> None:
+def _vllm_config_line(r: _VLLMLog, line: str, version: str, body: str) -> None:
+    facts = r.facts
     if version and facts.version is None:
         facts.record("version", version.strip(), line)
     config = parse_kwargs_repr(body)
@@ -117,12 +116,7 @@ def _vllm_config_line(facts: ServerFacts, line: str, version: str, body: str, st
         else:
             facts.record("speculative", True, line)
             facts.record("speculative_detail", spec, line)
-    eager = as_bool(config.get("enforce_eager"))
-    if eager is not None:
-        facts.record("enforce_eager", eager, line)
-    seed = as_int(config.get("seed"))
-    if seed is not None:
-        facts.record("seed", seed, line)
+    record_read(facts, config, (("enforce_eager", "enforce_eager", as_bool), ("seed", "seed", as_int)), line)
     compilation = config.get("compilation_config")
     if compilation:
         mode = _vllm_mode(compilation)
@@ -133,25 +127,20 @@ def _vllm_config_line(facts: ServerFacts, line: str, version: str, body: str, st
             facts.record("cudagraph_mode", graph_mode, line)
         sizes = _vllm_capture_sizes(compilation)
         if sizes is not None:
-            state["capture_sizes"] = sizes
-            state["capture_sizes_line"] = line
+            r.capture_sizes = (sizes, line)
 
 
 def _vllm_non_default(facts: ServerFacts, line: str, raw: str) -> None:
     """The user's non-default args: requests, used only where nothing later reports the value."""
     data = literal(raw)
-    values: dict[str, Any] = data if isinstance(data, dict) else {}
+    values: dict[str, object] = data if isinstance(data, dict) else {}
     if not values:  # not a pure literal (an enum in it): pick the few scalars we need
         for key in ("gpu_memory_utilization", "max_num_seqs"):
             match = re.search(rf"'{key}': ([\d.]+)", raw)
             if match:
                 values[key] = literal(match.group(1))
-    util = as_float(values.get("gpu_memory_utilization"))
-    if util is not None:
-        facts.record("mem_fraction", util, line)
-    max_seqs = as_int(values.get("max_num_seqs"))
-    if max_seqs is not None:
-        facts.record("max_batch_size", max_seqs, line)
+    record_read(facts, values, (("mem_fraction", "gpu_memory_utilization", as_float),
+                                ("max_batch_size", "max_num_seqs", as_int)), line)
 
 
 def _vllm_graph_stats_row(facts: ServerFacts, line: str, unpadded: int, mode: str, count: int) -> None:
@@ -174,30 +163,18 @@ def _vllm_graph_stats_row(facts: ServerFacts, line: str, unpadded: int, mode: st
 
 
 @dataclass
-class _VLLMLog:
+class _VLLMLog(StampedLog):
     """What reading a vLLM log has found so far, beyond the facts: what only the whole log decides."""
 
-    facts: ServerFacts
-    state: dict[str, Any] = field(default_factory=dict)  # capture sizes from the config line, V2 runner
+    stamp = _VLLM_TS
+    stamp_prefix = "2000-"  # vLLM stamps no year; 2000 is a leap year, so 02-29 reads too
+
+    capture_sizes: tuple[tuple[int, ...], str] | None = None  # (the config line's capture sizes, the line)
+    v2_model_runner: bool = False  # "Using V2 Model Runner": no per-step graph use is logged
     captures: dict[str, tuple[int, str]] = field(default_factory=dict)  # "decode, FULL" -> (done, last line)
     capture_done_line: str | None = None
-    line_ts: datetime | None = None  # the current line's timestamp
-    first_ts: datetime | None = None
-    ready_ts: datetime | None = None
-    ready_line: str | None = None
     backend_lines: list[tuple[str, str]] = field(default_factory=list)  # (backend, line)
     in_cg_stats: bool = False  # a --cudagraph-metrics table has begun
-
-    def note_time(self, line: str) -> None:
-        ts_match = _VLLM_TS.search(line)
-        self.line_ts = None
-        if ts_match:
-            try:
-                self.line_ts = datetime.strptime("2000-" + ts_match.group(1), "%Y-%m-%d %H:%M:%S")
-            except ValueError:
-                self.line_ts = None
-            if self.line_ts is not None and self.first_ts is None:
-                self.first_ts = self.line_ts
 
 
 def _on_capture(r: _VLLMLog, line: str, m: re.Match[str]) -> None:
@@ -222,6 +199,10 @@ def _on_graph_stats_row(r: _VLLMLog, line: str, m: re.Match[str]) -> bool:
     return True
 
 
+def _on_v2_model_runner(r: _VLLMLog, line: str, m: re.Match[str]) -> None:
+    r.v2_model_runner = True
+
+
 def _on_capture_done(r: _VLLMLog, line: str, m: re.Match[str]) -> None:
     r.capture_done_line = line
 
@@ -230,15 +211,10 @@ def _on_graph_stats_table(r: _VLLMLog, line: str, m: re.Match[str]) -> None:
     r.in_cg_stats = True
 
 
-def _on_ready(r: _VLLMLog, line: str, m: re.Match[str]) -> None:
-    if r.ready_line is None:
-        r.ready_line, r.ready_ts = line, r.line_ts
-
-
 #: The lines of a vLLM log and what each proves; the first rule a line matches (and whose handler takes it)
 #: reads it.
 _VLLM_RULES: tuple[LineRule[_VLLMLog], ...] = (
-    (_VLLM_CONFIG, lambda r, line, m: _vllm_config_line(r.facts, line, m.group(1), m.group(2), r.state)),
+    (_VLLM_CONFIG, lambda r, line, m: _vllm_config_line(r, line, m.group(1), m.group(2))),
     # The banner is printed first, by the API server: what the user launched.
     (_VLLM_BANNER_VERSION, lambda r, line, m: r.facts.record("version", m.group(1), line)),
     (_VLLM_NON_DEFAULT, lambda r, line, m: _vllm_non_default(r.facts, line, m.group(1))),
@@ -249,7 +225,7 @@ _VLLM_RULES: tuple[LineRule[_VLLMLog], ...] = (
     (_VLLM_DOWNGRADE, lambda r, line, m: r.facts.record("cudagraph_mode", m.group(2).upper(), line)),
     (_VLLM_SET_MODE, lambda r, line, m: r.facts.record("cudagraph_mode", m.group(1).upper(), line)),
     (_VLLM_CAPTURE, _on_capture),
-    (re.compile(re.escape("Using V2 Model Runner")), lambda r, line, m: r.state.update(v2_model_runner=True)),
+    (re.compile(re.escape("Using V2 Model Runner")), _on_v2_model_runner),
     (_VLLM_CAPTURE_DONE, _on_capture_done),
     (_VLLM_KV, lambda r, line, m: r.facts.record("kv_cache_tokens", int(m.group(1).replace(",", "")), line)),
     (_VLLM_GPU_UTIL, lambda r, line, m: r.facts.record("mem_fraction", float(m.group(1)), line)),
@@ -260,7 +236,7 @@ _VLLM_RULES: tuple[LineRule[_VLLMLog], ...] = (
     (_VLLM_SPEC_METRICS, lambda r, line, m: r.facts.record("speculative", True, line)),
     (re.compile(re.escape("CUDAGraph Stats")), _on_graph_stats_table),
     (_VLLM_CG_STATS_ROW, _on_graph_stats_row),
-    (_VLLM_READY, _on_ready),
+    (_VLLM_READY, on_ready),
 )
 
 
@@ -277,14 +253,13 @@ def parse_vllm_log(text: str) -> ServerFacts:
             if normalize_backend(other) == name:
                 facts.add_evidence("attention_backend", other_line)
 
-    if r.ready_line is not None:
-        record_ready(facts, r.ready_line, r.first_ts, r.ready_ts)
+    r.record_ready()
 
-    _vllm_graph_facts(facts, r.state, r.captures, r.capture_done_line, r.ready_line)
+    _vllm_graph_facts(facts, r.capture_sizes, r.captures, r.capture_done_line, r.ready_line)
     if not facts.decode_graph_reported:
         facts.graph_use_hint = (
             "this vLLM uses its V2 model runner, which records no per-step graph use (its --cudagraph-metrics table is "
-            "filled by the V1 runner only: VLLM_USE_V2_MODEL_RUNNER=0)" if r.state.get("v2_model_runner") else
+            "filled by the V1 runner only: VLLM_USE_V2_MODEL_RUNNER=0)" if r.v2_model_runner else
             "vLLM reports graph use per step only in its --cudagraph-metrics table (logged with the periodic stats "
             "while requests run); this log has none")
     facts.compact_evidence()
@@ -293,7 +268,7 @@ def parse_vllm_log(text: str) -> ServerFacts:
 
 def _vllm_graph_facts(
     facts: ServerFacts,
-    state: dict[str, Any],
+    capture_sizes: tuple[tuple[int, ...], str] | None,
     captures: dict[str, tuple[int, str]],
     capture_done_line: str | None,
     ready_line: str | None,
@@ -307,10 +282,9 @@ def _vllm_graph_facts(
         facts.record("cuda_graph_enabled", True, lines[0])
         for line in lines[1:]:
             facts.add_evidence("cuda_graph_enabled", line)
-        sizes = state.get("capture_sizes")
-        if sizes:
+        if capture_sizes is not None and capture_sizes[0]:
             # The sizes come from the resolved config; the capture bars prove they were captured.
-            facts.record("captured_batch_sizes", sizes, state["capture_sizes_line"])
+            facts.record("captured_batch_sizes", *capture_sizes)
             for line in lines:
                 facts.add_evidence("captured_batch_sizes", line)
         return

@@ -23,7 +23,8 @@ import json
 import re
 import shutil
 import sys
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 from pytest_llmserve.config import ServerSpec
 from pytest_llmserve.engines.base import EngineAdapter, LaunchPlan
@@ -99,7 +100,7 @@ class VLLMAdapter(EngineAdapter):
                           health_path="/health", generation_probe=True, notes=notes)
 
     def parse_facts(self, log_text: str, metrics_text: str | None = None,
-                    server_info: dict[str, Any] | None = None) -> ServerFacts:
+                    server_info: Mapping[str, object] | None = None) -> ServerFacts:
         parsed = parse_vllm_log(log_text)
         if metrics_text:
             self.merge_metrics(parsed, metrics_text)
@@ -127,7 +128,7 @@ def _graph_flags(spec: ServerSpec) -> list[str]:
             raise ConfigError(f"server {spec.id}: eager = true contradicts cuda_graph enabled "
                               f"(--enforce-eager disables CUDA graphs; from {spec.source})")
         return ["--enforce-eager"]
-    compilation: dict[str, Any] = {}
+    compilation: dict[str, object] = {}
     if spec.cuda_graph is not None:
         if not spec.cuda_graph.enabled:
             compilation["cudagraph_mode"] = "NONE"

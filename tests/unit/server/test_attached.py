@@ -135,10 +135,11 @@ def test_a_worker_attaching_to_another_workers_server_gets_its_gpu_scope(tmp_pat
     reads them from the record, so its rounds count only other processes on those GPUs (without, every GPU counted,
     and the server's own GPU processes in another pid namespace against itself)."""
     from pytest_llmserve.server.gpu_scope import GpuScope
+    from pytest_llmserve.server.pool import SharedServer
 
     scope = GpuScope((0, 1), frozenset({2_811_034}), "pid 2811034 (NVML's pid namespace, not this one)")
     spec = ServerSpec(name="glm5", engine="sglang")
-    info = {"url": url_of(remote) + "/v1", "model": "glm5-served", "pid": None, "gpu_scope": scope.to_dict()}
+    info: SharedServer = {"url": url_of(remote) + "/v1", "model": "glm5-served", "pid": None, "gpu_scope": scope.to_dict()}
     attached = _pool(tmp_path)._attach(spec, info)
     assert attached.gpu_scope == scope
     assert json.loads(json.dumps(scope.to_dict())) == scope.to_dict()  # what the record holds survives JSON
