@@ -207,8 +207,8 @@ class DecodeCheck:
     long_decode_tokens = 256
     batch_tokens = 32
 
-    def __init__(self, server: Any, *, reference_server: Callable[[str | ServerSpec], Any] | None = None, verbose: int = 0,
-                 records: list[dict[str, Any]] | None = None, probes: ServerProbes | None = None,
+    def __init__(self, server: Any, *, reference_server: Callable[[str | ServerSpec], Any] | None = None,
+                 verbose: int = 0, records: list[dict[str, Any]] | None = None, probes: ServerProbes | None = None,
                  prefetched: AnswerBook | None = None, planning: LLMClient | None = None,
                  reference_plan: ReferencePlan | None = None, failure_note: tuple[Path, str] | None = None) -> None:
         self.server = server
