@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -156,35 +156,7 @@ def report(snapshot: dict[str, Any]) -> dict[str, Any]:
     ``rebooted``: keys booted more than once, which should be empty: one boot per configuration)."""
     begin, end = float(snapshot["start"]), float(snapshot["end"])
     wall = max(0.0, end - begin)
-    request_rank = _RANK["request"]
-    clipped: list[tuple[float, float, int, str]] = []
-    for category, s, e, key in snapshot["intervals"]:
-        s, e = max(float(s), begin), min(float(e), end)
-        if e > s:
-            kind = (key or "other") if category == "request" else ""
-            clipped.append((s, e, _RANK[category], kind))
-    totals = [0.0] * len(CATEGORIES)
-    kinds: dict[str, float] = {}
-    # Sweep over the interval edges; each slice goes to the best-ranked active category.
-    edges = sorted({t for s, e, _, _ in clipped for t in (s, e)})
-    events: dict[float, list[tuple[int, int, str]]] = {}
-    for s, e, rank, kind in clipped:
-        events.setdefault(s, []).append((rank, +1, kind))
-        events.setdefault(e, []).append((rank, -1, kind))
-    active = [0] * len(CATEGORIES)
-    in_flight: dict[str, int] = {}
-    for left, right in zip(edges, edges[1:], strict=False):
-        for rank, delta, kind in events.get(left, ()):
-            active[rank] += delta
-            if rank == request_rank:
-                in_flight[kind] = in_flight.get(kind, 0) + delta
-        best = next((r for r in range(len(CATEGORIES)) if active[r] > 0), None)
-        if best is not None:
-            totals[best] += right - left
-            if best == request_rank:
-                for kind, count in in_flight.items():
-                    if count > 0:
-                        kinds[kind] = kinds.get(kind, 0.0) + (right - left) * count / active[request_rank]
+    totals, kinds = _sweep(_clipped(snapshot["intervals"], begin, end))
     boot_s, teardown_s, request_s, _marked_plugin_s, idle_s = totals
     plugin_s = max(0.0, wall - boot_s - teardown_s - request_s - idle_s)
     keys = [k for c, _, _, k in snapshot["intervals"] if c == "boot"]
@@ -199,6 +171,46 @@ def report(snapshot: dict[str, Any]) -> dict[str, Any]:
         "boots": len(keys), "boot_keys": sorted(set(named)),
         "rebooted": sorted({k for k in named if named.count(k) > 1}),
     }
+
+
+def _clipped(intervals: Iterable[Sequence[Any]], begin: float, end: float) -> list[tuple[float, float, int, str]]:
+    """The intervals inside [begin, end] as (start, end, the category's rank, a request's kind)."""
+    clipped: list[tuple[float, float, int, str]] = []
+    for category, s, e, key in intervals:
+        s, e = max(float(s), begin), min(float(e), end)
+        if e > s:
+            kind = (key or "other") if category == "request" else ""
+            clipped.append((s, e, _RANK[category], kind))
+    return clipped
+
+
+def _sweep(clipped: list[tuple[float, float, int, str]]) -> tuple[list[float], dict[str, float]]:
+    """Each category's seconds, every slice of time given to the best-ranked category active in it (a sweep over the
+    interval edges), and the request seconds split by kind in proportion to the requests of each kind in flight."""
+    request_rank = _RANK["request"]
+    totals = [0.0] * len(CATEGORIES)
+    kinds: dict[str, float] = {}
+    edges = sorted({t for s, e, _, _ in clipped for t in (s, e)})
+    events: dict[float, list[tuple[int, int, str]]] = {}
+    for s, e, rank, kind in clipped:
+        events.setdefault(s, []).append((rank, +1, kind))
+        events.setdefault(e, []).append((rank, -1, kind))
+    active = [0] * len(CATEGORIES)
+    in_flight: dict[str, int] = {}
+    for left, right in zip(edges, edges[1:], strict=False):
+        for rank, delta, kind in events.get(left, ()):
+            active[rank] += delta
+            if rank == request_rank:
+                in_flight[kind] = in_flight.get(kind, 0) + delta
+        best = next((r for r in range(len(CATEGORIES)) if active[r] > 0), None)
+        if best is None:
+            continue
+        totals[best] += right - left
+        if best == request_rank:
+            for kind, count in in_flight.items():
+                if count > 0:
+                    kinds[kind] = kinds.get(kind, 0.0) + (right - left) * count / active[request_rank]
+    return totals, kinds
 
 
 def format_report(rep: dict[str, Any]) -> str:
