@@ -51,7 +51,14 @@ from pytest_llmserve.report.checks import (
 from pytest_llmserve.report.outcome import BenchOutcome
 from pytest_llmserve.report.session import render_session
 from pytest_llmserve.server.handle import LOG_TAIL_LINES, ServerHandle, read_tail, secret_values
-from pytest_llmserve.server.hosts import ConfigRow, HostReport, config_groups, merge_by_config, server_of_nodeid
+from pytest_llmserve.server.hosts import (
+    BootEntry,
+    ConfigRow,
+    HostReport,
+    config_groups,
+    merge_by_config,
+    server_of_nodeid,
+)
 from pytest_llmserve.server.pool import read_boots
 from pytest_llmserve.settings import Settings
 from pytest_llmserve.store.reference_answers import DIR_NAME
@@ -137,18 +144,23 @@ def check_row(item: pytest.Item, call: pytest.CallInfo[None], report: pytest.Tes
     message = "" if report.passed else _exception_text(call, report)
     verdict = _verdict(item, report, message, records)
     failing = next((r for r in reversed(records) if r["verdict"] == verdict), None) if verdict != "pass" else None
-    first = (failing or {}).get("first_finding") or (_first_line(message) if message else None)
-    if verdict == "error" and first:
-        first = one_line(f"{report.when}: {first}")
-    findings = [f for r in records for f in r.get("findings") or []]
     return CheckOutcome(
         test_id=item.nodeid, check=check_name(item, server_id), server_id=server_id or "", verdict=verdict,
-        kind="benchmark" if is_benchmark(item) else "correctness", first_finding=first, findings=findings,
+        kind="benchmark" if is_benchmark(item) else "correctness",
+        first_finding=_first_finding(failing, message, verdict, report.when),
+        findings=[f for r in records for f in r.get("findings") or []],
         message=message or None, detail=(failing or {}).get("detail") or message or _passed_detail(verdict, records),
         oracles=[{"check": r["check"], "verdict": r["verdict"], "findings": len(r.get("findings") or [])}
                  for r in records],
         duration_s=round(report.duration, 3),
         untrained_declared=untrained_declared(records) if verdict == "not-applicable" else None)
+
+
+def _first_finding(failing: dict[str, Any] | None, message: str, verdict: str, when: str) -> str | None:
+    """The row's first finding: the deciding oracle record's, else the first line of the test's message (an error
+    says in which phase)."""
+    first = (failing or {}).get("first_finding") or (_first_line(message) if message else None)
+    return one_line(f"{when}: {first}") if verdict == "error" and first else first
 
 
 def untrained_declared(records: list[dict[str, Any]]) -> bool:
@@ -193,26 +205,36 @@ def record_verdict(item: pytest.Item, call: pytest.CallInfo[None], report: pytes
     promotable = strict and not report.failed and not hasattr(report, "wasxfail")
     bench_records = [str(value) for name, value in item.user_properties if name == BENCH_PROPERTY]
     if bench_records:
-        # The gate's own record is this benchmark's row; junit gets its figures.
-        records = [BenchOutcome.from_json(text) for text in bench_records]
-        properties = _bench_properties(records[-1])
-        failures = [f for f in map(strict_failure, records) if f is not None] if promotable else []
-        if failures:
-            message = "\n".join(failure.message for failure in failures)
-            _fail_report(item, report, message)
-            row = CheckOutcome(test_id=item.nodeid, check=check_name(item, server_id),
-                               server_id=server_id or records[-1].server_id, verdict="fail", kind="benchmark",
-                               first_finding=one_line(message), message=message, detail=records[-1].note,
-                               duration_s=round(report.duration, 3), strict_from=failures[0].was)
-            setattr(report, ROW_ATTR, row.to_dict())
-            properties = [(name, "fail" if name == "llmserve_verdict" else value) for name, value in properties
-                          if name != "llmserve_first_finding"]
-            properties += [("llmserve_strict_from", failures[0].was), ("llmserve_first_finding", row.first_finding)]
-        item.user_properties.extend(properties)
-        return bool(failures)
+        return _record_benchmark(item, report, server_id, [BenchOutcome.from_json(text) for text in bench_records],
+                                 promotable)
     if not (is_check(item, suite_dir) or is_benchmark(item)):
         return False
-    row = check_row(item, call, report, server_id)
+    return _record_check(item, check_row(item, call, report, server_id), report, promotable)
+
+
+def _record_benchmark(item: pytest.Item, report: pytest.TestReport, server_id: str | None,
+                      records: list[BenchOutcome], promotable: bool) -> bool:
+    """A benchmark's row is the gate's own record, junit gets its figures; in strict mode a record that verified
+    nothing fails the report."""
+    properties = _bench_properties(records[-1])
+    failures = [f for f in map(strict_failure, records) if f is not None] if promotable else []
+    if failures:
+        message = "\n".join(failure.message for failure in failures)
+        _fail_report(item, report, message)
+        row = CheckOutcome(test_id=item.nodeid, check=check_name(item, server_id),
+                           server_id=server_id or records[-1].server_id, verdict="fail", kind="benchmark",
+                           first_finding=one_line(message), message=message, detail=records[-1].note,
+                           duration_s=round(report.duration, 3), strict_from=failures[0].was)
+        setattr(report, ROW_ATTR, row.to_dict())
+        properties = [(name, "fail" if name == "llmserve_verdict" else value) for name, value in properties
+                      if name != "llmserve_first_finding"]
+        properties += [("llmserve_strict_from", failures[0].was), ("llmserve_first_finding", row.first_finding)]
+    item.user_properties.extend(properties)
+    return bool(failures)
+
+
+def _record_check(item: pytest.Item, row: CheckOutcome, report: pytest.TestReport, promotable: bool) -> bool:
+    """A check's row on its report and its junit properties; in strict mode a row that verified nothing fails it."""
     failure = strict_failure(row) if promotable else None
     if failure is not None:
         row = failed_by_strict_mode(row, failure)
@@ -321,16 +343,36 @@ def write_summary(terminalreporter: pytest.TerminalReporter, settings: Settings,
         return
     terminalreporter.section("llmserve")
     if by_host:
-        terminalreporter.write_line("configurations by host:")
-        for row in by_host:
-            terminalreporter.write_line("  " + row.line())
-        settings.results_dir.mkdir(parents=True, exist_ok=True)
-        (settings.results_dir / "hosts.json").write_text(dumps([row.to_dict() for row in by_host], indent=2))
+        _write_hosts(terminalreporter, settings, by_host)
     wall = time.monotonic() - session_start
+    boot_s = _write_boots(terminalreporter, boots)
+    if accounting is not None:
+        snapshot = Accounting.merge([accounting.snapshot(), *workers])
+        terminalreporter.write_line("time: " + format_report(time_report(snapshot)))
+    # A matrix reference's answers, recorded in the run's shared directory (removed at the end), kept with
+    # the run's reports, where --llmserve-reference-answers can name them in a later run.
+    recorded = sorted((run_dir / DIR_NAME).glob("*.json")) if (run_dir / DIR_NAME).is_dir() else []
+    for line in render_session(outcomes, checks, settings.results_dir, bench_json=settings.bench_json,
+                               wall_s=wall, boot_s=boot_s,
+                               files=[(f"{DIR_NAME}/{path.name}", path) for path in recorded],
+                               strict=settings.strict, completeness=completeness).splitlines():
+        terminalreporter.write_line(line)
+
+
+def _write_hosts(terminalreporter: pytest.TerminalReporter, settings: Settings, by_host: list[ConfigRow]) -> None:
+    """Each configuration's row by host, on the terminal and in hosts.json."""
+    terminalreporter.write_line("configurations by host:")
+    for row in by_host:
+        terminalreporter.write_line("  " + row.line())
+    settings.results_dir.mkdir(parents=True, exist_ok=True)
+    (settings.results_dir / "hosts.json").write_text(dumps([row.to_dict() for row in by_host], indent=2))
+
+
+def _write_boots(terminalreporter: pytest.TerminalReporter, boots: list[BootEntry]) -> float:
+    """The servers booted (each with its boot time and log) and attached; returns the seconds spent booting."""
     # Attached servers (launched elsewhere) are not boots: each xdist worker records its own attachment.
     attached = list({b["server"]: b for b in boots if b.get("launched") is False}.values())
     boots = [b for b in boots if b.get("launched") is not False]
-    boot_s = sum(float(b.get("boot_s") or 0) for b in boots)
     ok = [b for b in boots if b.get("ok")]
     if boots or attached:
         terminalreporter.write_line(
@@ -343,17 +385,7 @@ def write_summary(terminalreporter: pytest.TerminalReporter, settings: Settings,
             f"attached: {b['server']} at {b.get('url')}, not launched by this run (nor stopped by it)"
             + (f"; log {b['log']}" if b.get("log") else "")
             + ("" if b.get("ok") else f"; not ready: {b.get('error')}"))
-    if accounting is not None:
-        snapshot = Accounting.merge([accounting.snapshot(), *workers])
-        terminalreporter.write_line("time: " + format_report(time_report(snapshot)))
-    # A matrix reference's answers, recorded in the run's shared directory (removed at the end), kept with
-    # the run's reports, where --llmserve-reference-answers can name them in a later run.
-    recorded = sorted((run_dir / DIR_NAME).glob("*.json")) if (run_dir / DIR_NAME).is_dir() else []
-    for line in render_session(outcomes, checks, settings.results_dir, bench_json=settings.bench_json,
-                               wall_s=wall, boot_s=boot_s,
-                               files=[(f"{DIR_NAME}/{path.name}", path) for path in recorded],
-                               strict=settings.strict, completeness=completeness).splitlines():
-        terminalreporter.write_line(line)
+    return sum(float(b.get("boot_s") or 0) for b in boots)
 
 
 def _ran_to_an_outcome(report: Any) -> bool:
