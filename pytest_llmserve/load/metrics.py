@@ -495,7 +495,7 @@ def _prompt_length_note(run: _RunView) -> str | None:
 
 
 def _client_bound_note(run: _RunView) -> str | None:
-    if run.cpu_fraction is None or run.cpu_fraction <= 0.9:
+    if run.cpu_fraction is None or not run.cpu_fraction > 0.9:
         return None
     return (f"the load generator used {run.cpu_fraction:.0%} of a core per client process: the figures "
             "may be limited by the client (use more client processes)")

@@ -148,3 +148,9 @@ def test_evaluate_notes_and_the_server_counter(case: str, expected: tuple[object
         assert classified(res.invalid_reasons)[-1] == (
             "client 14.5 tok/s vs server counter 72.7 tok/s: -80.0% (DISAGREE, bound ±3%) (other traffic on the "
             "server, or a token-counting bug)", "MACHINE", False)
+
+
+def test_a_cpu_share_that_is_not_a_number_makes_no_note() -> None:
+    healthy = [rec(i, 0.5, [0.1] * 3, start=10.0 + i * 0.1) for i in range(4)]
+    res = evaluate(healthy, WL, transport="lean", client_cpu_s=float("nan"))
+    assert res.notes == [] and res.client_cpu_fraction != res.client_cpu_fraction  # NaN
