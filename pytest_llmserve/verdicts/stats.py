@@ -384,30 +384,11 @@ def decide(
     evidence = _FixedEvidence(change, p_worse, p_better, ci_low, ci_high, len(base), len(cur))
     outcome, reason = _fixed_outcome(evidence, tolerance=tolerance, alpha=alpha, min_samples=min_samples,
                                      confidence=confidence, name=metric or "the metric")
-    return Verdict(
-        outcome=outcome,
-        reason=reason,
-        change=change,
-        raw_change=raw_change,
-        p_value=evidence.p_value,
-        p_worse=p_worse,
-        p_better=p_better,
-        ci_low=ci_low,
-        ci_high=ci_high,
-        confidence=confidence,
-        cliffs_delta=cliffs,
-        hodges_lehmann=hl,
-        baseline_median=base_median,
-        current_median=cur_median,
-        n_baseline=len(base),
-        n_current=len(cur),
-        higher_is_better=higher_is_better,
-        tolerance=tolerance,
-        alpha=alpha,
-        min_samples=min_samples,
-        test=test,
-        metric=metric,
-    )
+    return Verdict(outcome=outcome, reason=reason, change=change, raw_change=raw_change, p_value=evidence.p_value,
+                   p_worse=p_worse, p_better=p_better, ci_low=ci_low, ci_high=ci_high, confidence=confidence,
+                   cliffs_delta=cliffs, hodges_lehmann=hl, baseline_median=base_median, current_median=cur_median,
+                   n_baseline=len(base), n_current=len(cur), higher_is_better=higher_is_better, tolerance=tolerance,
+                   alpha=alpha, min_samples=min_samples, test=test, metric=metric)
 
 
 def needs_more_rounds(verdict: Verdict, rounds_done: int, max_rounds: int) -> bool:
