@@ -26,9 +26,12 @@ import numbers
 import os
 from collections.abc import Mapping
 from dataclasses import asdict, is_dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-__all__ = ["dumps", "float_or_nan", "keep_nonfinite", "to_plain"]
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
+__all__ = ["dumps", "fields_dict", "float_or_nan", "keep_nonfinite", "to_plain"]
 
 
 def to_plain(value: Any) -> Any:
@@ -53,6 +56,13 @@ def to_plain(value: Any) -> Any:
     if isinstance(value, os.PathLike):
         return os.fspath(value)
     return str(value)
+
+
+def fields_dict(record: DataclassInstance) -> dict[str, object]:
+    """A dataclass record as the dict its JSON is: its fields in their order, nested records as dicts and containers
+    copied (:func:`dataclasses.asdict`), each tuple field as a list; values otherwise as they are (the NaN policy is
+    applied when it is written, :func:`dumps`)."""
+    return {name: list(value) if isinstance(value, tuple) else value for name, value in asdict(record).items()}
 
 
 def dumps(value: Any, *, indent: int | None = None, sort_keys: bool = False,

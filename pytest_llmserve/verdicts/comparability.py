@@ -16,7 +16,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, replace
 from typing import Any, Literal
 
-from pytest_llmserve.json_encoding import to_plain
+from pytest_llmserve.json_encoding import fields_dict, to_plain
 
 # Context keys (dotted paths; a prefix covers everything below it) that may differ between a baseline
 # and a run without making them incomparable: identities, bookkeeping, timeouts, where logs went.
@@ -162,17 +162,8 @@ class Comparability:
     def confounders(self) -> tuple[ContextDiff, ...]:
         return tuple(d for d in self.diffs if not _under(d.key, self.variable_keys))
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "status": self.status,
-            "label": self.label,
-            "message": self.message,
-            "variable": self.variable,
-            "variable_keys": list(self.variable_keys),
-            "diffs": [d.to_dict() for d in self.diffs],
-            "ignored": [d.to_dict() for d in self.ignored],
-            "host_diffs": [d.to_dict() for d in self.host_diffs],
-        }
+    def to_dict(self) -> dict[str, object]:
+        return fields_dict(self)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Comparability:

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 from pytest_llmserve.evidence.facts import ServerFacts, focus_line, normalize_backend
+from pytest_llmserve.json_encoding import fields_dict
 
 if TYPE_CHECKING:
     from pytest_llmserve.config import CudaGraphSpec, ServerSpec
@@ -40,15 +41,8 @@ class CheckResult:
             return head + "\n  evidence: none (the server's log/metrics did not report this)"
         return head + "\n  evidence:\n" + "\n".join(f"    | {line}" for line in self.evidence)
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "status": self.status,
-            "requested": self.requested,
-            "observed": self.observed,
-            "evidence": list(self.evidence),
-            "note": self.note,
-        }
+    def to_dict(self) -> dict[str, object]:
+        return fields_dict(self)
 
 
 def evidence_lines(facts: ServerFacts, *names: str, needles: Iterable[str] = ()) -> list[str]:
