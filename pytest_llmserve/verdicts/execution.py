@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Literal
 
 from pytest_llmserve.evidence.facts import ServerFacts, focus_line, normalize_backend
 from pytest_llmserve.json_encoding import fields_dict
