@@ -21,7 +21,6 @@ import re
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from pytest_llmserve.evidence.completion import Completion, TokenLogprob
 from pytest_llmserve.evidence.facts import NanLogPattern
@@ -211,7 +210,7 @@ _SAMPLING_CHANGERS = ("min_tokens", "logit_bias", "bad_words", "allowed_token_id
                       "guided_regex", "guided_choice", "response_format", "structured_outputs")
 
 
-def _plain_greedy(request: dict[str, Any]) -> bool:
+def _plain_greedy(request: dict[str, object]) -> bool:
     if request.get("temperature", 1.0) != 0:
         return False
     for key in ("repetition_penalty",):

@@ -265,7 +265,7 @@ class Verdict:
     def failed(self) -> bool:
         return self.outcome == "regressed"
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return asdict(self)
 
     @classmethod
@@ -762,7 +762,7 @@ class Resolution:
         change close to the tolerance)."""
         return self.resolvable_tolerance <= self.tolerance
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return asdict(self)
 
     def line(self, *, rounds_setting: str = "max_rounds", tolerance_setting: str = "tolerance",
