@@ -16,7 +16,7 @@ import math
 import uuid
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, TypedDict, TypeVar
 
 from pytest_llmserve.json_encoding import dumps, float_or_nan
 from pytest_llmserve.store.baselines import BenchKey
@@ -31,7 +31,7 @@ class DiscardedRound:
     round: str
     reasons: tuple[str, ...]
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return {"round": self.round, "reasons": list(self.reasons)}
 
     @classmethod
@@ -45,9 +45,9 @@ class ContendedRound:
 
     round: str
     reason: str
-    host_contention: dict[str, Any] = field(default_factory=dict)
+    host_contention: dict[str, object] = field(default_factory=dict)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return {"round": self.round, "reason": self.reason, "host_contention": self.host_contention}
 
     @classmethod
@@ -75,7 +75,7 @@ class WarmUp:
     seconds: float = 0.0
     note: str | None = None
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         out = {name: getattr(self, name) for name in WarmUp.__dataclass_fields__}
         return out if self.note is not None else {k: v for k, v in out.items() if k != "note"}
 
@@ -107,7 +107,7 @@ class Extension:
     plan_looks: int | None = None
     note: str = ""
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return {name: getattr(self, name) for name in Extension.__dataclass_fields__}
 
     @classmethod
@@ -130,7 +130,7 @@ class ResolutionRecord:
     line: str
     short: str
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return {**self.figures.to_dict(), "line": self.line, "short": self.short}
 
     @classmethod
@@ -138,6 +138,17 @@ class ResolutionRecord:
         names = Resolution.__dataclass_fields__
         figures = Resolution(**{k: v for k, v in data.items() if k in names})
         return cls(figures=figures, line=str(data.get("line") or ""), short=str(data.get("short") or ""))
+
+
+class HostShare(TypedDict):
+    """What other processes took of the host over a benchmark's measured rounds (:attr:`BenchOutcome.host_contention`,
+    results.json's ``host_contention``): the ``max`` and ``median`` share (None: not sampled), the ``rounds`` sampled
+    and the rounds ``discarded`` as contended."""
+
+    max: float | None
+    median: float | None
+    rounds: int
+    discarded: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -189,7 +200,7 @@ class BenchOutcome:
     samples: dict[str, list[float]] = field(default_factory=dict)
     baseline_samples: list[float] = field(default_factory=list)
     error: str | None = None
-    context: dict[str, Any] = field(default_factory=dict)
+    context: dict[str, object] = field(default_factory=dict)
     concurrency: int | None = None
     request_latencies_s: dict[str, list[float]] = field(default_factory=dict)
     note: str | None = None
@@ -206,7 +217,7 @@ class BenchOutcome:
     confounded: bool = False  # no verdict: the host stayed busy (contended_rounds); skipped, never failed
     rounds: int = 0
     seconds: float | None = None
-    cross_check: dict[str, Any] | str | None = None
+    cross_check: dict[str, object] | str | None = None
     correctness_failed: list[dict[str, str]] = field(default_factory=list)
     inconclusive_policy: str | None = None
     warning: str | None = None
@@ -276,7 +287,7 @@ class BenchOutcome:
                 "noisy_cv": NOISY_CV}
 
     @property
-    def host_contention(self) -> dict[str, Any]:
+    def host_contention(self) -> HostShare:
         """What other processes took of the host during the measured rounds (``max`` and ``median`` share of the
         machine over them; None where not sampled) and how many rounds were ``discarded`` as contended."""
         values = [v for v in self.samples.get("host_contention", []) if math.isfinite(v)]
@@ -313,7 +324,7 @@ class BenchOutcome:
         short = self.test_id.rsplit("::", 1)[-1]
         return short if self.server_id in short else f"{short}[{self.server_id}]"
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return {
             "test_id": self.test_id,
             "server_id": self.server_id,
@@ -409,7 +420,7 @@ RECORD_ONLY = ("rounds", "seconds", "cross_check", "correctness_failed", "inconc
                "baseline_ci_half_width", "baseline_series", "differences", "ab", "before_boot")
 
 
-def _contended(data: Mapping[str, Any]) -> list[ContendedRound]:
+def _contended(data: Mapping[str, object]) -> list[ContendedRound]:
     items = data.get("contended_rounds")
     return [ContendedRound.from_dict(c) for c in items if isinstance(c, Mapping)] if isinstance(items, list) else []
 
