@@ -66,7 +66,8 @@ class InvalidReason(str):
         reason.timing_only = timing_only
         return reason
 
-    def __reduce__(self) -> tuple[Any, ...]:  # pickled with its classification (across client processes)
+    def __reduce__(self) -> tuple[Callable[[str, str, bool], InvalidReason], tuple[str, str, bool]]:
+        # pickled with its classification (across client processes)
         return (_reason, (str(self), self.blame.value, self.timing_only))
 
     @property
@@ -359,7 +360,7 @@ def sample_findings(records: Sequence[RequestRecord], *, judge_text: bool = True
     return out
 
 
-def _sample_thresholds() -> Any:
+def _sample_thresholds() -> CoherenceThresholds:
     # The workload's prompts are seeded word lists, and a healthy small model's greedy continuation of one loops:
     # on the real engines, " to the day of the day ..." (vLLM CPU eager), " is" 26 times of 32 (vLLM CPU compiled),
     # " morning no morning no ..." over 256 tokens (vLLM 0.26 GPU). Repetition is therefore no sign of a broken

@@ -21,7 +21,7 @@ import threading
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import asdict, dataclass, replace
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TextIO, TypeVar
 
 from pytest_llmserve.config import Workload
 from pytest_llmserve.errors import LLMServeError
@@ -87,7 +87,7 @@ def arrival_offsets(n: int, rate: float, burstiness: float = 1.0, seed: int = 0)
 class Progress:
     """A one-line progress display on stderr (\\r-updated), silent when stderr is not a terminal."""
 
-    def __init__(self, total: int, label: str, enabled: bool = True, stream: Any = None) -> None:
+    def __init__(self, total: int, label: str, enabled: bool = True, stream: TextIO | None = None) -> None:
         self.stream = stream if stream is not None else sys.stderr
         self.enabled = bool(enabled and hasattr(self.stream, "isatty") and self.stream.isatty())
         self.total = total
@@ -482,7 +482,7 @@ def event_loop_name() -> str:
     return "uvloop"
 
 
-def run_loop(main: Coroutine[Any, Any, _R]) -> _R:
+def run_loop(main: Coroutine[object, object, _R]) -> _R:
     """``asyncio.run`` on the load generator's event loop (see :func:`event_loop_name`)."""
     if event_loop_name() == "uvloop":
         # lazy: uvloop takes ~50 ms to import (-X importtime), and is optional
