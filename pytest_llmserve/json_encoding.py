@@ -65,7 +65,7 @@ def fields_dict(record: DataclassInstance) -> dict[str, object]:
     return {name: list(value) if isinstance(value, tuple) else value for name, value in asdict(record).items()}
 
 
-def dumps(value: Any, *, indent: int | None = None, sort_keys: bool = False,
+def dumps(value: object, *, indent: int | None = None, sort_keys: bool = False,
           separators: tuple[str, str] | None = None) -> str:
     """``value`` as strict JSON text (:func:`to_plain`, then ``allow_nan=False``: never a ``NaN`` token)."""
     return json.dumps(to_plain(value), indent=indent, sort_keys=sort_keys, separators=separators, allow_nan=False)
