@@ -26,9 +26,12 @@ import numbers
 import os
 from collections.abc import Mapping
 from dataclasses import asdict, is_dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-__all__ = ["dumps", "float_or_nan", "keep_nonfinite", "to_plain"]
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
+__all__ = ["dumps", "fields_dict", "float_or_nan", "keep_nonfinite", "to_plain"]
 
 
 def to_plain(value: Any) -> Any:
@@ -55,7 +58,14 @@ def to_plain(value: Any) -> Any:
     return str(value)
 
 
-def dumps(value: Any, *, indent: int | None = None, sort_keys: bool = False,
+def fields_dict(record: DataclassInstance) -> dict[str, object]:
+    """A dataclass record as the dict its JSON is: its fields in their order, nested records as dicts and containers
+    copied (:func:`dataclasses.asdict`), each tuple field as a list; values otherwise as they are (the NaN policy is
+    applied when it is written, :func:`dumps`)."""
+    return {name: list(value) if isinstance(value, tuple) else value for name, value in asdict(record).items()}
+
+
+def dumps(value: object, *, indent: int | None = None, sort_keys: bool = False,
           separators: tuple[str, str] | None = None) -> str:
     """``value`` as strict JSON text (:func:`to_plain`, then ``allow_nan=False``: never a ``NaN`` token)."""
     return json.dumps(to_plain(value), indent=indent, sort_keys=sort_keys, separators=separators, allow_nan=False)

@@ -96,7 +96,7 @@ def redact_text(text: str, secrets: Iterable[str]) -> str:
 # --------------------------------------------------------------------------- a context (a JSON tree)
 
 
-def _redact_walk(value: Any, key: str | None) -> Any:
+def _redact_walk(value: object, key: str | None) -> object:
     if isinstance(value, dict):
         return {k: _redact_walk(v, k) for k, v in value.items()}
     if isinstance(value, list):
@@ -114,18 +114,19 @@ def _redact_walk(value: Any, key: str | None) -> Any:
     return value
 
 
-def redact_context(context: Mapping[str, Any]) -> dict[str, Any]:
+def redact_context(context: Mapping[str, object]) -> dict[str, Any]:
     """A JSON-plain copy (:func:`~pytest_llmserve.json_encoding.to_plain`) of ``context`` with secrets as
     :data:`MASK`: secret-looking string values (:func:`is_secret_name` of their key) anywhere in the tree, the
     values of secret flags in every list of strings (:func:`redact_argv`), and ``server_args.api_key``."""
-    out: dict[str, Any] = _redact_walk(to_plain(context), None)
+    out = _redact_walk(to_plain(context), None)
+    assert isinstance(out, dict)  # a mapping's plain form is a dict, and it stays one
     args = out.get("server_args")
     if isinstance(args, dict) and args.get("api_key") not in (None, "", MASK):
         args["api_key"] = MASK
     return out
 
 
-def find_secrets(context: Mapping[str, Any]) -> list[str]:
+def find_secrets(context: Mapping[str, object]) -> list[str]:
     """Dotted paths of values in ``context`` that the redaction rules would hide (empty = safe to store)."""
     found: list[str] = []
     redacted = redact_context(context)
@@ -135,7 +136,7 @@ def find_secrets(context: Mapping[str, Any]) -> list[str]:
     return found
 
 
-def _walk_pairs(a: Any, b: Any, path: str) -> Iterator[tuple[str, Any, Any]]:
+def _walk_pairs(a: object, b: object, path: str) -> Iterator[tuple[str, object, object]]:
     if isinstance(a, dict) and isinstance(b, dict):
         for k in a:
             yield from _walk_pairs(a[k], b.get(k), f"{path}.{k}" if path else k)

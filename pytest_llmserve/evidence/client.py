@@ -58,7 +58,7 @@ class ProbeRequest:
 
     mode: RequestMode
     path: str
-    body: dict[str, Any]
+    body: dict[str, object]
     kind: str = "other"  # one of REQUEST_KINDS: whose time it is in the accounting
 
     @property
@@ -66,7 +66,7 @@ class ProbeRequest:
         return request_key(self.mode, self.path, self.body)
 
 
-def request_key(mode: str, path: str, body: dict[str, Any]) -> RequestKey:
+def request_key(mode: str, path: str, body: dict[str, object]) -> RequestKey:
     return (mode, path, json.dumps(body, sort_keys=True, ensure_ascii=False, default=str))
 
 
@@ -77,7 +77,7 @@ class Answers(Protocol):
     def take(self, key: RequestKey) -> Completion | StreamedCompletion | RequestError | None: ...
 
 
-def parse_completion_choice(choice: dict[str, Any]) -> tuple[str, list[TokenLogprob], str | None, Any]:
+def parse_completion_choice(choice: dict[str, Any]) -> tuple[str, list[TokenLogprob], str | None, object]:
     """Parse one ``/v1/completions`` choice (legacy logprobs format) into text and token records."""
     text = choice.get("text") or ""
     tokens: list[TokenLogprob] = []
@@ -98,13 +98,20 @@ def parse_completion_choice(choice: dict[str, Any]) -> tuple[str, list[TokenLogp
     return text, tokens, choice.get("finish_reason"), choice.get("matched_stop", choice.get("stop_reason"))
 
 
-def _as_float(value: Any) -> float | None:
-    if value is None:
+def _as_float(value: object) -> float | None:
+    if not isinstance(value, int | float | str):  # null, or not a number a JSON answer could hold
         return None
     try:
         return float(value)
     except (TypeError, ValueError):
         return None
+
+
+class RequestTimer(Protocol):
+    """Where a client's request time is counted: the suite's accounting, as a server hands it on
+    (:class:`pytest_llmserve.server.handle.TimeAccount`)."""
+
+    def requests(self, kind: str = "other") -> AbstractContextManager[object]: ...
 
 
 class SharedRequestLock(Protocol):
@@ -172,7 +179,7 @@ class LLMClient:
     """
 
     def __init__(self, base_url: str, model: str, api_key: str | None = None, timeout_s: float = 300.0,
-                 accounting: Any = None, request_lock: SharedRequestLock | None = None,
+                 accounting: RequestTimer | None = None, request_lock: SharedRequestLock | None = None,
                  request_kind: str = "other") -> None:
         self.base_url = base_url.rstrip("/")
         self.accounting = accounting  # counts the time spent waiting on the server as request time
@@ -214,9 +221,9 @@ class LLMClient:
 
     def complete(self, prompt: str | list[int], max_tokens: int = 16, *, temperature: float = 0.0,
                  logprobs: int | None = 5, seed: int | None = 0, ignore_eos: bool = False,
-                 stop: list[str] | None = None, timeout_s: float | None = None, **extra: Any) -> Completion:
+                 stop: list[str] | None = None, timeout_s: float | None = None, **extra: object) -> Completion:
         """POST /v1/completions and parse the first choice. HTTP errors come back as a Completion."""
-        body: dict[str, Any] = {"model": self.model, "prompt": prompt, "max_tokens": max_tokens,
+        body: dict[str, object] = {"model": self.model, "prompt": prompt, "max_tokens": max_tokens,
                                 "temperature": temperature}
         if logprobs is not None:
             body["logprobs"] = logprobs
@@ -230,9 +237,9 @@ class LLMClient:
         return self._post("/v1/completions", body, timeout_s)
 
     def chat(self, content: str, max_tokens: int = 32, *, temperature: float = 0.0, logprobs: int | None = 5,
-             seed: int | None = 0, timeout_s: float | None = None, **extra: Any) -> Completion:
+             seed: int | None = 0, timeout_s: float | None = None, **extra: object) -> Completion:
         """POST /v1/chat/completions with one user message (the chat template applies)."""
-        body: dict[str, Any] = {"model": self.model, "messages": [{"role": "user", "content": content}],
+        body: dict[str, object] = {"model": self.model, "messages": [{"role": "user", "content": content}],
                                 "max_tokens": max_tokens, "temperature": temperature}
         if logprobs is not None:
             body["logprobs"] = True
@@ -242,14 +249,14 @@ class LLMClient:
         body.update(extra)
         return self._post("/v1/chat/completions", body, timeout_s)
 
-    def _post(self, path: str, body: dict[str, Any], timeout_s: float | None) -> Completion:
+    def _post(self, path: str, body: dict[str, object], timeout_s: float | None) -> Completion:
         answer = self._answer("post", path, body)
         if answer is not None:
             assert isinstance(answer, Completion)
             return answer
         return self.post_json(path, body, timeout_s)
 
-    def _answer(self, mode: RequestMode, path: str, body: dict[str, Any]) -> Completion | StreamedCompletion | None:
+    def _answer(self, mode: RequestMode, path: str, body: dict[str, object]) -> Completion | StreamedCompletion | None:
         """The answer sent ahead for this request, if any (a transport failure it met is raised again)."""
         if self.answers is None:
             return None
@@ -258,12 +265,12 @@ class LLMClient:
             raise answer
         return answer
 
-    def _timed(self, kind: str | None = None) -> AbstractContextManager[Any]:
+    def _timed(self, kind: str | None = None) -> AbstractContextManager[object]:
         if self.accounting is None:
             return nullcontext()
-        return self.accounting.requests(kind or self.request_kind)  # type: ignore[no-any-return]
+        return self.accounting.requests(kind or self.request_kind)
 
-    def post_json(self, path: str, body: dict[str, Any], timeout_s: float | None = None, *,
+    def post_json(self, path: str, body: dict[str, object], timeout_s: float | None = None, *,
                   kind: str | None = None) -> Completion:
         """POST ``body`` now (never from ``answers``) and parse the first choice."""
         with self._timed(kind):
@@ -275,7 +282,7 @@ class LLMClient:
             return self.stream_now(request.body, kind=request.kind)
         return self.post_json(request.path, request.body, kind=request.kind)
 
-    def stream(self, body: dict[str, Any], timeout_s: float | None = None) -> StreamedCompletion:
+    def stream(self, body: dict[str, object], timeout_s: float | None = None) -> StreamedCompletion:
         """POST ``body`` to /v1/completions streamed (from ``answers`` when it was sent ahead)."""
         answer = self._answer("stream", "/v1/completions", body)
         if answer is not None:
@@ -283,12 +290,12 @@ class LLMClient:
             return answer
         return self.stream_now(body, timeout_s)
 
-    def stream_now(self, body: dict[str, Any], timeout_s: float | None = None, *,
+    def stream_now(self, body: dict[str, object], timeout_s: float | None = None, *,
                    kind: str | None = None) -> StreamedCompletion:
         with self._timed(kind):
             return self._stream_timed(body, timeout_s)
 
-    def _stream_timed(self, body: dict[str, Any], timeout_s: float | None = None) -> StreamedCompletion:
+    def _stream_timed(self, body: dict[str, object], timeout_s: float | None = None) -> StreamedCompletion:
         """POST ``body`` to /v1/completions with ``stream: true`` and ``stream_options.include_usage`` and
         join the server-sent events. HTTP errors, and error events inside the stream, come back as a failed
         :class:`Completion` (status from the error object, else 500) since they can be NaN evidence;
@@ -350,7 +357,7 @@ class LLMClient:
         c.tokens = tokens
         return out
 
-    def _post_timed(self, path: str, body: dict[str, Any], timeout_s: float | None) -> Completion:
+    def _post_timed(self, path: str, body: dict[str, object], timeout_s: float | None) -> Completion:
         start = time.monotonic()
         try:
             resp = self._http.post(path, content=json.dumps(body), timeout=timeout_s or self.timeout_s,
@@ -403,7 +410,7 @@ class LLMClient:
             tokens = self._tokenize({"content": text, "add_special": False})
         return tokens
 
-    def _tokenize(self, body: dict[str, Any]) -> list[int] | None:
+    def _tokenize(self, body: dict[str, object]) -> list[int] | None:
         try:
             resp = self._http.post("/tokenize", json=body, timeout=self._aux(30))
         except httpx.HTTPError:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
 
 
 @dataclass(slots=True)
@@ -22,17 +21,17 @@ class TokenLogprob:
 class Completion:
     """What one request sent and what came back."""
 
-    request: dict[str, Any]
+    request: dict[str, object]
     status: int
     text: str = ""
     tokens: list[TokenLogprob] = field(default_factory=list)
     finish_reason: str | None = None
-    matched_stop: Any = None
+    matched_stop: object = None
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
     error: str | None = None
     elapsed_s: float = 0.0
-    raw: dict[str, Any] | None = None
+    raw: dict[str, object] | None = None
 
     @property
     def ok(self) -> bool:
@@ -64,7 +63,7 @@ def _fmt_lp(value: float | None) -> str:
     return f"{value:.3f}" if math.isfinite(value) else str(value)
 
 
-def short_repr(value: Any, limit: int = 120) -> str:
+def short_repr(value: object, limit: int = 120) -> str:
     """``repr(value)`` cut to ``limit`` characters, for messages that quote what was sent or received."""
     text = repr(value)
     return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -16,7 +16,7 @@ import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, fields
 from datetime import datetime, timedelta
-from typing import Any, Protocol, TypeVar
+from typing import Protocol, TypeVar
 
 __all__ = [
     "DecodeBatch",
@@ -111,13 +111,13 @@ class ServerFacts:
     errors: list[str] = field(default_factory=list)
     evidence: dict[str, list[str]] = field(default_factory=dict)
 
-    def record(self, name: str, value: Any, line: str | None) -> None:
+    def record(self, name: str, value: object, line: str | None) -> None:
         """Set fact ``name`` and remember the line that proves it (the only way parsers set facts)."""
         setattr(self, name, value)
         if line is not None:
             self.add_evidence(name, line)
 
-    def record_many(self, line: str | None, **values: Any) -> None:
+    def record_many(self, line: str | None, **values: object) -> None:
         """Several facts proven by one line."""
         for name, value in values.items():
             self.record(name, value, line)
@@ -151,9 +151,9 @@ class ServerFacts:
         return bool(self.decode_batches_on_graph or self.decode_batches_off_graph or self.graph_passes
                     or self.graph_use_by_size)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         """Plain JSON-able data for reports and baselines."""
-        out: dict[str, Any] = {}
+        out: dict[str, object] = {}
         for f in fields(self):
             value = getattr(self, f.name)
             if f.name == "decode_batches":
@@ -290,7 +290,7 @@ def parse_kwargs_repr(text: str) -> dict[str, str]:
     return out
 
 
-def literal(raw: str | None) -> Any:
+def literal(raw: str | None) -> object:
     """``ast.literal_eval`` of a repr, or the raw text when it is not a literal (``<Enum.X: 1>``)."""
     if raw is None:
         return None
@@ -300,7 +300,7 @@ def literal(raw: str | None) -> Any:
         return raw
 
 
-def as_int(value: Any) -> int | None:
+def as_int(value: object) -> int | None:
     if isinstance(value, bool):
         return None
     if isinstance(value, int):
@@ -314,7 +314,7 @@ def as_int(value: Any) -> int | None:
     return None
 
 
-def as_float(value: Any) -> float | None:
+def as_float(value: object) -> float | None:
     if isinstance(value, bool):
         return None
     if isinstance(value, int | float):
@@ -327,7 +327,7 @@ def as_float(value: Any) -> float | None:
     return None
 
 
-def as_bool(value: Any) -> bool | None:
+def as_bool(value: object) -> bool | None:
     if isinstance(value, bool):
         return value
     if isinstance(value, str) and value.strip() in ("True", "False"):

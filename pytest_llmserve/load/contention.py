@@ -39,7 +39,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Protocol
 from urllib.parse import urlsplit
 
 import psutil
@@ -119,7 +119,7 @@ class HostContention:
             text += f"; other GPU processes {self.gpu_share:.1%} SM: {gpu_who} (watched: {self.gpu_scope})"
         return text
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return asdict(self)
 
 
@@ -227,7 +227,29 @@ def _load_generator() -> set[int]:
 
 
 ProcessTable = Callable[[], Iterable[Any]]
-GpuReader = Callable[[], Sequence[Any] | None]
+
+
+class GpuUse(Protocol):
+    """One process's use of one GPU, as the GPU probe reads it (:class:`pytest_llmserve.server.gpu.ProcessUtilization`
+    has these): its GPU, its pid and name, its SM utilisation (a fraction of the GPU) and the memory it holds."""
+
+    @property
+    def gpu_index(self) -> int: ...
+
+    @property
+    def pid(self) -> int: ...
+
+    @property
+    def name(self) -> str | None: ...
+
+    @property
+    def sm_util(self) -> float: ...
+
+    @property
+    def memory_mib(self) -> int | None: ...
+
+
+GpuReader = Callable[[], Sequence[GpuUse] | None]
 
 
 def _process_table() -> Iterable[Any]:
@@ -277,7 +299,7 @@ class HostContentionSampler:
         self._excluded = excluded or self._default_excluded
         self._first: dict[tuple[int, float], float] = {}
         self._last: dict[tuple[int, float], tuple[str, float]] = {}
-        self._gpu: dict[tuple[int, int], list[Any]] = {}
+        self._gpu: dict[tuple[int, int], list[GpuUse]] = {}
         self._gpu_read = False
         self._samples = 0
         self._t0 = 0.0
@@ -320,7 +342,7 @@ class HostContentionSampler:
                         if self._gpu_counts(reading, skip):
                             self._gpu.setdefault((int(reading.pid), int(reading.gpu_index)), []).append(reading)
 
-    def _gpu_counts(self, reading: Any, skip: set[int]) -> bool:
+    def _gpu_counts(self, reading: GpuUse, skip: set[int]) -> bool:
         """Whether a GPU reading is another process's use of a GPU the round depends on."""
         pid = int(reading.pid)
         if self.gpu_scope is not None:

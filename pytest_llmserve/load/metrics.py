@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import enum
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -66,7 +66,8 @@ class InvalidReason(str):
         reason.timing_only = timing_only
         return reason
 
-    def __reduce__(self) -> tuple[Any, ...]:  # pickled with its classification (across client processes)
+    def __reduce__(self) -> tuple[Callable[[str, str, bool], InvalidReason], tuple[str, str, bool]]:
+        # pickled with its classification (across client processes)
         return (_reason, (str(self), self.blame.value, self.timing_only))
 
     @property
@@ -197,82 +198,145 @@ def _examples(items: Sequence[str], limit: int = 3) -> str:
     return shown + (f"; ... ({len(items) - limit} more)" if len(items) > limit else "")
 
 
+@dataclass(frozen=True, slots=True)
+class _Round:
+    """What a round's validity checks read: its timed records, those that succeeded, its warm-up and workload."""
+
+    records: Sequence[RequestRecord]
+    ok: list[RequestRecord]
+    warmup: Sequence[RequestRecord]
+    workload: Workload
+    allow_multi_token_chunks: bool
+
+
+def _failed_requests(run: _Round) -> InvalidReason | None:
+    failed = [r for r in run.records if not r.ok]
+    if not failed:
+        return None
+    return InvalidReason(f"{len(failed)} of {len(run.records)} requests failed (requests are never retried): "
+                         + _examples([f"request {r.index}: {r.error}" for r in failed], 2), Blame.SERVER)
+
+
+def _failed_warmup(run: _Round) -> InvalidReason | None:
+    warm_failed = [r for r in run.warmup if not r.ok]
+    if not warm_failed:
+        return None
+    return InvalidReason(f"{len(warm_failed)} of {len(run.warmup)} warm-up requests failed: {warm_failed[0].error}",
+                         Blame.SERVER)
+
+
+def _missing_usage(run: _Round) -> InvalidReason | None:
+    no_usage = [r for r in run.ok if r.output_tokens is None]
+    if not no_usage:
+        return None
+    return InvalidReason(f"{len(no_usage)} requests got no usage.completion_tokens from the server "
+                         "(stream_options.include_usage not honoured?): output tokens cannot be counted", Blame.MACHINE)
+
+
+def _wrong_length(run: _Round) -> InvalidReason | None:
+    output_len = run.workload.output_len
+    wrong_len = [r for r in run.ok if r.output_tokens is not None and r.output_tokens != output_len]
+    if not wrong_len:
+        return None
+    return InvalidReason(
+        f"{len(wrong_len)} requests produced a number of tokens other than output_len={output_len} "
+        "(ignore_eos not honoured, or the server stopped early): "
+        + _examples([f"request {r.index}: {r.output_tokens} tokens, finish_reason={r.finish_reason}"
+                     for r in wrong_len]), Blame.SERVER)
+
+
+def _chunks_match(r: RequestRecord, allow_multi_token_chunks: bool) -> bool:
+    """The client's content chunks against the server's token count. One chunk short is accepted (evaluate notes
+    it): vLLM 0.26 on the H200 streamed 127 content chunks for 128 tokens in every request, two tokens in one
+    delta; the figures count tokens from usage, not chunks."""
+    if r.output_tokens is None or r.chunks in (r.output_tokens, r.output_tokens - 1):
+        return True
+    return allow_multi_token_chunks and 0 < r.chunks < r.output_tokens
+
+
+def _chunk_mismatch(run: _Round) -> InvalidReason | None:
+    mismatch = [r for r in run.ok if not _chunks_match(r, run.allow_multi_token_chunks)]
+    if not mismatch:
+        return None
+    return InvalidReason(
+        f"{len(mismatch)} requests: the client counted a different number of content chunks than the server's "
+        "usage.completion_tokens (multi-token chunks from speculative decoding need "
+        "allow_multi_token_chunks=True): "
+        + _examples([f"request {r.index}: {r.chunks} chunks vs {r.output_tokens} tokens" for r in mismatch]),
+        Blame.MACHINE, timing_only=True)
+
+
+def _single_chunk(run: _Round) -> InvalidReason | None:
+    single = [r for r in run.ok if (r.output_tokens or 0) >= 2 and not r.itl]
+    if not single:
+        return None
+    return InvalidReason(f"{len(single)} requests of >= 2 tokens arrived as a single chunk (empty ITL): "
+                         "the stream was buffered (by a proxy, or the server did not stream)",
+                         Blame.MACHINE, timing_only=True)
+
+
+def _negative_tpot(run: _Round) -> InvalidReason | None:
+    negative = [r for r in run.ok if (t := r.tpot) is not None and t < 0]
+    if not negative:
+        return None
+    return InvalidReason(f"{len(negative)} requests have a negative TPOT (last chunk before the first): "
+                         + _examples([f"request {r.index}: {r.tpot!r} s" for r in negative]),
+                         Blame.MACHINE, timing_only=True)
+
+
+def _zero_tpot(run: _Round) -> InvalidReason | None:
+    # A zero TPOT means every chunk of that request came in one read. On a starved 2-core machine a
+    # few requests can be delivered that way; when half or more are, the stream was not streamed.
+    zero = [r for r in run.ok if r.tpot == 0]
+    if not zero or 2 * len(zero) < len(run.ok):
+        return None
+    return InvalidReason(f"{len(zero)} of {len(run.ok)} requests have TPOT = 0 (all chunks in one read): "
+                         "the stream was buffered (by a proxy, or the server did not stream): "
+                         + _examples([f"request {r.index}" for r in zero]),
+                         Blame.MACHINE, timing_only=True)
+
+
+def _textless(run: _Round) -> InvalidReason | None:
+    # Tokens without text: NaN logits decode to a special token (empty text) at every step, and the
+    # server still answers 200 with the requested number of tokens; such a round measures nothing.
+    textless = [r for r in run.ok if (r.output_tokens or 0) >= 2 and r.chunks > 0 and r.empty_chunks >= r.chunks]
+    if not textless:
+        return None
+    return InvalidReason(
+        f"{len(textless)} of {len(run.ok)} requests generated tokens but no text (every content chunk empty: NaN "
+        "logits decode to an empty special token; see the correctness checks): "
+        + _examples([f"request {r.index}: {r.output_tokens} tokens, 0 characters" for r in textless]),
+        Blame.SERVER)
+
+
+def _non_positive_duration(records: Sequence[RequestRecord]) -> InvalidReason | None:
+    starts = min(r.start for r in records)
+    ends = max(r.end for r in records)
+    if ends - starts > 0:
+        return None
+    return InvalidReason(f"duration {ends - starts!r} s is not positive", Blame.MACHINE)
+
+
+# The checks of a round's records, in the order their reasons are listed.
+_RECORD_CHECKS: tuple[Callable[[_Round], InvalidReason | None], ...] = (
+    _failed_requests, _failed_warmup, _missing_usage, _wrong_length, _chunk_mismatch, _single_chunk, _negative_tpot,
+    _zero_tpot, _textless)
+
+
 def invalid_reasons(records: Sequence[RequestRecord], workload: Workload, *,
                     warmup: Sequence[RequestRecord] = (),
                     allow_multi_token_chunks: bool = False,
                     untrained: str | None = None) -> list[InvalidReason]:
     """Why these records cannot give a valid measurement (empty list = valid). ``untrained``: why the model
     is untrained, if it is: its sampled answers' collapse is then not judged (see :func:`sample_findings`)."""
-    reasons: list[InvalidReason] = []
     if not records:
         return [InvalidReason("no timed requests were sent", Blame.MACHINE)]
-    failed = [r for r in records if not r.ok]
-    if failed:
-        reasons.append(InvalidReason(f"{len(failed)} of {len(records)} requests failed (requests are never "
-                                     "retried): " + _examples([f"request {r.index}: {r.error}" for r in failed], 2),
-                                     Blame.SERVER))
-    warm_failed = [r for r in warmup if not r.ok]
-    if warm_failed:
-        reasons.append(InvalidReason(f"{len(warm_failed)} of {len(warmup)} warm-up requests failed: "
-                                     f"{warm_failed[0].error}", Blame.SERVER))
-    ok = [r for r in records if r.ok]
-    no_usage = [r for r in ok if r.output_tokens is None]
-    if no_usage:
-        reasons.append(InvalidReason(f"{len(no_usage)} requests got no usage.completion_tokens from the server "
-                                     "(stream_options.include_usage not honoured?): output tokens cannot be counted",
-                                     Blame.MACHINE))
-    wrong_len = [r for r in ok if r.output_tokens is not None and r.output_tokens != workload.output_len]
-    if wrong_len:
-        reasons.append(InvalidReason(
-            f"{len(wrong_len)} requests produced a number of tokens other than output_len={workload.output_len} "
-            "(ignore_eos not honoured, or the server stopped early): "
-            + _examples([f"request {r.index}: {r.output_tokens} tokens, finish_reason={r.finish_reason}"
-                         for r in wrong_len]), Blame.SERVER))
-    # One chunk short is accepted (evaluate notes it): vLLM 0.26 on the H200 streamed 127 content chunks for 128
-    # tokens in every request, two tokens in one delta; the figures count tokens from usage, not chunks.
-    mismatch = [r for r in ok if r.output_tokens is not None and r.chunks != r.output_tokens
-                and r.chunks != r.output_tokens - 1
-                and not (allow_multi_token_chunks and 0 < r.chunks < r.output_tokens)]
-    if mismatch:
-        reasons.append(InvalidReason(
-            f"{len(mismatch)} requests: the client counted a different number of content chunks than the server's "
-            "usage.completion_tokens (multi-token chunks from speculative decoding need "
-            "allow_multi_token_chunks=True): "
-            + _examples([f"request {r.index}: {r.chunks} chunks vs {r.output_tokens} tokens" for r in mismatch]),
-            Blame.MACHINE, timing_only=True))
-    single = [r for r in ok if (r.output_tokens or 0) >= 2 and not r.itl]
-    if single:
-        reasons.append(InvalidReason(f"{len(single)} requests of >= 2 tokens arrived as a single chunk (empty ITL): "
-                                     "the stream was buffered (by a proxy, or the server did not stream)",
-                                     Blame.MACHINE, timing_only=True))
-    negative = [r for r in ok if (t := r.tpot) is not None and t < 0]
-    if negative:
-        reasons.append(InvalidReason(f"{len(negative)} requests have a negative TPOT (last chunk before the "
-                                     "first): " + _examples([f"request {r.index}: {r.tpot!r} s" for r in negative]),
-                                     Blame.MACHINE, timing_only=True))
-    # A zero TPOT means every chunk of that request came in one read. On a starved 2-core machine a
-    # few requests can be delivered that way; when half or more are, the stream was not streamed.
-    zero = [r for r in ok if r.tpot == 0]
-    if zero and 2 * len(zero) >= len(ok):
-        reasons.append(InvalidReason(f"{len(zero)} of {len(ok)} requests have TPOT = 0 (all chunks in one read): "
-                                     "the stream was buffered (by a proxy, or the server did not stream): "
-                                     + _examples([f"request {r.index}" for r in zero]),
-                                     Blame.MACHINE, timing_only=True))
-    # Tokens without text: NaN logits decode to a special token (empty text) at every step, and the
-    # server still answers 200 with the requested number of tokens; such a round measures nothing.
-    textless = [r for r in ok if (r.output_tokens or 0) >= 2 and r.chunks > 0 and r.empty_chunks >= r.chunks]
-    if textless:
-        reasons.append(InvalidReason(
-            f"{len(textless)} of {len(ok)} requests generated tokens but no text (every content chunk empty: NaN "
-            "logits decode to an empty special token; see the correctness checks): "
-            + _examples([f"request {r.index}: {r.output_tokens} tokens, 0 characters" for r in textless]),
-            Blame.SERVER))
-    reasons += [InvalidReason(finding, Blame.SERVER) for finding in sample_findings(ok, judge_text=untrained is None)]
-    starts = min(r.start for r in records)
-    ends = max(r.end for r in records)
-    if ends - starts <= 0:
-        reasons.append(InvalidReason(f"duration {ends - starts!r} s is not positive", Blame.MACHINE))
-    return reasons
+    run = _Round(records, [r for r in records if r.ok], warmup, workload, allow_multi_token_chunks)
+    reasons = [reason for check in _RECORD_CHECKS if (reason := check(run)) is not None]
+    sampled = sample_findings(run.ok, judge_text=untrained is None)
+    reasons += [InvalidReason(finding, Blame.SERVER) for finding in sampled]
+    duration = _non_positive_duration(records)
+    return reasons if duration is None else [*reasons, duration]
 
 
 def sample_findings(records: Sequence[RequestRecord], *, judge_text: bool = True) -> list[str]:
@@ -296,7 +360,7 @@ def sample_findings(records: Sequence[RequestRecord], *, judge_text: bool = True
     return out
 
 
-def _sample_thresholds() -> Any:
+def _sample_thresholds() -> CoherenceThresholds:
     # The workload's prompts are seeded word lists, and a healthy small model's greedy continuation of one loops:
     # on the real engines, " to the day of the day ..." (vLLM CPU eager), " is" 26 times of 32 (vLLM CPU compiled),
     # " morning no morning no ..." over 256 tokens (vLLM 0.26 GPU). Repetition is therefore no sign of a broken
@@ -373,6 +437,126 @@ class RunResult:
         return out
 
 
+@dataclass(frozen=True, slots=True)
+class _RunView:
+    """What the notes on a run read: its records in start order, those that succeeded, the workload, the prompts
+    (and whether all were measured exact), the client's CPU share and why the model is untrained, if it is."""
+
+    records: list[RequestRecord]
+    ok: list[RequestRecord]
+    workload: Workload
+    prompts: Sequence[WorkloadPrompt]
+    exact: bool
+    cpu_fraction: float | None
+    untrained: str | None
+
+
+def _untrained_note(run: _RunView) -> str | None:
+    if run.untrained is None:
+        return None
+    return f"sampled answers not judged for decode collapse (not applicable: {run.untrained})"
+
+
+def _one_chunk_short_note(run: _RunView) -> str | None:
+    one_short = [r for r in run.ok if r.output_tokens and r.chunks == r.output_tokens - 1]
+    if not one_short:
+        return None
+    return (f"{len(one_short)} request(s) streamed one content chunk fewer than their tokens (two tokens in "
+            "one chunk): their ITL has one gap fewer")
+
+
+def _zero_tpot_note(run: _RunView) -> str | None:
+    zero_tpot = [r for r in run.ok if r.tpot == 0]
+    if not zero_tpot:
+        return None
+    return (f"{len(zero_tpot)} request(s) had TPOT = 0 (all chunks of the request in one read: "
+            "the server or the client was starved); counted, since fewer than half were")
+
+
+def _approximate_prompts_note(run: _RunView) -> str | None:
+    if not run.prompts or run.exact:
+        return None
+    return (f"prompts are approximate ({run.workload.input_len} words, no tokenizer given): input "
+            "lengths in tokens are not controlled")
+
+
+def _token_id_prompts_note(run: _RunView) -> str | None:
+    if not any(p.is_token_ids for p in run.prompts):
+        return None
+    return "some prompts were sent as token ids (text could not be made exactly input_len tokens)"
+
+
+def _prompt_length_note(run: _RunView) -> str | None:
+    input_len = run.workload.input_len
+    prompt_counts = sorted({r.prompt_tokens for r in run.ok if r.prompt_tokens is not None})
+    if not run.exact or not prompt_counts or prompt_counts == [input_len]:
+        return None
+    return (f"server counted prompt lengths {prompt_counts[:5]} for input_len={input_len} "
+            "(special tokens such as BOS added by the server?)")
+
+
+def _client_bound_note(run: _RunView) -> str | None:
+    if run.cpu_fraction is None or not run.cpu_fraction > 0.9:
+        return None
+    return (f"the load generator used {run.cpu_fraction:.0%} of a core per client process: the figures "
+            "may be limited by the client (use more client processes)")
+
+
+def _zero_gaps_note(run: _RunView) -> str | None:
+    gaps = [g for r in run.ok for g in r.itl]
+    zero = sum(1 for g in gaps if g == 0.0)
+    if not gaps or zero / len(gaps) <= 0.2:
+        return None
+    return (f"{zero / len(gaps):.0%} of ITL gaps are 0 (chunks read together): the client fell "
+            "behind the stream, or the server sends several chunks per step")
+
+
+def _empty_chunks_note(run: _RunView) -> str | None:
+    empty = sum(r.empty_chunks for r in run.ok)
+    chunks = sum(r.chunks for r in run.ok)
+    if not chunks or empty / chunks <= 0.1:
+        return None
+    return (f"{empty / chunks:.0%} of content chunks had empty text (special tokens after EOS under "
+            "ignore_eos, or NaN logits: see the correctness checks)")
+
+
+# What a reader of a run's figures should know about how they were measured, in the order the notes are listed.
+_RUN_NOTES: tuple[Callable[[_RunView], str | None], ...] = (
+    _untrained_note, _one_chunk_short_note, _zero_tpot_note, _approximate_prompts_note, _token_id_prompts_note,
+    _prompt_length_note, _client_bound_note, _zero_gaps_note, _empty_chunks_note)
+
+
+@dataclass(frozen=True, slots=True)
+class _CounterCheck:
+    """The client's throughput against the server's own token counter: the server's figure (None: not
+    cross-checked), what the check says (``RunResult.server_check``), and the note or the reason it makes."""
+
+    server_tps: float | None
+    line: str | None
+    note: str | None = None
+    reason: InvalidReason | None = None
+
+
+def _counter_check(server_counter: str | None, server_tokens: float | None, duration: float, client_tps: float,
+                   bound: float) -> _CounterCheck:
+    if server_counter is None:
+        return _CounterCheck(None, None)
+    if server_tokens is None or duration <= 0:
+        line = f"server counter {server_counter!r} unavailable: not cross-checked"
+        return _CounterCheck(None, line, note=line)
+    server_tps = server_tokens / duration
+    ok, line = cross_check(client_tps, server_tps, bound)
+    if ok:
+        return _CounterCheck(server_tps, line)
+    return _CounterCheck(server_tps, line, reason=InvalidReason(
+        line + " (other traffic on the server, or a token-counting bug)", Blame.MACHINE))
+
+
+def _cpu_fraction(client_cpu_s: float | None, duration: float, processes: int) -> float | None:
+    """The load generator's CPU seconds per second of the round, per client process (None: not measured)."""
+    return client_cpu_s / duration / processes if client_cpu_s is not None and duration > 0 else None
+
+
 def evaluate(records: Sequence[RequestRecord], workload: Workload, *, transport: str,
              warmup: Sequence[RequestRecord] = (), prompts: Sequence[WorkloadPrompt] = (),
              allow_multi_token_chunks: bool = False, processes: int = 1,
@@ -385,63 +569,23 @@ def evaluate(records: Sequence[RequestRecord], workload: Workload, *, transport:
     metrics, summaries = compute_metrics(recs)
     reasons = invalid_reasons(recs, workload, warmup=warmup,
                               allow_multi_token_chunks=allow_multi_token_chunks, untrained=untrained)
-    notes: list[str] = []
-    if untrained is not None:
-        notes.append(f"sampled answers not judged for decode collapse (not applicable: {untrained})")
-    one_short = [r for r in recs if r.ok and r.output_tokens and r.chunks == r.output_tokens - 1]
-    if one_short:
-        notes.append(f"{len(one_short)} request(s) streamed one content chunk fewer than their tokens (two tokens in "
-                     "one chunk): their ITL has one gap fewer")
-    zero_tpot = [r for r in records if r.ok and r.tpot == 0]
-    if zero_tpot:
-        notes.append(f"{len(zero_tpot)} request(s) had TPOT = 0 (all chunks of the request in one read: "
-                     "the server or the client was starved); counted, since fewer than half were")
-    exact = all(p.exact for p in prompts) if prompts else False
-    if prompts and not exact:
-        notes.append(f"prompts are approximate ({workload.input_len} words, no tokenizer given): input "
-                     "lengths in tokens are not controlled")
-    if any(p.is_token_ids for p in prompts):
-        notes.append("some prompts were sent as token ids (text could not be made exactly input_len tokens)")
-    prompt_counts = sorted({r.prompt_tokens for r in recs if r.ok and r.prompt_tokens is not None})
-    if exact and prompt_counts and prompt_counts != [workload.input_len]:
-        notes.append(f"server counted prompt lengths {prompt_counts[:5]} for input_len={workload.input_len} "
-                     "(special tokens such as BOS added by the server?)")
     duration = metrics.get("duration_s", 0.0)
-    cpu_fraction = client_cpu_s / duration / processes if client_cpu_s is not None and duration > 0 else None
-    if cpu_fraction is not None and cpu_fraction > 0.9:
-        notes.append(f"the load generator used {cpu_fraction:.0%} of a core per client process: the figures "
-                     "may be limited by the client (use more client processes)")
-    gaps = [g for r in recs if r.ok for g in r.itl]
-    zero = sum(1 for g in gaps if g == 0.0)
-    if gaps and zero / len(gaps) > 0.2:
-        notes.append(f"{zero / len(gaps):.0%} of ITL gaps are 0 (chunks read together): the client fell "
-                     "behind the stream, or the server sends several chunks per step")
-    empty = sum(r.empty_chunks for r in recs if r.ok)
-    chunks = sum(r.chunks for r in recs if r.ok)
-    if chunks and empty / chunks > 0.1:
-        notes.append(f"{empty / chunks:.0%} of content chunks had empty text (special tokens after EOS under "
-                     "ignore_eos, or NaN logits: see the correctness checks)")
-    server_tps: float | None = None
-    check: str | None = None
-    if server_counter is not None:
-        if server_tokens is None or duration <= 0:
-            check = f"server counter {server_counter!r} unavailable: not cross-checked"
-            notes.append(check)
-        else:
-            server_tps = server_tokens / duration
-            ok, check = cross_check(metrics.get("output_throughput", 0.0), server_tps, cross_check_bound)
-            if not ok:
-                reasons.append(InvalidReason(check + " (other traffic on the server, or a token-counting bug)",
-                                             Blame.MACHINE))
+    cpu_fraction = _cpu_fraction(client_cpu_s, duration, processes)
+    exact = all(p.exact for p in prompts) if prompts else False
+    run = _RunView(recs, [r for r in recs if r.ok], workload, prompts, exact, cpu_fraction, untrained)
+    notes = [note for describe in _RUN_NOTES if (note := describe(run)) is not None]
+    counter = _counter_check(server_counter, server_tokens, duration, metrics.get("output_throughput", 0.0),
+                             cross_check_bound)
+    notes += [counter.note] if counter.note is not None else []
+    reasons += [counter.reason] if counter.reason is not None else []
     valid = not reasons
-    started = recs[0].start if recs else math.nan
-    ended = max((r.end for r in recs), default=math.nan)
     return RunResult(
         workload=workload, transport=transport, per_request=recs, metrics=metrics if valid else {},
-        summaries=summaries if valid else {}, valid=valid, invalid_reasons=reasons, started_at=started,
-        ended_at=ended, warmup=list(warmup), diagnostics={} if valid else metrics, notes=notes,
+        summaries=summaries if valid else {}, valid=valid, invalid_reasons=reasons,
+        started_at=recs[0].start if recs else math.nan, ended_at=max((r.end for r in recs), default=math.nan),
+        warmup=list(warmup), diagnostics={} if valid else metrics, notes=notes,
         prompts_exact=exact, processes=processes, server_counter=server_counter,
-        server_output_throughput=server_tps, server_check=check, client_cpu_fraction=cpu_fraction,
+        server_output_throughput=counter.server_tps, server_check=counter.line, client_cpu_fraction=cpu_fraction,
         client_cpu_s=client_cpu_s)
 
 

@@ -18,6 +18,7 @@ __all__ = ["Detokenize", "Tokenize", "WorkloadPrompt", "build_prompts"]
 
 Tokenize = Callable[[str], list[int] | None]  # None: the server has no /tokenize
 Detokenize = Callable[[list[int]], str]
+_Found = tuple["WorkloadPrompt", float]  # a prompt of the exact length, and the tokens per word learnt on the way
 
 # Common short English words: each is one token in most BPE vocabularies when preceded by a space.
 _WORDS = (
@@ -89,67 +90,109 @@ def build_prompts(workload: Workload, tokenize: Tokenize | None = None, detokeni
     return out
 
 
-def _exact_prompt(seed: int, index: int, target: int, tokenize: Tokenize, detokenize: Detokenize | None,
-                  ratio: float, max_tries: int) -> tuple[WorkloadPrompt, float]:
-    words = _prompt_words(seed, index, max(16, int(target / max(ratio, 0.05) * 1.5) + 8))
-    counts: dict[int, int] = {}
+class _Measured:
+    """A prompt's candidate words and the token count, by the server's tokenizer, of each prefix measured so far."""
 
-    def measure(text: str) -> list[int]:
-        ids = tokenize(text)
+    def __init__(self, words: list[str], tokenize: Tokenize) -> None:
+        self.words = words
+        self.counts: dict[int, int] = {}
+        self._tokenize = tokenize
+
+    def measure(self, text: str) -> list[int]:
+        ids = self._tokenize(text)
         if ids is None:
             raise LLMServeError("the tokenizer stopped answering while prompts were being built")
         return ids
 
-    def count(n: int) -> int:
-        if n not in counts:
-            counts[n] = len(measure(" ".join(words[:n])))
-        return counts[n]
+    def count(self, n: int) -> int:
+        """Tokens in the first ``n`` words (each prefix measured once)."""
+        if n not in self.counts:
+            self.counts[n] = len(self.measure(self.text(n)))
+        return self.counts[n]
 
-    # Make sure the word list is long enough to exceed the target.
+    def text(self, n: int) -> str:
+        return " ".join(self.words[:n])
+
+
+def _lengthen(m: _Measured, seed: int, index: int, target: int) -> None:
+    """Make sure the word list is long enough to exceed the target."""
     for _ in range(12):
-        if count(len(words)) >= target:
-            break
-        words.extend(_prompt_words(seed + 1 + len(words), index, len(words)))
-    else:
-        raise LLMServeError(f"cannot build a prompt of {target} tokens: the tokenizer gave "
-                            f"{count(len(words))} tokens for {len(words)} words")
-    n = min(len(words), max(1, round(target / max(ratio, 0.05))))
+        if m.count(len(m.words)) >= target:
+            return
+        m.words.extend(_prompt_words(seed + 1 + len(m.words), index, len(m.words)))
+    raise LLMServeError(f"cannot build a prompt of {target} tokens: the tokenizer gave "
+                        f"{m.count(len(m.words))} tokens for {len(m.words)} words")
+
+
+def _search_by_ratio(m: _Measured, target: int, ratio: float, max_tries: int) -> _Found | None:
+    """Word counts guessed from the tokens per word measured so far, until one hits the target or repeats."""
+    n = min(len(m.words), max(1, round(target / max(ratio, 0.05))))
     for _ in range(max_tries):
-        got = count(n)
+        got = m.count(n)
         if got == target:
-            return WorkloadPrompt(" ".join(words[:n]), target, True), got / n
+            return WorkloadPrompt(m.text(n), target, True), got / n
         per_word = got / n if got else ratio
         step = round((target - got) / max(per_word, 0.05)) or (1 if got < target else -1)
-        nxt = min(len(words), max(1, n + step))
-        if nxt in counts:
-            break
+        nxt = min(len(m.words), max(1, n + step))
+        if nxt in m.counts:
+            return None
         n = nxt
-    below = [k for k, v in counts.items() if v < target]
-    above = [k for k, v in counts.items() if v > target]
+    return None
+
+
+def _walk_up(m: _Measured, target: int, max_tries: int) -> tuple[_Found | None, int, int]:
+    """Walk up from the largest word count measured below the target (a bounded number of measurements): the prompt
+    if one hits it, and the word counts left below (``lo``, 0 if none) and above it (``hi``)."""
+    below = [k for k, v in m.counts.items() if v < target]
+    above = [k for k, v in m.counts.items() if v > target]
     lo = max(below) if below else 0
-    hi = min(above) if above else len(words)
-    # Walk up from the largest word count below the target (bounded number of measurements).
-    while lo + 1 < hi and len(counts) < 4 * max_tries:
-        got = count(lo + 1)
+    hi = min(above) if above else len(m.words)
+    while lo + 1 < hi and len(m.counts) < 4 * max_tries:
+        got = m.count(lo + 1)
         if got == target:
-            return WorkloadPrompt(" ".join(words[: lo + 1]), target, True), got / (lo + 1)
+            return (WorkloadPrompt(m.text(lo + 1), target, True), got / (lo + 1)), lo, hi
         if got > target:
-            hi = lo + 1
-            break
+            return None, lo, lo + 1
         lo += 1
-    new_ratio = counts[hi] / hi if hi in counts and hi else ratio
-    if lo > 0:
-        base = " ".join(words[:lo])
-        deficit = target - count(lo)
-        for filler in _FILLERS[:max_tries]:
-            text = base + (" " + filler) * deficit
-            if len(measure(text)) == target:
-                return WorkloadPrompt(text, target, True), new_ratio
-    ids = measure(" ".join(words[:hi]))[:target]
+    return None, lo, hi
+
+
+def _topped_up(m: _Measured, target: int, lo: int, max_tries: int) -> WorkloadPrompt | None:
+    """The ``lo`` words below the target topped up with short filler words, if one filler makes it exact."""
+    if lo <= 0:
+        return None
+    base = m.text(lo)
+    deficit = target - m.count(lo)
+    for filler in _FILLERS[:max_tries]:
+        text = base + (" " + filler) * deficit
+        if len(m.measure(text)) == target:
+            return WorkloadPrompt(text, target, True)
+    return None
+
+
+def _trimmed(m: _Measured, target: int, hi: int, detokenize: Detokenize | None) -> WorkloadPrompt:
+    """The ``hi`` words' ids cut to the target: as text when they detokenize to exactly that, else as token ids."""
+    ids = m.measure(m.text(hi))[:target]
     if detokenize is not None:
         text = detokenize(ids)
-        if len(measure(text)) == target:
-            return WorkloadPrompt(text, target, True), new_ratio
+        if len(m.measure(text)) == target:
+            return WorkloadPrompt(text, target, True)
     if len(ids) != target:
         raise LLMServeError(f"could not build a prompt of {target} tokens (tokenizer gave {len(ids)})")
-    return WorkloadPrompt(tuple(ids), target, True), new_ratio
+    return WorkloadPrompt(tuple(ids), target, True)
+
+
+def _exact_prompt(seed: int, index: int, target: int, tokenize: Tokenize, detokenize: Detokenize | None,
+                  ratio: float, max_tries: int) -> _Found:
+    """A prompt of exactly ``target`` tokens and the tokens per word learnt on the way (module docstring)."""
+    m = _Measured(_prompt_words(seed, index, max(16, int(target / max(ratio, 0.05) * 1.5) + 8)), tokenize)
+    _lengthen(m, seed, index, target)
+    found = _search_by_ratio(m, target, ratio, max_tries)
+    if found is not None:
+        return found
+    found, lo, hi = _walk_up(m, target, max_tries)
+    if found is not None:
+        return found
+    new_ratio = m.counts[hi] / hi if hi in m.counts and hi else ratio
+    prompt = _topped_up(m, target, lo, max_tries)
+    return (prompt if prompt is not None else _trimmed(m, target, hi, detokenize)), new_ratio

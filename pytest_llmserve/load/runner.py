@@ -21,7 +21,7 @@ import threading
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import asdict, dataclass, replace
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TextIO, TypeVar
 
 from pytest_llmserve.config import Workload
 from pytest_llmserve.errors import LLMServeError
@@ -48,6 +48,12 @@ from pytest_llmserve.load.transport import (
 )
 from pytest_llmserve.server.gpu import process_utilization
 from pytest_llmserve.server.gpu_scope import GpuScope
+
+if TYPE_CHECKING:
+    from multiprocessing.context import SpawnProcess
+    from multiprocessing.queues import Queue
+    from multiprocessing.sharedctypes import Synchronized
+    from multiprocessing.synchronize import Barrier
 
 __all__ = ["GAUGE_SAMPLE_HZ", "LOOP_ENV", "GaugeReading", "Progress", "RunningGaugeSampler", "arrival_offsets",
            "contamination", "event_loop_name", "judge_contention", "judge_isolation", "merge_records",
@@ -81,7 +87,7 @@ def arrival_offsets(n: int, rate: float, burstiness: float = 1.0, seed: int = 0)
 class Progress:
     """A one-line progress display on stderr (\\r-updated), silent when stderr is not a terminal."""
 
-    def __init__(self, total: int, label: str, enabled: bool = True, stream: Any = None) -> None:
+    def __init__(self, total: int, label: str, enabled: bool = True, stream: TextIO | None = None) -> None:
         self.stream = stream if stream is not None else sys.stderr
         self.enabled = bool(enabled and hasattr(self.stream, "isatty") and self.stream.isatty())
         self.total = total
@@ -476,7 +482,7 @@ def event_loop_name() -> str:
     return "uvloop"
 
 
-def run_loop(main: Coroutine[Any, Any, _R]) -> _R:
+def run_loop(main: Coroutine[object, object, _R]) -> _R:
     """``asyncio.run`` on the load generator's event loop (see :func:`event_loop_name`)."""
     if event_loop_name() == "uvloop":
         # lazy: uvloop takes ~50 ms to import (-X importtime), and is optional
@@ -529,7 +535,33 @@ def merge_records(per_process: Sequence[Sequence[RequestRecord]]) -> list[Reques
     return merged
 
 
-def _child_main(args: dict[str, Any], ready: Any, go: Any, results: Any, counter: Any) -> None:
+# What a client process sends back: its number, its timed and warm-up records (as dicts), its CPU seconds in the timed
+# phase, and the error that ended it (None: it ran its share).
+_ChildResult = tuple[int, list[dict[str, Any]], list[dict[str, Any]], float, str | None]
+
+
+@dataclass(slots=True)
+class _ClientProcesses:
+    """The spawned client processes of a round and what they share with the parent: the barrier each waits at after
+    its warm-up (``ready``), the one that starts their timed requests together (``go``), the queue their results come
+    back on and the count of timed requests done (for the progress line)."""
+
+    procs: list[SpawnProcess]
+    ready: Barrier
+    go: Barrier
+    results: Queue[_ChildResult]
+    counter: Synchronized[int]
+
+    def join(self) -> None:
+        for proc in self.procs:
+            proc.join(timeout=10)
+            if proc.is_alive():
+                proc.terminate()
+                proc.join(timeout=5)
+
+
+def _child_main(args: dict[str, Any], ready: Barrier, go: Barrier, results: Queue[_ChildResult],
+                counter: Synchronized[int]) -> None:
     """Entry point of one client process (spawned): run its share, report records as dicts."""
     process = int(args["process"])
     try:
@@ -558,6 +590,101 @@ def _child_main(args: dict[str, Any], ready: Any, go: Any, results: Any, counter
         results.put((process, [], [], 0.0, f"{type(exc).__name__}: {exc}"))
 
 
+def _client_share(workload: Workload, plist: Sequence[WorkloadPrompt], k: int, n: int) -> dict[str, Any]:
+    """Client process ``k``'s part of the round, as the spawned process is handed it: the prompts dealt round-robin
+    (warm-up and timed), its share of the concurrency limit and of the request rate, its own seed, and the global
+    indices of its timed requests."""
+    warm = [p for p in plist if p.warmup]
+    timed = [p for p in plist if not p.warmup]
+    conc = split_evenly(workload.max_concurrency, n) if workload.max_concurrency else [0] * n
+    share = timed[k::n]
+    warm_share = warm[k::n]
+    sub = replace(workload, name=f"{workload.name}#{k}", num_prompts=len(share), warmup=len(warm_share),
+                  max_concurrency=conc[k] or None, request_rate=workload.request_rate / n, seed=workload.seed + k)
+    return {"workload": asdict(sub), "indices": list(range(len(timed)))[k::n],
+            "prompts": [(list(p.prompt) if isinstance(p.prompt, tuple) else p.prompt, p.num_tokens, p.exact,
+                         p.warmup) for p in warm_share + share]}
+
+
+def _spawn_clients(workload: Workload, plist: Sequence[WorkloadPrompt], n: int,
+                   common: dict[str, Any]) -> _ClientProcesses:
+    """``n`` client processes started (spawned), each with its share of the round (``common``: what every one is
+    handed alike: the server, the model, the key, the transport, the timeout)."""
+    ctx = multiprocessing.get_context("spawn")
+    ready = ctx.Barrier(n + 1)
+    go = ctx.Barrier(n + 1)
+    results: Queue[_ChildResult] = ctx.Queue()
+    counter: Synchronized[int] = ctx.Value("i", 0)
+    procs = []
+    for k in range(n):
+        args = {"process": k, **common, **_client_share(workload, plist, k, n)}
+        proc = ctx.Process(target=_child_main, args=(args, ready, go, results, counter),
+                           name=f"llmserve-load-{k}", daemon=True)
+        proc.start()
+        procs.append(proc)
+    return _ClientProcesses(procs, ready, go, results, counter)
+
+
+def _start_together(clients: _ClientProcesses, timeout_s: float, metrics_page: Callable[[], str | None] | None
+                    ) -> str | None:
+    """Wait for every client's warm-up, read the server's counters (``metrics_page``, if given), then start the timed
+    requests of all together; returns the page read. A child that failed breaks the barriers: its message arrives
+    through the queue."""
+    before: str | None = None
+    try:
+        clients.ready.wait(timeout_s + 120)
+        if metrics_page is not None:
+            before = metrics_page()
+        clients.go.wait(60)
+    except threading.BrokenBarrierError:
+        pass  # a child failed; its message arrives through the queue
+    return before
+
+
+def _collect_results(clients: _ClientProcesses, bar: Progress, sampler: RunningGaugeSampler | None,
+                     timeout_s: float) -> tuple[dict[int, _ChildResult], list[GaugeReading]]:
+    """The children's results by process, and the gauge's readings meanwhile."""
+    got: dict[int, _ChildResult] = {}
+
+    async def collect() -> list[GaugeReading]:
+        # The children's results, polled on an event loop so that the gauge is read by a task on it, as in
+        # a single-process round (RunningGaugeSampler says why not on a thread).
+        if sampler is not None:
+            sampler.start()
+        try:
+            deadline = time.monotonic() + timeout_s + 120
+            while len(got) < len(clients.procs) and time.monotonic() < deadline:
+                try:
+                    result = clients.results.get_nowait()
+                    got[result[0]] = result
+                    continue
+                except queue_mod.Empty:
+                    if not any(p.is_alive() for p in clients.procs) and clients.results.empty():
+                        break
+                bar.update(clients.counter.value, 0, 0)
+                await asyncio.sleep(0.1)
+        finally:
+            gauge_readings = await sampler.stop() if sampler is not None else []
+        return gauge_readings
+
+    return got, _run_sync(collect)
+
+
+def _client_failures(got: dict[int, _ChildResult], procs: Sequence[SpawnProcess]) -> list[str]:
+    """Each client process that reported an error or exited without results, in process order."""
+    errors = [f"client process {k}: {error}" for k, (*_, error) in sorted(got.items()) if error]
+    missing = [k for k in range(len(procs)) if k not in got]
+    return errors + [f"client process {k} exited without results (exit code {procs[k].exitcode})" for k in missing]
+
+
+def _records_of(got: dict[int, _ChildResult]) -> tuple[list[RequestRecord], list[RequestRecord]]:
+    """Every client process's timed records merged (:func:`merge_records`), and their warm-up records in process
+    order."""
+    ordered = [got[k] for k in range(len(got))]
+    merged = merge_records([[RequestRecord.from_dict(d) for d in timed] for _, timed, _, _, _ in ordered])
+    return merged, [RequestRecord.from_dict(d) for _, _, warm, _, _ in ordered for d in warm]
+
+
 def run_workload_multiprocess(base_url: str, model: str, workload: Workload, *, processes: int,
                               prompts: Sequence[WorkloadPrompt] | None = None, tokenize: Tokenize | None = None,
                               detokenize: Detokenize | None = None, api_key: str | None = None,
@@ -572,94 +699,36 @@ def run_workload_multiprocess(base_url: str, model: str, workload: Workload, *, 
     together (barrier). Records are merged by :func:`merge_records` on a common wall clock.
     """
     plist = list(prompts) if prompts is not None else build_prompts(workload, tokenize, detokenize)
-    warm = [p for p in plist if p.warmup]
-    timed = [p for p in plist if not p.warmup]
-    n = max(1, min(processes, len(timed), workload.max_concurrency or processes))
+    n_timed = sum(1 for p in plist if not p.warmup)
+    n = max(1, min(processes, n_timed, workload.max_concurrency or processes))
     if n == 1:
         return run_workload(base_url, model, workload, prompts=plist, api_key=api_key, transport=transport,
                             progress=progress, timeout_s=timeout_s, server_counter=server_counter,
                             allow_multi_token_chunks=allow_multi_token_chunks,
                             cross_check_bound=cross_check_bound, running_gauge=running_gauge)
-    conc = split_evenly(workload.max_concurrency, n) if workload.max_concurrency else [0] * n
-    ctx = multiprocessing.get_context("spawn")
-    ready = ctx.Barrier(n + 1)
-    go = ctx.Barrier(n + 1)
-    results = ctx.Queue()
-    counter = ctx.Value("i", 0)
-    procs = []
-    for k in range(n):
-        share = timed[k::n]
-        warm_share = warm[k::n]
-        sub = replace(workload, name=f"{workload.name}#{k}", num_prompts=len(share), warmup=len(warm_share),
-                      max_concurrency=conc[k] or None, request_rate=workload.request_rate / n,
-                      seed=workload.seed + k)
-        args = {
-            "process": k, "base_url": base_url, "model": model, "api_key": api_key, "transport": transport,
-            "timeout_s": timeout_s, "workload": asdict(sub), "indices": list(range(len(timed)))[k::n],
-            "prompts": [(list(p.prompt) if isinstance(p.prompt, tuple) else p.prompt, p.num_tokens, p.exact,
-                         p.warmup) for p in warm_share + share],
-        }
-        proc = ctx.Process(target=_child_main, args=(args, ready, go, results, counter),
-                           name=f"llmserve-load-{k}", daemon=True)
-        proc.start()
-        procs.append(proc)
-    bar = Progress(len(timed), f"{workload.name} x{n} processes", progress)
-    got: dict[int, tuple[list[dict[str, Any]], list[dict[str, Any]], float, str | None]] = {}
-    before: str | None = None
+    clients = _spawn_clients(workload, plist, n, {"base_url": base_url, "model": model, "api_key": api_key,
+                                                  "transport": transport, "timeout_s": timeout_s})
+    bar = Progress(n_timed, f"{workload.name} x{n} processes", progress)
     sampler = RunningGaugeSampler(base_url, api_key, running_gauge) if running_gauge else None
 
-    async def collect() -> list[GaugeReading]:
-        # The children's results, polled on an event loop so that the gauge is read by a task on it, as in
-        # a single-process round (RunningGaugeSampler says why not on a thread).
-        if sampler is not None:
-            sampler.start()
-        try:
-            deadline = time.monotonic() + timeout_s + 120
-            while len(got) < n and time.monotonic() < deadline:
-                try:
-                    k, recs, warm_recs, cpu_s, err = results.get_nowait()
-                    got[k] = (recs, warm_recs, cpu_s, err)
-                    continue
-                except queue_mod.Empty:
-                    if not any(p.is_alive() for p in procs) and results.empty():
-                        break
-                bar.update(counter.value, 0, 0)
-                await asyncio.sleep(0.1)
-        finally:
-            gauge_readings = await sampler.stop() if sampler is not None else []
-        return gauge_readings
+    def metrics_page() -> str | None:
+        return fetch_text(base_url, "/metrics", api_key)
 
     try:
-        try:
-            ready.wait(timeout_s + 120)
-            if server_counter is not None:
-                before = fetch_text(base_url, "/metrics", api_key)
-            go.wait(60)
-        except threading.BrokenBarrierError:
-            pass  # a child failed; its message arrives through the queue
-        gauge_readings = _run_sync(collect)
+        before = _start_together(clients, timeout_s, metrics_page if server_counter is not None else None)
+        got, gauge_readings = _collect_results(clients, bar, sampler, timeout_s)
     finally:
         bar.close()
-        for proc in procs:
-            proc.join(timeout=10)
-            if proc.is_alive():
-                proc.terminate()
-                proc.join(timeout=5)
-    errors = [f"client process {k}: {v[3]}" for k, v in sorted(got.items()) if v[3]]
-    missing = [k for k in range(n) if k not in got]
-    errors += [f"client process {k} exited without results (exit code {procs[k].exitcode})" for k in missing]
+        clients.join()
+    errors = _client_failures(got, clients.procs)
     if errors:
         raise LLMServeError("multi-process load generation failed: " + "; ".join(errors))
-    per_process = [[RequestRecord.from_dict(d) for d in got[k][0]] for k in range(n)]
-    warm_records = [RequestRecord.from_dict(d) for k in range(n) for d in got[k][1]]
-    merged = merge_records(per_process)
-    server_tokens: float | None = None
-    if server_counter is not None:
-        server_tokens = _counter_delta(before, fetch_text(base_url, "/metrics", api_key), server_counter)
+    merged, warm_records = _records_of(got)
+    server_tokens = None if server_counter is None else _counter_delta(before, metrics_page(), server_counter)
     result = evaluate(merged, workload, transport=transport, warmup=warm_records, prompts=plist,
                       allow_multi_token_chunks=allow_multi_token_chunks, processes=n,
                       server_counter=server_counter, server_tokens=server_tokens,
-                      cross_check_bound=cross_check_bound, client_cpu_s=sum(v[2] for v in got.values()))
+                      cross_check_bound=cross_check_bound, client_cpu_s=sum(v[3] for v in got.values()))
     result.event_loop = event_loop_name()  # what the client processes ran
     if sampler is not None and running_gauge is not None:
         judge_isolation(result, running_gauge, gauge_readings, sampler.failed_reads)

@@ -277,6 +277,40 @@ class TextKeepingParser(StreamParser):
         return rec
 
 
+def _stream_choice(line: bytes) -> dict[str, object] | None:
+    """The first choice of one SSE line's event; None for a line that carries none (a comment, ``[DONE]``, JSON that
+    does not parse, an event without choices)."""
+    line = line.strip()
+    if line[:5] != b"data:" or line[5:].strip() == _DONE:
+        return None
+    try:
+        event = json.loads(line[5:])
+    except ValueError:
+        return None
+    choices = event.get("choices") if isinstance(event, dict) else None
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+        return None
+    return choices[0]
+
+
+def _choice_text(choice: dict[str, object]) -> object:
+    """A completions choice's ``text``, else a chat choice's ``delta.content`` (whatever the server put there)."""
+    text = choice.get("text")
+    delta = choice.get("delta")
+    if text is None and isinstance(delta, dict):
+        text = delta.get("content")
+    return text
+
+
+def _bad_logprobs(choice: dict[str, object]) -> int | None:
+    """How many of a choice's ``token_logprobs`` are null or not finite; None when it has no such list."""
+    logprobs = choice.get("logprobs")
+    if not isinstance(logprobs, dict) or "token_logprobs" not in logprobs:
+        return None
+    values = logprobs.get("token_logprobs") or []
+    return sum(1 for v in values if not isinstance(v, int | float) or v != v or v in (float("inf"), float("-inf")))
+
+
 def decode_stream_text(stream: bytes) -> tuple[str, list[str], int | None]:
     """The generated text of an SSE stream of completions (or chat) chunks, each content chunk's text
     (one decode step: a token, or several under speculative decoding), and how many returned logprobs
@@ -284,28 +318,16 @@ def decode_stream_text(stream: bytes) -> tuple[str, list[str], int | None]:
     pieces: list[str] = []
     bad: int | None = None
     for line in stream.split(b"\n"):
-        line = line.strip()
-        if line[:5] != b"data:" or line[5:].strip() == _DONE:
+        choice = _stream_choice(line)
+        if choice is None:
             continue
-        try:
-            event = json.loads(line[5:])
-        except ValueError:
-            continue
-        choices = event.get("choices") if isinstance(event, dict) else None
-        if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
-            continue
-        choice = choices[0]
-        text = choice.get("text")
-        if text is None and isinstance(choice.get("delta"), dict):
-            text = choice["delta"].get("content")
+        text = _choice_text(choice)
         if choice.get("finish_reason") is not None and not text:
             continue  # a finish marker, not a decode step
         pieces.append(text if isinstance(text, str) else "")
-        logprobs = choice.get("logprobs")
-        if isinstance(logprobs, dict) and "token_logprobs" in logprobs:
-            values = logprobs.get("token_logprobs") or []
-            bad = (bad or 0) + sum(1 for v in values if not isinstance(v, int | float) or v != v
-                                   or v in (float("inf"), float("-inf")))
+        count = _bad_logprobs(choice)
+        if count is not None:
+            bad = (bad or 0) + count
     return "".join(pieces), pieces, bad
 
 

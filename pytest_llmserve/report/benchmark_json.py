@@ -36,7 +36,7 @@ def stats_transform(metric: str, higher_is_better: bool) -> tuple[Callable[[floa
     return (lambda v: v), "value as is"
 
 
-def benchmark_stats(data: Sequence[float]) -> dict[str, Any]:
+def benchmark_stats(data: Sequence[float]) -> dict[str, object]:
     """pytest-benchmark's ``stats`` block: ``Stats.as_dict()`` of ``data``, ``iterations`` (1) and ``data``."""
     # lazy: pytest_benchmark.stats takes ~30 ms to import (-X importtime), and is optional
     from pytest_benchmark.stats import Stats
@@ -47,16 +47,16 @@ def benchmark_stats(data: Sequence[float]) -> dict[str, Any]:
     stats: Any = Stats()  # type: ignore[no-untyped-call]  # pytest-benchmark ships no annotations
     for value in values:
         stats.update(value)
-    out: dict[str, Any] = stats.as_dict()
+    out: dict[str, object] = stats.as_dict()
     out["iterations"] = 1
     out["data"] = values
     return out
 
 
-def machine_info(hardware: Mapping[str, Any] | None = None) -> dict[str, Any]:
+def machine_info(hardware: Mapping[str, object] | None = None) -> dict[str, object]:
     """pytest-benchmark's ``machine_info`` keys, plus this plugin's hardware context under ``llmserve``."""
     uname = platform.uname()
-    info: dict[str, Any] = {
+    info: dict[str, object] = {
         "node": uname.node,
         "processor": uname.processor,
         "machine": uname.machine,
@@ -75,7 +75,7 @@ def machine_info(hardware: Mapping[str, Any] | None = None) -> dict[str, Any]:
     return info
 
 
-def commit_info(cwd: str | os.PathLike[str] | None = None) -> dict[str, Any]:
+def commit_info(cwd: str | os.PathLike[str] | None = None) -> dict[str, object]:
     """Git commit of ``cwd`` in pytest-benchmark's ``commit_info`` shape (``error`` when not a repository)."""
 
     def git(*args: str) -> str:
@@ -111,8 +111,8 @@ def commit_info(cwd: str | os.PathLike[str] | None = None) -> dict[str, Any]:
 def to_pytest_benchmark_json(
     outcomes: Sequence[BenchOutcome],
     *,
-    hardware: Mapping[str, Any] | None = None,
-    commit: Mapping[str, Any] | None = None,
+    hardware: Mapping[str, object] | None = None,
+    commit: Mapping[str, object] | None = None,
 ) -> dict[str, Any]:
     """A document ``pytest-benchmark compare`` loads; outcomes without samples of the metric are left out."""
     benchmarks = []
@@ -124,7 +124,7 @@ def to_pytest_benchmark_json(
         if o.higher_is_better and any(v <= 0 for v in raw):
             transform, how = (lambda v: v), "value as is (non-positive samples)"
         fullname = o.test_id if o.server_id in o.test_id else f"{o.test_id}[{o.server_id}]"
-        extra: dict[str, Any] = {name: s.median for name, s in o.metrics.items()}
+        extra: dict[str, object] = {name: s.median for name, s in o.metrics.items()}
         extra["llmserve"] = {
             "metric": o.metric,
             "higher_is_better": o.higher_is_better,
@@ -173,8 +173,8 @@ def write_pytest_benchmark_json(
     path: str | os.PathLike[str],
     outcomes: Sequence[BenchOutcome],
     *,
-    hardware: Mapping[str, Any] | None = None,
-    commit: Mapping[str, Any] | None = None,
+    hardware: Mapping[str, object] | None = None,
+    commit: Mapping[str, object] | None = None,
 ) -> Path:
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)

@@ -46,7 +46,7 @@ class Measured:
     outcomes: list[BenchOutcome] = field(default_factory=list)  # each A/B step's outcome
 
 
-def ab_outcome_dict(outcome: BenchOutcome) -> dict[str, Any]:
+def ab_outcome_dict(outcome: BenchOutcome) -> dict[str, object]:
     """An A/B step's outcome as results.json's ``ab_outcomes`` hold it (module docstring)."""
     out = {"test": outcome.test_id, "server": outcome.server_id, "workload": outcome.workload,
            "metric": outcome.metric, "higher_is_better": outcome.higher_is_better, "tolerance": outcome.tolerance,
@@ -100,13 +100,13 @@ def write_build_reports(out_dir: Path, data: dict[str, Any], *, measured: Measur
     say(f"wrote {out_dir}/results.json and summary.md")
 
 
-def _step_dict(st: StepResult, label: str) -> dict[str, Any]:
+def _step_dict(st: StepResult, label: str) -> dict[str, object]:
     d = asdict(st)
     d["label"] = label
     return d
 
 
-def _num(x: Any, fmt: str) -> str:
+def _num(x: object, fmt: str) -> str:
     return "—" if x is None else format(x, fmt)
 
 

@@ -78,10 +78,10 @@ class CheckOutcome:
     verdict: CheckVerdict
     kind: CheckKind = "correctness"
     first_finding: str | None = None
-    findings: list[dict[str, Any]] = field(default_factory=list)
+    findings: list[dict[str, object]] = field(default_factory=list)
     message: str | None = None  # the failure or skip text pytest showed (concise by default)
     detail: str | None = None  # the full evidence text, when longer than ``message``
-    oracles: list[dict[str, Any]] = field(default_factory=list)  # each oracle run: check, verdict, findings
+    oracles: list[dict[str, object]] = field(default_factory=list)  # each oracle run: check, verdict, findings
     duration_s: float | None = None
     untrained_declared: bool | None = None
     strict_from: str | None = None
@@ -90,7 +90,7 @@ class CheckOutcome:
     def failed(self) -> bool:
         return self.verdict in FAILING_VERDICTS
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return asdict(self)
 
     @classmethod
@@ -121,7 +121,7 @@ def one_line(text: str | None, limit: int = FIRST_FINDING_CHARS) -> str | None:
     return line if len(line) <= limit else line[: limit - 3] + "..."
 
 
-def as_checks(items: Iterable[CheckOutcome | Mapping[str, Any]]) -> list[CheckOutcome]:
+def as_checks(items: Iterable[CheckOutcome | Mapping[str, object]]) -> list[CheckOutcome]:
     return [item if isinstance(item, CheckOutcome) else CheckOutcome.from_dict(item) for item in items]
 
 
@@ -235,7 +235,7 @@ class RunCompleteness:
         because = f" ({self.why})" if self.why else ""
         return f"{word}{because}: {self.never_ran} of {self.collected} collected items never ran"
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return {"stopped": self.stopped, "why": self.why, "collected": self.collected, "ran": self.ran,
                 "never_ran": self.never_ran}
 

@@ -64,9 +64,9 @@ from __future__ import annotations
 import json
 import os
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from pytest_llmserve.errors import BaselineError
 from pytest_llmserve.json_encoding import dumps
@@ -77,6 +77,8 @@ from pytest_llmserve.store.baselines import BenchKey, atomic_write_text, utc_tim
 from pytest_llmserve.verdicts.comparability import Comparability
 from pytest_llmserve.verdicts.stats import Verdict
 from pytest_llmserve.version import __version__
+
+_T = TypeVar("_T")
 
 RESULTS_FORMAT = "pytest-llmserve-results"
 RESULTS_SCHEMA = 1
@@ -138,12 +140,8 @@ def read_results_json(path: str | os.PathLike[str]) -> tuple[dict[str, Any], lis
     benchmarks = data.get("benchmarks")
     if not isinstance(benchmarks, list):
         raise BaselineError(f"{p}: 'benchmarks' must be a list")
-    outcomes = []
-    for i, item in enumerate(benchmarks):
-        try:
-            outcomes.append(BenchOutcome.from_dict(item))
-        except (KeyError, TypeError, ValueError, BaselineError) as exc:
-            raise BaselineError(f"{p}: benchmarks[{i}] is malformed ({exc!r})") from None
+    outcomes = _read_each(benchmarks, BenchOutcome.from_dict, f"{p}: benchmarks",
+                          (KeyError, TypeError, ValueError, BaselineError))
     header = {k: v for k, v in data.items() if k != "benchmarks"}
     return header, outcomes
 
@@ -154,13 +152,20 @@ def read_check_outcomes(path: str | os.PathLike[str]) -> list[CheckOutcome]:
     rows = header.get("checks") or []
     if not isinstance(rows, list):
         raise BaselineError(f"{path}: 'checks' must be a list")
-    checks = []
-    for i, item in enumerate(rows):
+    return _read_each(rows, CheckOutcome.from_dict, f"{path}: checks", (KeyError, TypeError, ValueError))
+
+
+def _read_each(items: Sequence[Any], read: Callable[[Any], _T], where: str,
+               malformed: tuple[type[Exception], ...]) -> list[_T]:
+    """``read`` of each item of a file's list (``where``: the file and the list's key); an item that raises one of
+    ``malformed`` is a BaselineError naming its index."""
+    out = []
+    for i, item in enumerate(items):
         try:
-            checks.append(CheckOutcome.from_dict(item))
-        except (KeyError, TypeError, ValueError) as exc:
-            raise BaselineError(f"{path}: checks[{i}] is malformed ({exc!r})") from None
-    return checks
+            out.append(read(item))
+        except malformed as exc:
+            raise BaselineError(f"{where}[{i}] is malformed ({exc!r})") from None
+    return out
 
 
 def _from_gate_record(data: Mapping[str, Any]) -> BenchOutcome:

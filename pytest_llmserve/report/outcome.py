@@ -14,9 +14,9 @@ from __future__ import annotations
 import json
 import math
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, TypedDict, TypeVar
 
 from pytest_llmserve.json_encoding import dumps, float_or_nan
 from pytest_llmserve.store.baselines import BenchKey
@@ -31,7 +31,7 @@ class DiscardedRound:
     round: str
     reasons: tuple[str, ...]
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return {"round": self.round, "reasons": list(self.reasons)}
 
     @classmethod
@@ -45,9 +45,9 @@ class ContendedRound:
 
     round: str
     reason: str
-    host_contention: dict[str, Any] = field(default_factory=dict)
+    host_contention: dict[str, object] = field(default_factory=dict)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return {"round": self.round, "reason": self.reason, "host_contention": self.host_contention}
 
     @classmethod
@@ -75,7 +75,7 @@ class WarmUp:
     seconds: float = 0.0
     note: str | None = None
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         out = {name: getattr(self, name) for name in WarmUp.__dataclass_fields__}
         return out if self.note is not None else {k: v for k, v in out.items() if k != "note"}
 
@@ -107,7 +107,7 @@ class Extension:
     plan_looks: int | None = None
     note: str = ""
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return {name: getattr(self, name) for name in Extension.__dataclass_fields__}
 
     @classmethod
@@ -130,7 +130,7 @@ class ResolutionRecord:
     line: str
     short: str
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return {**self.figures.to_dict(), "line": self.line, "short": self.short}
 
     @classmethod
@@ -138,6 +138,17 @@ class ResolutionRecord:
         names = Resolution.__dataclass_fields__
         figures = Resolution(**{k: v for k, v in data.items() if k in names})
         return cls(figures=figures, line=str(data.get("line") or ""), short=str(data.get("short") or ""))
+
+
+class HostShare(TypedDict):
+    """What other processes took of the host over a benchmark's measured rounds (:attr:`BenchOutcome.host_contention`,
+    results.json's ``host_contention``): the ``max`` and ``median`` share (None: not sampled), the ``rounds`` sampled
+    and the rounds ``discarded`` as contended."""
+
+    max: float | None
+    median: float | None
+    rounds: int
+    discarded: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -189,7 +200,7 @@ class BenchOutcome:
     samples: dict[str, list[float]] = field(default_factory=dict)
     baseline_samples: list[float] = field(default_factory=list)
     error: str | None = None
-    context: dict[str, Any] = field(default_factory=dict)
+    context: dict[str, object] = field(default_factory=dict)
     concurrency: int | None = None
     request_latencies_s: dict[str, list[float]] = field(default_factory=dict)
     note: str | None = None
@@ -205,7 +216,7 @@ class BenchOutcome:
     confounded: bool = False  # no verdict: the host stayed busy (contended_rounds); skipped, never failed
     rounds: int = 0
     seconds: float | None = None
-    cross_check: dict[str, Any] | str | None = None
+    cross_check: dict[str, object] | str | None = None
     correctness_failed: list[dict[str, str]] = field(default_factory=list)
     inconclusive_policy: str | None = None
     warning: str | None = None
@@ -279,7 +290,7 @@ class BenchOutcome:
                 "noisy_cv": NOISY_CV}
 
     @property
-    def host_contention(self) -> dict[str, Any]:
+    def host_contention(self) -> HostShare:
         """What other processes took of the host during the measured rounds (``max`` and ``median`` share of the
         machine over them; None where not sampled) and how many rounds were ``discarded`` as contended."""
         values = [v for v in self.samples.get("host_contention", []) if math.isfinite(v)]
@@ -316,7 +327,7 @@ class BenchOutcome:
         short = self.test_id.rsplit("::", 1)[-1]
         return short if self.server_id in short else f"{short}[{self.server_id}]"
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return {
             "test_id": self.test_id,
             "server_id": self.server_id,
@@ -364,9 +375,6 @@ class BenchOutcome:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> BenchOutcome:
         """A results.json entry (:meth:`to_dict`), or the whole record (:meth:`to_json`'s)."""
-        def summary(value: Any) -> Summary | None:
-            return Summary.from_dict(value) if isinstance(value, Mapping) else None
-
         return cls(
             test_id=str(data["test_id"]),
             server_id=str(data["server_id"]),
@@ -374,32 +382,26 @@ class BenchOutcome:
             metric=str(data["metric"]),
             higher_is_better=bool(data.get("higher_is_better", True)),
             tolerance=float(data.get("tolerance", 0.05)),
-            current=summary(data.get("current")),
-            baseline=summary(data.get("baseline")),
-            verdict=Verdict.from_dict(data["verdict"]) if data.get("verdict") else None,
-            comparability=Comparability.from_dict(data["comparability"])
-            if data.get("comparability")
-            else None,
+            current=_if_mapping(data.get("current"), Summary.from_dict),
+            baseline=_if_mapping(data.get("baseline"), Summary.from_dict),
+            verdict=_if_given(data.get("verdict"), Verdict.from_dict),
+            comparability=_if_given(data.get("comparability"), Comparability.from_dict),
             metrics={k: Summary.from_dict(v) for k, v in (data.get("metrics") or {}).items()},
-            samples={k: [float_or_nan(x) for x in v] for k, v in (data.get("samples") or {}).items()},
-            baseline_samples=[float_or_nan(x) for x in data.get("baseline_samples") or []],
+            samples=_series(data.get("samples")),
+            baseline_samples=_floats(data.get("baseline_samples")),
             error=data.get("error"),
             context=dict(data.get("context") or {}),
             concurrency=data.get("concurrency"),
-            request_latencies_s={
-                k: [float_or_nan(x) for x in v] for k, v in (data.get("request_latencies_s") or {}).items()
-            },
+            request_latencies_s=_series(data.get("request_latencies_s")),
             note=data.get("note"),
             baseline_path=data.get("baseline_path"),
             run_id=data.get("run_id"),
             saved=bool(data.get("saved", False)),
-            baseline_key=BenchKey.from_dict(data["key"]) if data.get("key") else None,
-            warmup=WarmUp.from_dict(data["warmup"]) if isinstance(data.get("warmup"), Mapping) else None,
-            discarded_rounds=[DiscardedRound.from_dict(d) for d in data.get("discarded_rounds") or []
-                              if isinstance(d, Mapping)],
-            resolution=(ResolutionRecord.from_dict(data["resolution"]) if isinstance(data.get("resolution"), Mapping)
-                        else None),
-            extension=Extension.from_dict(data["extension"]) if isinstance(data.get("extension"), Mapping) else None,
+            baseline_key=_if_given(data.get("key"), BenchKey.from_dict),
+            warmup=_if_mapping(data.get("warmup"), WarmUp.from_dict),
+            discarded_rounds=_records(data.get("discarded_rounds"), DiscardedRound.from_dict),
+            resolution=_if_mapping(data.get("resolution"), ResolutionRecord.from_dict),
+            extension=_if_mapping(data.get("extension"), Extension.from_dict),
             contended_rounds=_contended(data),
             confounded=bool(data.get("confounded", False)),
             rounds=int(data.get("rounds") or 0),
@@ -409,8 +411,7 @@ class BenchOutcome:
             inconclusive_policy=data.get("inconclusive_policy"),
             warning=data.get("warning"),
             baseline_ci_half_width=data.get("baseline_ci_half_width"),
-            baseline_series={k: [float_or_nan(x) for x in v]
-                             for k, v in (data.get("baseline_series") or {}).items()},
+            baseline_series=_series(data.get("baseline_series")),
             differences=[str(d) for d in data.get("differences") or []],
             ab=bool(data.get("ab", False)),
             before_boot=bool(data.get("before_boot", False)),
@@ -424,6 +425,34 @@ RECORD_ONLY = ("rounds", "seconds", "cross_check", "correctness_failed", "inconc
                "baseline_ci_half_width", "baseline_series", "differences", "ab", "before_boot", "outcome_id")
 
 
-def _contended(data: Mapping[str, Any]) -> list[ContendedRound]:
+def _contended(data: Mapping[str, object]) -> list[ContendedRound]:
     items = data.get("contended_rounds")
     return [ContendedRound.from_dict(c) for c in items if isinstance(c, Mapping)] if isinstance(items, list) else []
+
+
+_T = TypeVar("_T")
+
+
+def _if_given(value: Mapping[str, object] | None, read: Callable[[Mapping[str, object]], _T]) -> _T | None:
+    """``read(value)``, or None when the value is absent, null or empty."""
+    return read(value) if value else None
+
+
+def _if_mapping(value: object, read: Callable[[Mapping[str, object]], _T]) -> _T | None:
+    """``read(value)`` when the value is an object, else None."""
+    return read(value) if isinstance(value, Mapping) else None
+
+
+def _records(items: Iterable[object] | None, read: Callable[[Mapping[str, object]], _T]) -> list[_T]:
+    """``read`` of each object in a list (absent or null: none; items that are not objects are passed over)."""
+    return [read(item) for item in items or [] if isinstance(item, Mapping)]
+
+
+def _floats(values: Iterable[float | str | None] | None) -> list[float]:
+    """Floats written under the NaN policy (null: NaN); absent or null: none."""
+    return [float_or_nan(x) for x in values or []]
+
+
+def _series(value: Mapping[str, Iterable[float | str | None]] | None) -> dict[str, list[float]]:
+    """Metric name -> its samples, written under the NaN policy (null: NaN); absent or null: none."""
+    return {k: _floats(v) for k, v in (value or {}).items()}

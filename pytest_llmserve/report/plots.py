@@ -13,10 +13,13 @@ import re
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from pytest_llmserve.metrics import METRICS
 from pytest_llmserve.report.outcome import BenchOutcome
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 PLOTS_EXTRA = "pytest-llmserve[plots]"
 
@@ -34,7 +37,7 @@ def matplotlib_missing() -> str | None:
     return f"no plots: matplotlib is not installed (install the plots extra: pip install '{PLOTS_EXTRA}')"
 
 
-def _figure(width: float = 7.0, height: float = 4.5) -> Any:
+def _figure(width: float = 7.0, height: float = 4.5) -> Figure:
     try:
         # lazy: matplotlib takes ~0.5 s to import (-X importtime); only a plot needs it
         from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -49,7 +52,7 @@ def _figure(width: float = 7.0, height: float = 4.5) -> Any:
     return fig
 
 
-def _save(fig: Any, path: str | os.PathLike[str]) -> Path:
+def _save(fig: Figure, path: str | os.PathLike[str]) -> Path:
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(p, format="png")

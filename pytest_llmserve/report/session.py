@@ -15,7 +15,6 @@ import shutil
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
 from pytest_llmserve.report.benchmark_json import write_pytest_benchmark_json
 from pytest_llmserve.report.checks import (
@@ -50,7 +49,7 @@ def write_all(
     outcomes: Iterable[BenchOutcome],
     results_dir: str | os.PathLike[str],
     *,
-    checks: Iterable[CheckOutcome | Mapping[str, Any]] = (),
+    checks: Iterable[CheckOutcome | Mapping[str, object]] = (),
     bench_json: str | os.PathLike[str] | None = None,
     plots: bool = True,
     github_summary: bool = False,
@@ -142,7 +141,7 @@ def latest_run_dir(results_dir: str | os.PathLike[str]) -> Path | None:
 
 
 def render_session(outcomes: Iterable[BenchOutcome],
-                   checks: Iterable[CheckOutcome | Mapping[str, Any]], results_dir: Path, *,
+                   checks: Iterable[CheckOutcome | Mapping[str, object]], results_dir: Path, *,
                    bench_json: Path | None, wall_s: float, boot_s: float, run_id: str | None = None,
                    files: Sequence[tuple[str, Path]] = (), strict: bool = False,
                    completeness: RunCompleteness | None = None) -> str:

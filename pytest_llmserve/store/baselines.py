@@ -72,7 +72,7 @@ class BenchKey:
         return {"test": self.test, "server": self.server, "workload": self.workload}
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> BenchKey:
+    def from_dict(cls, data: Mapping[str, object]) -> BenchKey:
         try:
             return cls(test=str(data["test"]), server=str(data["server"]), workload=str(data["workload"]))
         except (KeyError, TypeError):
@@ -109,11 +109,11 @@ class BaselineRecord:
     recorded_at: str
     run_id: str
     samples: dict[str, list[float]]
-    summary: dict[str, dict[str, Any]]
-    info: dict[str, Any] = field(default_factory=dict)
+    summary: dict[str, dict[str, float | int]]
+    info: dict[str, object] = field(default_factory=dict)
 
-    def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
+    def to_dict(self) -> dict[str, object]:
+        out: dict[str, object] = {
             "recorded_at": self.recorded_at,
             "run_id": self.run_id,
             "samples": self.samples,
@@ -165,7 +165,7 @@ class BaselineDoc:
             out.append(list(rec.samples[name]))
         return out
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return {
             "schema": self.schema,
             "key": self.key.as_dict(),
@@ -185,7 +185,7 @@ def _problem(path: Path, what: str) -> BaselineError:
     )
 
 
-def _finite_list(value: Any) -> bool:
+def _finite_list(value: object) -> bool:
     return (
         isinstance(value, list)
         and bool(value)
@@ -193,7 +193,7 @@ def _finite_list(value: Any) -> bool:
     )
 
 
-def parse_baseline(data: Any, path: Path) -> BaselineDoc:
+def parse_baseline(data: object, path: Path) -> BaselineDoc:
     """Validate parsed JSON as a schema-1 baseline document; BaselineError names the problem."""
     if not isinstance(data, dict):
         raise _problem(path, f"expected a JSON object, found {type(data).__name__}")
@@ -361,7 +361,7 @@ class BaselineStore:
     def save(
         self,
         key: BenchKey,
-        context: Mapping[str, Any],
+        context: Mapping[str, object],
         samples: Mapping[str, Sequence[float]],
         *,
         metric: str,
@@ -369,7 +369,7 @@ class BaselineStore:
         mode: Mode = "append",
         run_id: str | None = None,
         recorded_at: str | None = None,
-        info: Mapping[str, Any] | None = None,
+        info: Mapping[str, object] | None = None,
     ) -> BaselineDoc:
         """Record a run's samples (all metrics) for ``key``.
 

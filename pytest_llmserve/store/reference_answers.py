@@ -65,8 +65,8 @@ def model_identity(spec: ServerSpec) -> dict[str, str | None]:
     return {"model": spec.model, SHA_KEY: sha if isinstance(sha, str) else None}
 
 
-def _prompt_dict(prompt: ProbePrompt) -> dict[str, Any]:
-    out: dict[str, Any] = {"text": prompt.text, "chat": prompt.chat, "name": prompt.name}
+def _prompt_dict(prompt: ProbePrompt) -> dict[str, object]:
+    out: dict[str, object] = {"text": prompt.text, "chat": prompt.chat, "name": prompt.name}
     if prompt.min_context_tokens:  # only long-context probes carry it: earlier recordings stay comparable
         out["min_context_tokens"] = prompt.min_context_tokens
     return out
@@ -110,7 +110,7 @@ class ReferenceAnswers:
     recorded_at: str = field(default_factory=lambda: _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"))
     path: Path | None = None  # where it was read from or written to
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return {"schema": SCHEMA, "kind": KIND, "server": self.server, "combination": self.combination,
                 "model": self.model, SHA_KEY: self.model_sha256, "engine": self.engine,
                 "engine_version": self.engine_version, "recorded_at": self.recorded_at,

@@ -49,6 +49,41 @@ def _clean_sizes(sizes: Sequence[int] | None) -> list[int]:
     return sorted(set(sizes))
 
 
+def _plan_limit(max_extra: int, cap: int | None) -> int:
+    """The most cases a plan holds (``cap``, default :data:`DEFAULT_COVERAGE_CAP`), the arguments checked."""
+    if max_extra < 0:
+        raise ValueError(f"max_extra = {max_extra}: must be >= 0")
+    limit = DEFAULT_COVERAGE_CAP if cap is None else cap
+    if limit < 1:
+        raise ValueError(f"cap = {cap}: must be >= 1")
+    return limit
+
+
+def _no_graph_plan(server_max_batch: int | None, limit: int) -> list[BatchCase]:
+    """No sizes known: :data:`NO_GRAPH_SIZES` the server can batch (batch 1 at least)."""
+    cases = [BatchCase(s, "no-graph") for s in NO_GRAPH_SIZES]
+    if server_max_batch is not None:
+        cases = [c for c in cases if c.size <= server_max_batch] or [BatchCase(1, "no-graph")]
+    return cases[:limit]
+
+
+def _padded_cases(sizes: list[int], max_extra: int, top: int) -> list[BatchCase]:
+    """``max_extra`` padded sizes in each gap below or between captured sizes."""
+    padded: list[BatchCase] = []
+    for lower, upper in zip([0, *sizes[:-1]], sizes, strict=True):
+        gap = list(range(lower + 1, upper))
+        if lower == 0:
+            gap = gap[:1]  # below the smallest captured size: batch 1 is the interesting one
+        for s in _pick_in_gap(gap, max_extra):
+            padded.append(BatchCase(s, "padded", upper, top))
+    return padded
+
+
+def _fitting(cases: list[BatchCase], server_max_batch: int | None) -> list[BatchCase]:
+    """The cases the server can batch at once (all of them when its limit is not known)."""
+    return cases if server_max_batch is None else [c for c in cases if c.size <= server_max_batch]
+
+
 def coverage_plan(captured: Sequence[int] | None, configured: Sequence[int] | None = None, max_extra: int = 1,
                   cap: int | None = None, *, server_max_batch: int | None = None) -> list[BatchCase]:
     """The batch sizes that exercise every CUDA-graph path, in ascending order.
@@ -63,31 +98,14 @@ def coverage_plan(captured: Sequence[int] | None, configured: Sequence[int] | No
     captured sizes, above-max and the padded sizes are kept first; captured sizes in the middle are
     thinned evenly, then padded ones if still needed. With no sizes known: 1, 2, 3, 4, 8 as ``no-graph``.
     """
-    if max_extra < 0:
-        raise ValueError(f"max_extra = {max_extra}: must be >= 0")
-    limit = DEFAULT_COVERAGE_CAP if cap is None else cap
-    if limit < 1:
-        raise ValueError(f"cap = {cap}: must be >= 1")
+    limit = _plan_limit(max_extra, cap)
     sizes = _clean_sizes(captured) or _clean_sizes(configured)
     if not sizes:
-        cases = [BatchCase(s, "no-graph") for s in NO_GRAPH_SIZES]
-        if server_max_batch is not None:
-            cases = [c for c in cases if c.size <= server_max_batch] or [BatchCase(1, "no-graph")]
-        return cases[:limit]
+        return _no_graph_plan(server_max_batch, limit)
     top = sizes[-1]
-    captured_cases = [BatchCase(s, "captured", s, top) for s in sizes]
-    padded: list[BatchCase] = []
-    for lower, upper in zip([0, *sizes[:-1]], sizes, strict=True):
-        gap = list(range(lower + 1, upper))
-        if lower == 0:
-            gap = gap[:1]  # below the smallest captured size: batch 1 is the interesting one
-        for s in _pick_in_gap(gap, max_extra):
-            padded.append(BatchCase(s, "padded", upper, top))
-    above = [BatchCase(top + 1, "above-max", None, top)]
-    if server_max_batch is not None:
-        captured_cases = [c for c in captured_cases if c.size <= server_max_batch]
-        padded = [c for c in padded if c.size <= server_max_batch]
-        above = [c for c in above if c.size <= server_max_batch]
+    captured_cases = _fitting([BatchCase(s, "captured", s, top) for s in sizes], server_max_batch)
+    padded = _fitting(_padded_cases(sizes, max_extra, top), server_max_batch)
+    above = _fitting([BatchCase(top + 1, "above-max", None, top)], server_max_batch)
     return sorted(_cap_cases(captured_cases, padded, above, limit), key=lambda c: (c.size, c.kind))
 
 

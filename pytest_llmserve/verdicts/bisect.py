@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Literal
 
 from pytest_llmserve.verdicts import stats
 
@@ -44,7 +44,7 @@ class StepResult:
     attempt: int = 1
     rounds: int = 0
     correctness_detail: str = ""
-    extra: dict[str, Any] = field(default_factory=dict)
+    extra: dict[str, str] = field(default_factory=dict)  # what a report says beside the step (reason, invalid_round)
 
 
 def classify(step: StepResult, *, find_change: bool = False) -> Classification:

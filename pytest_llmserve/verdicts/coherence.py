@@ -7,7 +7,7 @@ import math
 import re
 import zlib
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from pytest_llmserve.evidence.completion import Completion, TokenLogprob
@@ -132,6 +132,127 @@ def _excerpt(text: str, start: int = 0, width: int = 160) -> str:
     return repr(text[start:start + width]) + ("..." if len(text) > start + width else "")
 
 
+@dataclass(frozen=True, slots=True)
+class _Decoded:
+    """One response as the collapse checks read it: its text, its tokens (``items``: their strings, or words and
+    punctuation standing in for them when ``pseudo``), its statistics (:func:`coherence_metrics`) and the limits."""
+
+    text: str
+    tokens: list[TokenLogprob]
+    items: list[str]
+    pseudo: bool
+    m: dict[str, float]
+    t: CoherenceThresholds
+
+    @property
+    def unit(self) -> str:
+        return "word" if self.pseudo else "token"  # without logprobs, words and punctuation stand in for tokens
+
+    @property
+    def joiner(self) -> str:
+        return " " if self.pseudo else ""
+
+    def at(self, indices: Iterable[int]) -> list[TokenAt]:
+        """The tokens at these positions, as a finding's evidence (none when words stood in for tokens)."""
+        toks = self.tokens
+        return [TokenAt.of(i, toks[i]) for i in indices if 0 <= i < len(toks)] if not self.pseudo else []
+
+
+# A collapse found: the message, and the positions of the tokens that show it. The checks below test each limit as
+# it is written (``not ratio > limit``), so a NaN limit passes as it always did.
+_Collapse = tuple[str, Iterable[int]]
+
+
+def _replacement_characters(d: _Decoded) -> _Collapse | None:
+    if not d.m["replacement_ratio"] > d.t.max_replacement_ratio:
+        return None
+    bad = [i for i, tok in enumerate(d.tokens) if "\ufffd" in tok.token][:5]
+    return (f"{d.m['replacement_ratio']:.1%} of the characters are U+FFFD (limit "
+            f"{d.t.max_replacement_ratio:.1%}): the detokenizer got invalid byte sequences; text "
+            f"{_excerpt(d.text, d.text.find(chr(0xFFFD)))}", bad)
+
+
+def _unprintable(d: _Decoded) -> _Collapse | None:
+    if not d.m["printable_ratio"] < d.t.min_printable_ratio:
+        return None
+    return (f"only {d.m['printable_ratio']:.1%} of the characters are printable (floor "
+            f"{d.t.min_printable_ratio:.0%}); text {_excerpt(d.text)}", range(5))
+
+
+def _not_ascii(d: _Decoded) -> _Collapse | None:
+    floor = d.t.min_ascii_ratio
+    if floor is None or not d.m["ascii_ratio"] < floor or len(d.text) < 16:
+        return None
+    return (f"only {d.m['ascii_ratio']:.1%} of the characters are printable ASCII (floor "
+            f"{floor:.0%}; set min_ascii_ratio=None for non-English probes); text "
+            f"{_excerpt(d.text)}", range(5))
+
+
+def _token_run(d: _Decoded) -> _Collapse | None:
+    run, run_start = _longest_run(d.items)
+    if not run > d.t.max_token_run:
+        return None
+    return (f"the {d.unit} {d.items[run_start]!r} repeats {run} times in a row from position {run_start} "
+            f"(limit {d.t.max_token_run})", range(run_start, run_start + 5))
+
+
+def _few_distinct(d: _Decoded) -> _Collapse | None:
+    n = len(d.items)
+    if n < 8:
+        return None
+    need = min(d.t.min_distinct_tokens, math.ceil(d.t.min_distinct_ratio * n))
+    if not d.m["distinct_tokens"] < need:
+        return None
+    common = ", ".join(f"{tok!r}x{k}" for tok, k in Counter(d.items).most_common(5))
+    return (f"only {int(d.m['distinct_tokens'])} distinct {d.unit}s in {n} (need {need}): vocabulary "
+            f"collapse; most common: {common}", range(8))
+
+
+def _compressible(d: _Decoded) -> _Collapse | None:
+    if len(d.text) < d.t.min_chars or not d.m["compression_ratio"] > d.t.max_compression_ratio:
+        return None
+    return (f"the text compresses {d.m['compression_ratio']:.1f}x (limit {d.t.max_compression_ratio:g}x): "
+            f"repetitive collapse; text {_excerpt(d.text)}", range(8))
+
+
+def _short_loop(d: _Decoded) -> _Collapse | None:
+    n, size = len(d.items), d.t.ngram
+    if n < d.t.min_tokens:
+        return None
+    ratio, gram, count = _top_ngram(d.items, size)
+    if not ratio > d.t.max_top_ngram_ratio:
+        return None
+    starts = [i for i in range(n - size + 1) if tuple(d.items[i:i + size]) == gram][:2]
+    return (f"the {size}-gram {d.joiner.join(gram)!r} makes up {ratio:.0%} of all {size}-grams "
+            f"({count}x; limit {d.t.max_top_ngram_ratio:.0%}): a short loop",
+            [i for s in starts for i in range(s, s + size)])
+
+
+def _dominant_token(d: _Decoded) -> _Collapse | None:
+    n = len(d.items)
+    if n < d.t.min_tokens or not d.m["top_token_ratio"] > d.t.max_top_token_ratio:
+        return None
+    tok, k = Counter(d.items).most_common(1)[0]
+    return (f"the {d.unit} {tok!r} is {d.m['top_token_ratio']:.0%} of the output ({k} of {n}; limit "
+            f"{d.t.max_top_token_ratio:.0%})", [i for i, x in enumerate(d.items) if x == tok][:5])
+
+
+def _guessing(d: _Decoded) -> _Collapse | None:
+    mean = d.m.get("mean_logprob")
+    if mean is None or not mean < d.t.min_mean_logprob:
+        return None
+    toks = d.tokens
+    worst = sorted(range(len(toks)), key=lambda i: most_likely_first(toks[i].logprob), reverse=True)
+    return (f"mean logprob {mean:.2f} is below the floor {d.t.min_mean_logprob:g}: the model is guessing",
+            sorted(worst[:5]))
+
+
+# The collapse checks, in the order their findings are listed.
+_COLLAPSE_CHECKS: tuple[Callable[[_Decoded], _Collapse | None], ...] = (
+    _replacement_characters, _unprintable, _not_ascii, _token_run, _few_distinct, _compressible, _short_loop,
+    _dominant_token, _guessing)
+
+
 def coherence_findings(c: Completion, thresholds: CoherenceThresholds | None = None, *,
                        probe: str = "") -> list[Finding]:
     """Decode collapse in one response (see :class:`CoherenceThresholds`). Failed requests give none."""
@@ -145,61 +266,10 @@ def coherence_findings(c: Completion, thresholds: CoherenceThresholds | None = N
                                  [TokenAt.of(i, tok) for i, tok in enumerate(c.tokens[:3])], probe)]
         return []
     items, pseudo = _token_strings(text, c.tokens)
-    m = coherence_metrics(text, c.tokens, t.ngram)
-    toks = c.tokens
-    unit = "word" if pseudo else "token"  # without logprobs, words and punctuation stand in for tokens
-    joiner = " " if pseudo else ""
-    out: list[Finding] = []
-
-    def at(indices: Iterable[int]) -> list[TokenAt]:
-        return [TokenAt.of(i, toks[i]) for i in indices if 0 <= i < len(toks)] if not pseudo else []
-
-    def fail(message: str, evidence: Iterable[int] = ()) -> None:
-        out.append(make_finding("coherence", "error", message, c, at(evidence), probe))
-
-    if m["replacement_ratio"] > t.max_replacement_ratio:
-        bad = [i for i, tok in enumerate(toks) if "\ufffd" in tok.token][:5]
-        fail(f"{m['replacement_ratio']:.1%} of the characters are U+FFFD (limit "
-             f"{t.max_replacement_ratio:.1%}): the detokenizer got invalid byte sequences; text "
-             f"{_excerpt(text, text.find(chr(0xFFFD)))}", bad)
-    if m["printable_ratio"] < t.min_printable_ratio:
-        fail(f"only {m['printable_ratio']:.1%} of the characters are printable (floor "
-             f"{t.min_printable_ratio:.0%}); text {_excerpt(text)}", range(5))
-    if t.min_ascii_ratio is not None and m["ascii_ratio"] < t.min_ascii_ratio and len(text) >= 16:
-        fail(f"only {m['ascii_ratio']:.1%} of the characters are printable ASCII (floor "
-             f"{t.min_ascii_ratio:.0%}; set min_ascii_ratio=None for non-English probes); text "
-             f"{_excerpt(text)}", range(5))
-    run, run_start = _longest_run(items)
-    if run > t.max_token_run:
-        fail(f"the {unit} {items[run_start]!r} repeats {run} times in a row from position {run_start} "
-             f"(limit {t.max_token_run})", range(run_start, run_start + 5))
-    n = len(items)
-    if n >= 8:
-        need = min(t.min_distinct_tokens, math.ceil(t.min_distinct_ratio * n))
-        if m["distinct_tokens"] < need:
-            common = ", ".join(f"{tok!r}x{k}" for tok, k in Counter(items).most_common(5))
-            fail(f"only {int(m['distinct_tokens'])} distinct {unit}s in {n} (need {need}): vocabulary "
-                 f"collapse; most common: {common}", range(8))
-    if len(text) >= t.min_chars and m["compression_ratio"] > t.max_compression_ratio:
-        fail(f"the text compresses {m['compression_ratio']:.1f}x (limit {t.max_compression_ratio:g}x): "
-             f"repetitive collapse; text {_excerpt(text)}", range(8))
-    if n >= t.min_tokens:
-        ratio, gram, count = _top_ngram(items, t.ngram)
-        if ratio > t.max_top_ngram_ratio:
-            starts = [i for i in range(n - t.ngram + 1) if tuple(items[i:i + t.ngram]) == gram][:2]
-            fail(f"the {t.ngram}-gram {joiner.join(gram)!r} makes up {ratio:.0%} of all {t.ngram}-grams "
-                 f"({count}x; limit {t.max_top_ngram_ratio:.0%}): a short loop",
-                 [i for s in starts for i in range(s, s + t.ngram)])
-        if m["top_token_ratio"] > t.max_top_token_ratio:
-            tok, k = Counter(items).most_common(1)[0]
-            fail(f"the {unit} {tok!r} is {m['top_token_ratio']:.0%} of the output ({k} of {n}; limit "
-                 f"{t.max_top_token_ratio:.0%})", [i for i, x in enumerate(items) if x == tok][:5])
-    mean = m.get("mean_logprob")
-    if mean is not None and mean < t.min_mean_logprob:
-        worst = sorted(range(len(toks)), key=lambda i: most_likely_first(toks[i].logprob), reverse=True)
-        fail(f"mean logprob {mean:.2f} is below the floor {t.min_mean_logprob:g}: the model is guessing",
-             sorted(worst[:5]))
-    return out
+    decoded = _Decoded(text, c.tokens, items, pseudo, coherence_metrics(text, c.tokens, t.ngram), t)
+    collapses = [found for check in _COLLAPSE_CHECKS if (found := check(decoded)) is not None]
+    return [make_finding("coherence", "error", message, c, decoded.at(evidence), probe)
+            for message, evidence in collapses]
 
 
 # Coherence limits for short batch outputs: the same metrics; the length-sensitive ones are skipped

@@ -16,7 +16,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, replace
 from typing import Any, Literal
 
-from pytest_llmserve.json_encoding import to_plain
+from pytest_llmserve.json_encoding import fields_dict, to_plain
 
 # Context keys (dotted paths; a prefix covers everything below it) that may differ between a baseline
 # and a run without making them incomparable: identities, bookkeeping, timeouts, where logs went.
@@ -65,8 +65,8 @@ class ContextDiff:
     """One context key whose value differs (``*_present`` False: the key is absent on that side)."""
 
     key: str
-    old: Any
-    new: Any
+    old: object
+    new: object
     old_present: bool = True
     new_present: bool = True
 
@@ -75,11 +75,11 @@ class ContextDiff:
         new = json.dumps(self.new) if self.new_present else "(absent)"
         return f"{self.key}: {old} -> {new}"
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> ContextDiff:
+    def from_dict(cls, data: Mapping[str, object]) -> ContextDiff:
         return cls(
             key=str(data["key"]),
             old=data.get("old"),
@@ -89,7 +89,7 @@ class ContextDiff:
         )
 
 
-def _flatten(value: Any, prefix: str, out: dict[str, Any]) -> dict[str, Any]:
+def _flatten(value: object, prefix: str, out: dict[str, object]) -> dict[str, object]:
     if isinstance(value, dict) and value:
         for k, v in value.items():
             _flatten(v, f"{prefix}.{k}" if prefix else str(k), out)
@@ -102,7 +102,7 @@ def _under(key: str, prefixes: Iterable[str]) -> bool:
     return any(key == p or key.startswith(p + ".") for p in prefixes)
 
 
-def _diff_all(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[ContextDiff]:
+def _diff_all(old: Mapping[str, object], new: Mapping[str, object]) -> list[ContextDiff]:
     flat_old = _flatten(to_plain(old), "", {})
     flat_new = _flatten(to_plain(new), "", {})
     diffs = []
@@ -115,8 +115,8 @@ def _diff_all(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[ContextDif
 
 
 def diff_context(
-    baseline_ctx: Mapping[str, Any],
-    current_ctx: Mapping[str, Any],
+    baseline_ctx: Mapping[str, object],
+    current_ctx: Mapping[str, object],
     *,
     ignore: Iterable[str] = IGNORED_CONTEXT_KEYS,
 ) -> list[ContextDiff]:
@@ -125,7 +125,7 @@ def diff_context(
     return [d for d in _diff_all(baseline_ctx, current_ctx) if not _under(d.key, ignored)]
 
 
-def append_diffs(stored_ctx: Mapping[str, Any], current_ctx: Mapping[str, Any]) -> list[ContextDiff]:
+def append_diffs(stored_ctx: Mapping[str, object], current_ctx: Mapping[str, object]) -> list[ContextDiff]:
     """The differences that refuse appending a run to a stored baseline (:func:`diff_context`), less the added keys
     (:data:`ADDED_CONTEXT_KEYS`) absent on one side: the check made before the boot cannot know them yet, and a
     baseline recorded before the plugin kept them lacks them (its comparisons go on and say so, :func:`comparability`).
@@ -162,17 +162,8 @@ class Comparability:
     def confounders(self) -> tuple[ContextDiff, ...]:
         return tuple(d for d in self.diffs if not _under(d.key, self.variable_keys))
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "status": self.status,
-            "label": self.label,
-            "message": self.message,
-            "variable": self.variable,
-            "variable_keys": list(self.variable_keys),
-            "diffs": [d.to_dict() for d in self.diffs],
-            "ignored": [d.to_dict() for d in self.ignored],
-            "host_diffs": [d.to_dict() for d in self.host_diffs],
-        }
+    def to_dict(self) -> dict[str, object]:
+        return fields_dict(self)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Comparability:
@@ -206,7 +197,7 @@ def unknown_host(diffs: Iterable[ContextDiff]) -> bool:
     return any(is_host_key(d.key) and not d.old_present and d.new_present for d in diffs)
 
 
-def variable_keys(variable: str, *contexts: Mapping[str, Any]) -> tuple[str, ...]:
+def variable_keys(variable: str, *contexts: Mapping[str, object]) -> tuple[str, ...]:
     """Context keys a declared variable stands for.
 
     ``engine_version`` (alias ``engine_build``) also covers ``server_args.python`` (two builds side by
@@ -220,8 +211,8 @@ def variable_keys(variable: str, *contexts: Mapping[str, Any]) -> tuple[str, ...
 
 
 def comparability(
-    baseline_ctx: Mapping[str, Any],
-    current_ctx: Mapping[str, Any],
+    baseline_ctx: Mapping[str, object],
+    current_ctx: Mapping[str, object],
     variable: str | None = None,
     allow_confounded: bool = False,
     *,
@@ -262,8 +253,8 @@ def comparability(
                            f"{listing}")
 
 
-def _decide(diffs: tuple[ContextDiff, ...], ignored: tuple[ContextDiff, ...], baseline_ctx: Mapping[str, Any],
-            current_ctx: Mapping[str, Any], variable: str | None, allow_confounded: bool) -> Comparability:
+def _decide(diffs: tuple[ContextDiff, ...], ignored: tuple[ContextDiff, ...], baseline_ctx: Mapping[str, object],
+            current_ctx: Mapping[str, object], variable: str | None, allow_confounded: bool) -> Comparability:
     var_keys = variable_keys(variable, baseline_ctx, current_ctx) if variable else ()
     engine_build = variable in ENGINE_BUILD_VARIABLES
     var_label = "engine build comparison" if engine_build else f"A/B of {variable}"

@@ -240,8 +240,9 @@ def _truncation(ref: Completion, cand: Completion) -> Truncation | None:
     return Truncation(side, len(short.tokens), len(long_.tokens), short.finish_reason)
 
 
-def compare_pair(ref: Completion, cand: Completion, probe: str = "") -> PairComparison:
-    """The differential's figures for two answers to one request (nothing judged yet: see :func:`pair_findings`)."""
+def _unjudgeable(ref: Completion, cand: Completion, probe: str) -> PairComparison | None:
+    """The comparison of two answers that cannot be compared token by token: one failed, neither sent logprobs (the
+    texts must agree), or one side sent none; None when both sent tokens with logprobs."""
     if not ref.ok or not cand.ok:
         side: Side = "reference" if not ref.ok else "candidate"
         which = ref if not ref.ok else cand
@@ -252,12 +253,17 @@ def compare_pair(ref: Completion, cand: Completion, probe: str = "") -> PairComp
     if not ref.tokens or not cand.tokens:
         return PairComparison(probe, 0, None, problem="sent no logprobs",
                               problem_side="reference" if not ref.tokens else "candidate")
-    end = first_difference(ref.tokens, cand.tokens)
-    last = end if end is not None else min(len(ref.tokens), len(cand.tokens)) - 1
+    return None
+
+
+def _worst_positions(ref: Sequence[TokenLogprob], cand: Sequence[TokenLogprob], last: int,
+                     end: int | None) -> tuple[float, int | None, float, int | None]:
+    """Over positions 0..``last``: the largest |Δlogprob| of the token both chose and where (the divergence ``end``
+    and positions without two finite logprobs left out), and the largest top-k distance and where."""
     worst_delta, delta_at = 0.0, None
     worst_distance, distance_at = 0.0, None
     for i in range(last + 1):
-        r, c = ref.tokens[i], cand.tokens[i]
+        r, c = ref[i], cand[i]
         distance = topk_distance(r, c)
         if distance_at is None or distance > worst_distance:
             worst_distance, distance_at = distance, i
@@ -266,6 +272,17 @@ def compare_pair(ref: Completion, cand: Completion, probe: str = "") -> PairComp
         delta = abs(_logprob(r) - _logprob(c))
         if delta_at is None or delta > worst_delta:
             worst_delta, delta_at = delta, i
+    return worst_delta, delta_at, worst_distance, distance_at
+
+
+def compare_pair(ref: Completion, cand: Completion, probe: str = "") -> PairComparison:
+    """The differential's figures for two answers to one request (nothing judged yet: see :func:`pair_findings`)."""
+    unjudgeable = _unjudgeable(ref, cand, probe)
+    if unjudgeable is not None:
+        return unjudgeable
+    end = first_difference(ref.tokens, cand.tokens)
+    last = end if end is not None else min(len(ref.tokens), len(cand.tokens)) - 1
+    worst_delta, delta_at, worst_distance, distance_at = _worst_positions(ref.tokens, cand.tokens, last, end)
     base = PairComparison(probe, last + 1, None, max_delta=worst_delta, max_delta_position=delta_at,
                           max_distance=worst_distance, max_distance_position=distance_at, ref_tokens=len(ref.tokens),
                           cand_tokens=len(cand.tokens))

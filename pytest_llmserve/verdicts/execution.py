@@ -6,12 +6,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Literal
 
 from pytest_llmserve.evidence.facts import ServerFacts, focus_line, normalize_backend
+from pytest_llmserve.json_encoding import fields_dict
 
 if TYPE_CHECKING:
-    from pytest_llmserve.config import ServerSpec
+    from pytest_llmserve.config import CudaGraphSpec, ServerSpec
 
 Status = Literal["pass", "fail", "unverifiable"]
 
@@ -40,15 +41,8 @@ class CheckResult:
             return head + "\n  evidence: none (the server's log/metrics did not report this)"
         return head + "\n  evidence:\n" + "\n".join(f"    | {line}" for line in self.evidence)
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "status": self.status,
-            "requested": self.requested,
-            "observed": self.observed,
-            "evidence": list(self.evidence),
-            "note": self.note,
-        }
+    def to_dict(self) -> dict[str, object]:
+        return fields_dict(self)
 
 
 def evidence_lines(facts: ServerFacts, *names: str, needles: Iterable[str] = ()) -> list[str]:
@@ -211,6 +205,8 @@ def _check_number(
                           evidence_lines(facts, name, needles=needles), passed=same)
 
 
+_GRAPH_USED = "cuda_graph.used_in_decode"
+
 # Most specific first: the window shown from a one-line config is centred on the first needle found.
 _GRAPH_NEEDLES = (
     "Capture",
@@ -224,100 +220,106 @@ _GRAPH_NEEDLES = (
 )
 
 
+def _graph_request(graph: CudaGraphSpec) -> str:
+    """Graphs on, as the checks state what was requested."""
+    if graph.batch_sizes:
+        return f"cuda graphs on, batch sizes {_sizes(graph.batch_sizes)}"
+    if graph.max_batch_size:
+        return f"cuda graphs on, max batch size {graph.max_batch_size}"
+    return "cuda graphs on"
+
+
+def _capture_unreported(graph: CudaGraphSpec, facts: ServerFacts, requested: str,
+                        evidence: list[str]) -> CheckResult:
+    """Graphs on, no capture list reported: whether the engine said it captured graphs at all."""
+    status: Status = "unverifiable"
+    if facts.cuda_graph_enabled is False:
+        status = "fail"
+    elif facts.cuda_graph_enabled and not (graph.batch_sizes or graph.max_batch_size):
+        status = "pass"  # capture proven; no particular sizes were asked for
+    observed = {
+        None: "capture not reported",
+        True: "graphs captured (sizes not reported)",
+        False: "no graphs",
+    }[facts.cuda_graph_enabled]
+    return CheckResult("cuda_graph.captured", status, requested, observed, evidence)
+
+
+def _captured_sizes(graph: CudaGraphSpec, captured: tuple[int, ...], requested: str,
+                    evidence: list[str]) -> CheckResult:
+    """Graphs on and captured: every size asked for is there, and the largest is the max asked for."""
+    missing = sorted(set(graph.batch_sizes or ()) - set(captured))
+    note = ""
+    status: Status = "pass"
+    if missing:
+        status = "fail"
+        note = f"missing sizes {_sizes(missing)}"
+    elif graph.max_batch_size and max(captured) != graph.max_batch_size:
+        status = "fail"
+        note = (
+            f"largest captured size {max(captured)} != requested max {graph.max_batch_size}"
+            " (capture lists are cut to the max running requests)"
+        )
+    return CheckResult("cuda_graph.captured", status, requested, f"captured {_sizes(captured)}", evidence, note=note)
+
+
+def _graphs_captured(graph: CudaGraphSpec, facts: ServerFacts, requested: str, evidence: list[str]) -> CheckResult:
+    """Graphs on: were they captured, and the sizes asked for?"""
+    captured = facts.captured_batch_sizes
+    if captured is None:
+        return _capture_unreported(graph, facts, requested, evidence)
+    if not captured:
+        return CheckResult("cuda_graph.captured", "fail", requested, "no graphs captured", evidence,
+                           note=f"cudagraph_mode={facts.cudagraph_mode}" if facts.cudagraph_mode else "")
+    return _captured_sizes(graph, captured, requested, evidence)
+
+
+def _graph_mode(mode: str, facts: ServerFacts) -> CheckResult:
+    """The engine's graph mode asked for against the one it reported (case aside)."""
+    graph_mode = facts.cudagraph_mode
+    return CheckResult(
+        "cuda_graph.mode", "unverifiable" if graph_mode is None else
+        "pass" if graph_mode.upper() == mode.upper() else "fail", mode,
+        graph_mode or "not reported",
+        evidence_lines(facts, "cudagraph_mode", needles=("cudagraph_mode", "backend=")))
+
+
+def _graphs_on(graph: CudaGraphSpec, facts: ServerFacts, capture_evidence: list[str]) -> list[CheckResult]:
+    requested = _graph_request(graph)
+    out = [_graphs_captured(graph, facts, requested, capture_evidence)]
+    if graph.mode:
+        out.append(_graph_mode(graph.mode, facts))
+    out.append(_check_graph_used(facts, requested, facts.captured_batch_sizes or graph.batch_sizes))
+    return out
+
+
+def _graphs_off(facts: ServerFacts, capture_evidence: list[str]) -> list[CheckResult]:
+    """Graphs off: none captured, and no decode step ran on one."""
+    requested = "cuda graphs off"
+    captured = facts.captured_batch_sizes
+    if captured is None:
+        status: Status = "fail" if facts.cuda_graph_enabled else "unverifiable"
+        observed = "graphs captured" if facts.cuda_graph_enabled else "capture not reported"
+    else:
+        status = "fail" if captured else "pass"
+        observed = f"captured {_sizes(captured)}" if captured else "no graphs captured"
+    out = [CheckResult("cuda_graph.captured", status, requested, observed, capture_evidence)]
+    if facts.decode_graph_reported:
+        on = facts.graph_passes_on + (sum(use["on"] for use in facts.graph_use_by_size.values())
+                                      or facts.decode_batches_on_graph)
+        out.append(CheckResult(_GRAPH_USED, "fail" if on else "pass", requested,
+                               _graph_use(facts), _graph_use_evidence(facts)))
+    return out
+
+
 def _check_cuda_graph(spec: ServerSpec, facts: ServerFacts) -> list[CheckResult]:
     assert spec.cuda_graph is not None
-    graph = spec.cuda_graph
-    out: list[CheckResult] = []
-    captured = facts.captured_batch_sizes
     capture_evidence = evidence_lines(
         facts, "captured_batch_sizes", "cuda_graph_enabled", "graph_captures", needles=_GRAPH_NEEDLES
     )
-    if graph.enabled:
-        requested = (
-            f"cuda graphs on, batch sizes {_sizes(graph.batch_sizes)}"
-            if graph.batch_sizes
-            else (
-                f"cuda graphs on, max batch size {graph.max_batch_size}"
-                if graph.max_batch_size
-                else "cuda graphs on"
-            )
-        )
-        if captured is None:
-            status: Status = "unverifiable"
-            if facts.cuda_graph_enabled is False:
-                status = "fail"
-            elif facts.cuda_graph_enabled and not (graph.batch_sizes or graph.max_batch_size):
-                status = "pass"  # capture proven; no particular sizes were asked for
-            observed = {
-                None: "capture not reported",
-                True: "graphs captured (sizes not reported)",
-                False: "no graphs",
-            }[facts.cuda_graph_enabled]
-            out.append(CheckResult("cuda_graph.captured", status, requested, observed, capture_evidence))
-        elif not captured:
-            out.append(
-                CheckResult(
-                    "cuda_graph.captured",
-                    "fail",
-                    requested,
-                    "no graphs captured",
-                    capture_evidence,
-                    note=f"cudagraph_mode={facts.cudagraph_mode}" if facts.cudagraph_mode else "",
-                )
-            )
-        else:
-            missing = sorted(set(graph.batch_sizes or ()) - set(captured))
-            note = ""
-            status = "pass"
-            if missing:
-                status = "fail"
-                note = f"missing sizes {_sizes(missing)}"
-            elif graph.max_batch_size and max(captured) != graph.max_batch_size:
-                status = "fail"
-                note = (
-                    f"largest captured size {max(captured)} != requested max {graph.max_batch_size}"
-                    " (capture lists are cut to the max running requests)"
-                )
-            out.append(
-                CheckResult(
-                    "cuda_graph.captured",
-                    status,
-                    requested,
-                    f"captured {_sizes(captured)}",
-                    capture_evidence,
-                    note=note,
-                )
-            )
-        if graph.mode:
-            graph_mode = facts.cudagraph_mode
-            out.append(CheckResult(
-                "cuda_graph.mode", "unverifiable" if graph_mode is None else
-                "pass" if graph_mode.upper() == graph.mode.upper() else "fail", graph.mode,
-                graph_mode or "not reported",
-                evidence_lines(facts, "cudagraph_mode", needles=("cudagraph_mode", "backend="))))
-        out.append(_check_graph_used(facts, requested, captured or graph.batch_sizes))
-    else:
-        requested = "cuda graphs off"
-        if captured is None:
-            status = "fail" if facts.cuda_graph_enabled else "unverifiable"
-            observed = "graphs captured" if facts.cuda_graph_enabled else "capture not reported"
-            out.append(CheckResult("cuda_graph.captured", status, requested, observed, capture_evidence))
-        else:
-            out.append(
-                CheckResult(
-                    "cuda_graph.captured",
-                    "fail" if captured else "pass",
-                    requested,
-                    f"captured {_sizes(captured)}" if captured else "no graphs captured",
-                    capture_evidence,
-                )
-            )
-        if facts.decode_graph_reported:
-            on = facts.graph_passes_on + (sum(use["on"] for use in facts.graph_use_by_size.values())
-                                          or facts.decode_batches_on_graph)
-            out.append(CheckResult("cuda_graph.used_in_decode", "fail" if on else "pass", requested,
-                                   _graph_use(facts), _graph_use_evidence(facts)))
-    return out
+    if spec.cuda_graph.enabled:
+        return _graphs_on(spec.cuda_graph, facts, capture_evidence)
+    return _graphs_off(facts, capture_evidence)
 
 
 def _graph_use(facts: ServerFacts) -> str:
@@ -343,6 +345,28 @@ def _graph_use_evidence(facts: ServerFacts) -> list[str]:
                           "decode_batches_off_graph", needles=_GRAPH_USE_NEEDLES)
 
 
+def _graph_use_in_range(facts: ServerFacts, requested: str, largest: int, evidence: list[str]) -> CheckResult:
+    """Per-step evidence by batch size: every step within the largest captured size must have run on a graph."""
+    by_size = facts.graph_use_by_size
+    eager_in_range = {size: use["off"] for size, use in sorted(by_size.items()) if size <= largest and use["off"]}
+    on_in_range = sum(use["on"] for size, use in by_size.items() if size <= largest)
+    above = sum(use["on"] + use["off"] for size, use in by_size.items() if size > largest)
+    note = f"{above} step(s) above the largest captured size {largest} not counted" if above else ""
+    if eager_in_range:
+        listed = ", ".join(f"bs {size}: {steps} step(s)" for size, steps in eager_in_range.items())
+        return CheckResult(_GRAPH_USED, "fail", requested, f"ran WITHOUT a graph within the captured sizes ({listed}); "
+                           + _graph_use(facts), evidence, note=note)
+    if on_in_range:
+        return CheckResult(_GRAPH_USED, "pass", requested, _graph_use(facts), evidence, note=note)
+    if facts.graph_passes_on > 0:  # no in-range step was logged, but the engine's counter saw graph replays
+        return CheckResult(_GRAPH_USED, "pass", requested, _graph_use(facts), evidence,
+                           note="; ".join(filter(None, [note, f"no logged step within the captured sizes "
+                                             f"(<= {largest}); {facts.graph_passes_on:g} decode passes on a "
+                                             "graph by the engine's counter"])))
+    return CheckResult(_GRAPH_USED, "unverifiable", requested, _graph_use(facts), evidence,
+                       note=f"no step within the captured sizes (<= {largest}) was observed")
+
+
 def _check_graph_used(facts: ServerFacts, requested: str, captured: tuple[int, ...] | None) -> CheckResult:
     """Graphs on: every observed step whose batch fits the largest captured graph must have run on a graph.
 
@@ -350,35 +374,17 @@ def _check_graph_used(facts: ServerFacts, requested: str, captured: tuple[int, .
     evidence (SGLang's ``Decode batch ... cuda graph:`` lines, vLLM's --cudagraph-metrics table) is strict; with
     counters alone (no batch sizes) the check can only say that some decode passes used a graph.
     """
-    name = "cuda_graph.used_in_decode"
     evidence = _graph_use_evidence(facts)
     if not facts.decode_graph_reported:
-        return CheckResult(name, "unverifiable", requested, "not reported", evidence,
+        return CheckResult(_GRAPH_USED, "unverifiable", requested, "not reported", evidence,
                            note=facts.graph_use_hint or "the engine reported no per-step graph use")
-    largest = max(captured) if captured else None
     by_size = facts.graph_use_by_size
-    if by_size and largest is not None:
-        eager_in_range = {size: use["off"] for size, use in sorted(by_size.items()) if size <= largest and use["off"]}
-        on_in_range = sum(use["on"] for size, use in by_size.items() if size <= largest)
-        above = sum(use["on"] + use["off"] for size, use in by_size.items() if size > largest)
-        note = f"{above} step(s) above the largest captured size {largest} not counted" if above else ""
-        if eager_in_range:
-            listed = ", ".join(f"bs {size}: {steps} step(s)" for size, steps in eager_in_range.items())
-            return CheckResult(name, "fail", requested, f"ran WITHOUT a graph within the captured sizes ({listed}); "
-                               + _graph_use(facts), evidence, note=note)
-        if on_in_range:
-            return CheckResult(name, "pass", requested, _graph_use(facts), evidence, note=note)
-        if facts.graph_passes_on > 0:  # no in-range step was logged, but the engine's counter saw graph replays
-            return CheckResult(name, "pass", requested, _graph_use(facts), evidence,
-                               note="; ".join(filter(None, [note, f"no logged step within the captured sizes "
-                                                 f"(<= {largest}); {facts.graph_passes_on:g} decode passes on a "
-                                                 "graph by the engine's counter"])))
-        return CheckResult(name, "unverifiable", requested, _graph_use(facts), evidence,
-                           note=f"no step within the captured sizes (<= {largest}) was observed")
+    if by_size and captured:
+        return _graph_use_in_range(facts, requested, max(captured), evidence)
     on: float = sum(use["on"] for use in by_size.values()) + facts.decode_batches_on_graph * (not by_size)
     on += facts.graph_passes_on
     note = "" if by_size else "per-step batch sizes not reported: counted graph passes only"
-    return CheckResult(name, "pass" if on > 0 else "fail", requested, _graph_use(facts), evidence, note=note)
+    return CheckResult(_GRAPH_USED, "pass" if on > 0 else "fail", requested, _graph_use(facts), evidence, note=note)
 
 
 def _check_speculative(spec: ServerSpec, facts: ServerFacts) -> CheckResult:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
-from typing import Any, Literal
+from typing import Literal
 
 from pytest_llmserve.evidence.completion import Completion, TokenLogprob
 
@@ -91,7 +91,7 @@ class Finding:
                 lines.append(f"      ... {len(self.tokens) - len(tokens)} more")
         return "\n".join(lines)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return asdict(self)
 
 

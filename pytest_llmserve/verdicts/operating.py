@@ -16,7 +16,10 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import numpy as np
 
 from pytest_llmserve.verdicts import stats, two_sample
 
@@ -33,7 +36,7 @@ class Noise:
                 if self.p_slow else "")
         return f"CV {self.cv:.1%}{tail}"
 
-    def draw(self, rng: Any, n: int, level: float) -> list[float]:
+    def draw(self, rng: np.random.Generator, n: int, level: float) -> list[float]:
         # lazy: numpy takes ~75 ms to import (-X importtime)
         import numpy as np
 
@@ -123,7 +126,7 @@ class Characteristics:
     def rate(self, outcome: str) -> float:
         return self.outcomes.get(outcome, 0) / self.n_trials
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return {"n_trials": self.n_trials, "outcomes": self.outcomes, "mean_rounds": self.mean_rounds,
                 "median_rounds": self.median_rounds, "p90_rounds": self.p90_rounds,
                 "rounds": {str(k): v for k, v in sorted(self.rounds.items())}}

@@ -21,7 +21,6 @@ import re
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from pytest_llmserve.evidence.completion import Completion, TokenLogprob
 from pytest_llmserve.evidence.facts import NanLogPattern
@@ -159,48 +158,59 @@ def _empty_text_symptom(c: Completion, probe: str) -> list[Finding]:
     return []
 
 
+def _finite_top(tok: TokenLogprob) -> list[float]:
+    return [v for v in tok.top.values() if v is not None and math.isfinite(v)]
+
+
+def _positive_logprobs(c: Completion, probe: str) -> Finding | None:
+    positive = [TokenAt.of(i, t) for i, t in enumerate(c.tokens)
+                if t.logprob is not None and math.isfinite(t.logprob) and t.logprob > _POSITIVE_LOGPROB_SLACK]
+    if not positive:
+        return None
+    return make_finding("logprobs", "error", f"{len(positive)} token(s) have a logprob above 0 "
+                        "(probability > 1): corrupted logits, or a server run with "
+                        "--logprobs-mode raw_logits",
+                        c, positive[:5], probe)
+
+
+def _topk_mass_above_one(c: Completion, probe: str) -> Finding | None:
+    heavy = [TokenAt.of(i, tok) for i, tok in enumerate(c.tokens)
+             if (values := _finite_top(tok)) and sum(math.exp(min(v, 50.0)) for v in values) > 1.0 + _TOPK_MASS_SLACK]
+    if not heavy:
+        return None
+    return make_finding("logprobs", "error", f"{len(heavy)} position(s) where the top-k "
+                        "probabilities sum to more than 1", c, heavy[:5], probe)
+
+
+def _greedy_not_argmax(c: Completion, probe: str) -> Finding | None:
+    if not _plain_greedy(c.request):
+        return None
+    not_argmax = [TokenAt.of(i, tok) for i, tok in enumerate(c.tokens)
+                  if tok.logprob is not None and math.isfinite(tok.logprob) and (values := _finite_top(tok))
+                  and max(values) - tok.logprob > _GREEDY_ARGMAX_SLACK]
+    if not not_argmax:
+        return None
+    return make_finding("logprobs", "error", f"greedy decode chose {len(not_argmax)} token(s) "
+                        f"that are not the most likely by more than {_GREEDY_ARGMAX_SLACK} nat: "
+                        "the logprobs do not belong to the logits that were sampled "
+                        "(mixed-up rows?)",
+                        c, not_argmax[:5], probe)
+
+
 def logprob_consistency(c: Completion, *, probe: str = "") -> list[Finding]:
     """Numbers that cannot come from a healthy softmax: logprob > 0, top-k mass above 1, and (greedy
     requests only) a chosen token that is clearly not the most likely one."""
     if not c.ok or not c.tokens:
         return []
-    findings: list[Finding] = []
-    positive = [TokenAt.of(i, t) for i, t in enumerate(c.tokens)
-                if t.logprob is not None and math.isfinite(t.logprob) and t.logprob > _POSITIVE_LOGPROB_SLACK]
-    if positive:
-        findings.append(make_finding("logprobs", "error", f"{len(positive)} token(s) have a logprob above 0 "
-                                     "(probability > 1): corrupted logits, or a server run with "
-                                     "--logprobs-mode raw_logits",
-                                     c, positive[:5], probe))
-    heavy: list[TokenAt] = []
-    for i, tok in enumerate(c.tokens):
-        values = [v for v in tok.top.values() if v is not None and math.isfinite(v)]
-        if values and sum(math.exp(min(v, 50.0)) for v in values) > 1.0 + _TOPK_MASS_SLACK:
-            heavy.append(TokenAt.of(i, tok))
-    if heavy:
-        findings.append(make_finding("logprobs", "error", f"{len(heavy)} position(s) where the top-k "
-                                     "probabilities sum to more than 1", c, heavy[:5], probe))
-    if _plain_greedy(c.request):
-        not_argmax: list[TokenAt] = []
-        for i, tok in enumerate(c.tokens):
-            values = [v for v in tok.top.values() if v is not None and math.isfinite(v)]
-            if tok.logprob is not None and math.isfinite(tok.logprob) and values \
-                    and max(values) - tok.logprob > _GREEDY_ARGMAX_SLACK:
-                not_argmax.append(TokenAt.of(i, tok))
-        if not_argmax:
-            findings.append(make_finding("logprobs", "error", f"greedy decode chose {len(not_argmax)} token(s) "
-                                         f"that are not the most likely by more than {_GREEDY_ARGMAX_SLACK} nat: "
-                                         "the logprobs do not belong to the logits that were sampled "
-                                         "(mixed-up rows?)",
-                                         c, not_argmax[:5], probe))
-    return findings
+    checks = (_positive_logprobs, _topk_mass_above_one, _greedy_not_argmax)
+    return [finding for check in checks if (finding := check(c, probe)) is not None]
 
 
 _SAMPLING_CHANGERS = ("min_tokens", "logit_bias", "bad_words", "allowed_token_ids", "guided_json",
                       "guided_regex", "guided_choice", "response_format", "structured_outputs")
 
 
-def _plain_greedy(request: dict[str, Any]) -> bool:
+def _plain_greedy(request: dict[str, object]) -> bool:
     if request.get("temperature", 1.0) != 0:
         return False
     for key in ("repetition_penalty",):

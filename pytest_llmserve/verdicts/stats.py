@@ -103,7 +103,7 @@ import itertools
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
-from typing import Any, Literal
+from typing import Any, Literal, TypedDict
 
 from pytest_llmserve.json_encoding import float_or_nan
 from pytest_llmserve.verdicts.between_runs import between_run_difference, run_spread
@@ -265,7 +265,7 @@ class Verdict:
     def failed(self) -> bool:
         return self.outcome == "regressed"
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return asdict(self)
 
     @classmethod
@@ -279,6 +279,77 @@ class Verdict:
 
 def _pct(x: float) -> str:
     return f"{x * 100:+.1f}%"
+
+
+def _check_fixed_arguments(tolerance: float, alpha: float, min_samples: int) -> None:
+    if not tolerance >= 0 or not math.isfinite(tolerance):
+        raise ValueError(f"tolerance = {tolerance!r}: must be a finite fraction >= 0 (0.05 = 5%)")
+    if not 0 < alpha < 1:
+        raise ValueError(f"alpha = {alpha!r}: must be in (0, 1)")
+    if min_samples < 1:
+        raise ValueError(f"min_samples = {min_samples!r}: must be >= 1")
+
+
+@dataclass(frozen=True, slots=True)
+class _FixedEvidence:
+    """What the fixed-sample rule decides on: the median change (+ = better), both one-sided Mann-Whitney p-values,
+    the bootstrap CI of the change, and the sample counts."""
+
+    change: float
+    p_worse: float
+    p_better: float
+    ci_low: float
+    ci_high: float
+    n_baseline: int
+    n_current: int
+
+    @property
+    def p_value(self) -> float:
+        """The one-sided p in the direction of the observed change."""
+        return self.p_worse if self.change < 0 else self.p_better
+
+
+def _fixed_outcome(e: _FixedEvidence, *, tolerance: float, alpha: float, min_samples: int, confidence: float,
+                   name: str) -> tuple[Outcome, str]:
+    """The fixed-sample rule's steps, in order (module docstring, "The decision rule"), and the reason for the one
+    that decides."""
+    floor_p = min_attainable_p(e.n_baseline, e.n_current)
+    tol = f"±{tolerance * 100:g}%"
+    ci = f"{confidence * 100:g}% CI {_pct(e.ci_low)}..{_pct(e.ci_high)}"
+    counts = f"{e.n_baseline} baseline vs {e.n_current} current samples"
+    change = e.change
+    if e.n_baseline < min_samples or e.n_current < min_samples or floor_p >= alpha:
+        return "inconclusive", (
+            f"too few samples to decide ({counts}): need >= {min_samples} a side and enough that an exact "
+            f"one-sided Mann-Whitney p can fall below alpha={alpha:g} (smallest possible here "
+            f"{floor_p:.3g}); median change {_pct(change)}"
+        )
+    if change < -tolerance and e.p_worse < alpha:
+        return "regressed", (
+            f"{name} is worse by {_pct(change)[1:]} ({ci}), beyond the {tol} tolerance, and the drop is "
+            f"significant (one-sided Mann-Whitney p={e.p_worse:.3g} < {alpha:g}; {counts})"
+        )
+    if change > tolerance and e.p_better < alpha:
+        return "improved", (
+            f"{name} is better by {_pct(change)[1:]} ({ci}), beyond the {tol} tolerance, significant "
+            f"(p={e.p_better:.3g} < {alpha:g}; {counts}); the baseline is stale: accept the new samples"
+        )
+    if -tolerance <= e.ci_low and e.ci_high <= tolerance:
+        return "pass", f"{name} median change {_pct(change)}: its {ci} lies within {tol} ({counts})"
+    if abs(change) <= tolerance and e.p_value >= alpha:
+        return "pass", (
+            f"{name} median change {_pct(change)} is within {tol} and not significant "
+            f"(p={e.p_value:.3g}; {ci}; {counts})"
+        )
+    if abs(change) <= tolerance:
+        return "inconclusive", (
+            f"{name} median change {_pct(change)} is within {tol} but significant (p={e.p_value:.3g}) and "
+            f"its {ci} reaches beyond {tol} ({counts}): run more rounds"
+        )
+    return "inconclusive", (
+        f"{name} median change {_pct(change)} is beyond the {tol} tolerance but not significant "
+        f"(one-sided Mann-Whitney p={e.p_value:.3g} >= {alpha:g}; {ci}; {counts}): run more rounds"
+    )
 
 
 def decide(
@@ -297,12 +368,7 @@ def decide(
     """Compare current samples with baseline samples by the rule in the module docstring."""
     base = check_samples(baseline, "baseline")
     cur = check_samples(current, "current")
-    if not tolerance >= 0 or not math.isfinite(tolerance):
-        raise ValueError(f"tolerance = {tolerance!r}: must be a finite fraction >= 0 (0.05 = 5%)")
-    if not 0 < alpha < 1:
-        raise ValueError(f"alpha = {alpha!r}: must be in (0, 1)")
-    if min_samples < 1:
-        raise ValueError(f"min_samples = {min_samples!r}: must be >= 1")
+    _check_fixed_arguments(tolerance, alpha, min_samples)
     base_summary, cur_summary = summarize(base), summarize(cur)
     base_median, cur_median = base_summary.median, cur_summary.median
     if base_median == 0:
@@ -311,83 +377,18 @@ def decide(
     raw_change = (cur_median - base_median) / abs(base_median)
     change = sign * raw_change
     p_worse, p_better, test = mann_whitney(base, cur, higher_is_better=higher_is_better, seed=seed)
-    p_value = p_worse if change < 0 else p_better
     ci_low, ci_high = bootstrap_change_ci(
         base, cur, sign=sign, n_resamples=n_resamples, confidence=confidence, seed=seed
     )
     cliffs, hl = effect_sizes(base, cur, sign, base_median)
-    n_b, n_c = len(base), len(cur)
-    floor_p = min_attainable_p(n_b, n_c)
-    name = metric or "the metric"
-    tol = f"±{tolerance * 100:g}%"
-    ci = f"{confidence * 100:g}% CI {_pct(ci_low)}..{_pct(ci_high)}"
-    counts = f"{n_b} baseline vs {n_c} current samples"
-
-    outcome: Outcome
-    if n_b < min_samples or n_c < min_samples or floor_p >= alpha:
-        outcome = "inconclusive"
-        reason = (
-            f"too few samples to decide ({counts}): need >= {min_samples} a side and enough that an exact "
-            f"one-sided Mann-Whitney p can fall below alpha={alpha:g} (smallest possible here "
-            f"{floor_p:.3g}); median change {_pct(change)}"
-        )
-    elif change < -tolerance and p_worse < alpha:
-        outcome = "regressed"
-        reason = (
-            f"{name} is worse by {_pct(change)[1:]} ({ci}), beyond the {tol} tolerance, and the drop is "
-            f"significant (one-sided Mann-Whitney p={p_worse:.3g} < {alpha:g}; {counts})"
-        )
-    elif change > tolerance and p_better < alpha:
-        outcome = "improved"
-        reason = (
-            f"{name} is better by {_pct(change)[1:]} ({ci}), beyond the {tol} tolerance, significant "
-            f"(p={p_better:.3g} < {alpha:g}; {counts}); the baseline is stale: accept the new samples"
-        )
-    elif -tolerance <= ci_low and ci_high <= tolerance:
-        outcome = "pass"
-        reason = f"{name} median change {_pct(change)}: its {ci} lies within {tol} ({counts})"
-    elif abs(change) <= tolerance and p_value >= alpha:
-        outcome = "pass"
-        reason = (
-            f"{name} median change {_pct(change)} is within {tol} and not significant "
-            f"(p={p_value:.3g}; {ci}; {counts})"
-        )
-    elif abs(change) <= tolerance:
-        outcome = "inconclusive"
-        reason = (
-            f"{name} median change {_pct(change)} is within {tol} but significant (p={p_value:.3g}) and "
-            f"its {ci} reaches beyond {tol} ({counts}): run more rounds"
-        )
-    else:
-        outcome = "inconclusive"
-        reason = (
-            f"{name} median change {_pct(change)} is beyond the {tol} tolerance but not significant "
-            f"(one-sided Mann-Whitney p={p_value:.3g} >= {alpha:g}; {ci}; {counts}): run more rounds"
-        )
-    return Verdict(
-        outcome=outcome,
-        reason=reason,
-        change=change,
-        raw_change=raw_change,
-        p_value=p_value,
-        p_worse=p_worse,
-        p_better=p_better,
-        ci_low=ci_low,
-        ci_high=ci_high,
-        confidence=confidence,
-        cliffs_delta=cliffs,
-        hodges_lehmann=hl,
-        baseline_median=base_median,
-        current_median=cur_median,
-        n_baseline=n_b,
-        n_current=n_c,
-        higher_is_better=higher_is_better,
-        tolerance=tolerance,
-        alpha=alpha,
-        min_samples=min_samples,
-        test=test,
-        metric=metric,
-    )
+    evidence = _FixedEvidence(change, p_worse, p_better, ci_low, ci_high, len(base), len(cur))
+    outcome, reason = _fixed_outcome(evidence, tolerance=tolerance, alpha=alpha, min_samples=min_samples,
+                                     confidence=confidence, name=metric or "the metric")
+    return Verdict(outcome=outcome, reason=reason, change=change, raw_change=raw_change, p_value=evidence.p_value,
+                   p_worse=p_worse, p_better=p_better, ci_low=ci_low, ci_high=ci_high, confidence=confidence,
+                   cliffs_delta=cliffs, hodges_lehmann=hl, baseline_median=base_median, current_median=cur_median,
+                   n_baseline=len(base), n_current=len(cur), higher_is_better=higher_is_better, tolerance=tolerance,
+                   alpha=alpha, min_samples=min_samples, test=test, metric=metric)
 
 
 def needs_more_rounds(verdict: Verdict, rounds_done: int, max_rounds: int) -> bool:
@@ -497,6 +498,145 @@ def ab_looks(first: int, max_rounds: int) -> tuple[tuple[int, int], ...]:
     return tuple((n, n) for n in range(max(first, 2), max(max_rounds, first) + 1))
 
 
+class _SequentialFields(TypedDict):
+    """The fields every verdict of the sequential rule sets on the fixed-sample rule's."""
+
+    rule: str
+    looks: int
+    margin: float | None
+    beta: float | None
+    alpha: float
+    tolerance: float
+
+
+def _check_sequential_samples(base: list[float], cur: list[float], tolerance: float) -> None:
+    if any(v <= 0 for v in base + cur):
+        raise ValueError("samples must be > 0 for a test on the log scale")
+    if not 0 < tolerance < 1:
+        raise ValueError(f"tolerance = {tolerance!r}: must be a fraction in (0, 1) (0.10 = a 10% change caught)")
+
+
+def _not_a_look(n_baseline: int, n_current: int, plan: SequentialPlan, min_samples: int) -> str | None:
+    """Why these sample counts cannot be decided at all (too few baseline samples, or not a look of the plan)."""
+    if n_baseline < min_samples:
+        return f"too few baseline samples to decide ({n_baseline} < {min_samples})"
+    if plan.look_of(n_baseline, n_current) == 0:
+        return f"{n_baseline} baseline vs {n_current} current samples is not a look of the plan {list(plan.looks)}"
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class _LogRounds:
+    """Both sides' rounds as signed log values (+ = better) once slow rounds are set aside, and what the verdict
+    names of them: the rounds ``set_aside`` (inside one run), the slowest current round ``counted_slow`` (across
+    runs)."""
+
+    baseline: list[float]
+    current: list[float]
+    set_aside: str = ""
+    counted_slow: str = ""
+
+
+def _slow_round_named(side: str, values: list[float], index: int) -> str:
+    return f"{side} round {index + 1} ({_pct(math.expm1(values[index] - _mean(values, index)))})"
+
+
+def _log_rounds(base: list[float], cur: list[float], sign: float, *, across_runs: bool,
+                min_samples: int) -> _LogRounds:
+    """The rounds on the log scale, with slow rounds handled by where they were measured.
+
+    Across runs (a gate against a stored baseline) every round counts: a round slowed by other processes is found by
+    measuring them and measured again (gates/rounds.RoundLoop), so a slow round left is the server's own (a stall is
+    a regression too); the slowest is named if it is an outlier. Inside one run (the A/B runner, a bisect) the
+    slowest round of a side is set aside as before, and named."""
+    lb = [sign * math.log(v) for v in base]
+    lc = [sign * math.log(v) for v in cur]
+    if across_runs:
+        slow_c = slow_round(lc, lb, SLOW_ROUND_LEVEL)
+        return _LogRounds(lb, lc, counted_slow="" if slow_c is None else _slow_round_named("current", lc, slow_c))
+    aside = []
+    drop_b = slow_round(lb, lc, SLOW_ROUND_LEVEL) if len(lb) > min_samples else None
+    if drop_b is not None:
+        aside.append(_slow_round_named("baseline", lb, drop_b))
+        lb = lb[:drop_b] + lb[drop_b + 1:]
+    drop_c = slow_round(lc, lb, SLOW_ROUND_LEVEL)
+    if drop_c is not None:
+        aside.append(_slow_round_named("current", lc, drop_c))
+        lc = lc[:drop_c] + lc[drop_c + 1:]
+    return _LogRounds(lb, lc, set_aside="; ".join(aside))
+
+
+@dataclass(frozen=True, slots=True)
+class _LookEvidence:
+    """The sequential rule's figures at one look: d (the difference of the mean log values, + = better), its standard
+    error and degrees of freedom, the t statistic, and the quantiles of the alpha and beta boundaries."""
+
+    d: float
+    se: float
+    df: float
+    t_stat: float
+    t_alpha: float
+    t_beta: float
+
+    @property
+    def excluded(self) -> float:
+        """A change this large or larger is excluded at this look's level (log scale)."""
+        return abs(self.d) + self.t_beta * self.se
+
+
+def _look_evidence(rounds: _LogRounds, cur: list[float], sign: float, plan: SequentialPlan,
+                   baseline_runs: Sequence[Sequence[float]] | None,
+                   prior_between_sd: float | None) -> tuple[_LookEvidence, str]:
+    """The test at this look: the pooled within-run t on the log values (inside one run), or the random-effects
+    difference across runs; and, across runs, the words that say which spread dominates."""
+    # lazy: scipy.stats takes ~0.85 s to import (-X importtime)
+    from scipy.stats import t as student_t
+
+    df: float
+    spread_words = ""
+    if baseline_runs is None:
+        d, se, df = log_t(rounds.baseline, rounds.current)  # d > 0 = better, on the log scale
+    else:
+        spread = run_spread(baseline_runs, cur, prior_between_sd=prior_between_sd)
+        diff = between_run_difference(baseline_runs, cur, spread)
+        d, se, df = sign * diff.d, diff.se, diff.df
+        spread_words = f"; {spread.describe()}; the {diff.dominant} spread dominates the standard error"
+    t_stat = d / se if se > 0 else (0.0 if d == 0 else math.copysign(math.inf, d))
+    return _LookEvidence(d, se, df, t_stat, float(student_t.isf(plan.nominal_alpha, df)),
+                         float(student_t.isf(plan.nominal_beta, df))), spread_words
+
+
+def _sequential_outcome(e: _LookEvidence, change: float, *, plan: SequentialPlan, tolerance: float, not_worse: bool,
+                        final: bool, name: str, counts: str) -> tuple[Outcome, str]:
+    """The sequential rule's boundaries, in order (module docstring, "The sequential rule"), and the reason for the one
+    crossed (or for none)."""
+    margin = tolerance  # the change a pass excludes: the one the gate is built to catch
+    negligible = negligible_change(tolerance)
+    tol = f"±{negligible * 100:g}% (half the {tolerance * 100:g}% tolerance)"
+    evidence = (f"log-ratio t={e.t_stat:+.2f} (df {e.df:.3g}); significant beyond |t| >= {e.t_alpha:.2f} (nominal "
+                f"{plan.nominal_alpha:.3g} a look, alpha {plan.alpha:g} over {len(plan.looks)} looks)")
+    if e.t_stat <= -e.t_alpha and change < -negligible:
+        return "regressed", (f"{name} is worse by {_pct(change)[1:]}, beyond {tol}, and the drop is "
+                             f"significant at this look: {evidence} ({counts})")
+    if e.t_stat >= e.t_alpha and change > negligible:
+        return "improved", (f"{name} is better by {_pct(change)[1:]}, beyond {tol}, significant at this "
+                            f"look: {evidence} ({counts}); the baseline is stale: accept the new samples")
+    if e.excluded < math.log1p(margin) and abs(change) <= negligible:
+        return "pass", (f"{name} median change {_pct(change)} is within {tol}, and a change of ±{margin * 100:g}% "
+                        f"(the tolerance) is excluded at this look (|d| + {e.t_beta:.2f}·se = "
+                        f"{math.expm1(e.excluded) * 100:.1f}% < {margin * 100:g}%; nominal {plan.nominal_beta:.3g} a "
+                        f"look, beta {plan.beta:g} over the looks; {counts})")
+    lower = e.d - e.t_beta * e.se
+    if not_worse and lower > -math.log1p(margin) and change >= -negligible:
+        return "pass", (f"{name} median change {_pct(change)} is not worse than {tol}, and a drop of "
+                        f"{margin * 100:g}% (the tolerance) is excluded at this look (d - {e.t_beta:.2f}·se = "
+                        f"{math.expm1(lower) * 100:+.1f}% > -{margin * 100:g}%; nominal {plan.nominal_beta:.3g} "
+                        f"a look, beta {plan.beta:g} over the looks; {counts}); a gain is not what is sought here")
+    return "inconclusive", (f"{name} median change {_pct(change)}: no boundary crossed ({evidence}; a change of "
+                            f"±{margin * 100:g}% excluded only down to {math.expm1(e.excluded) * 100:.1f}%; {counts})"
+                            + ("" if final else ": run more rounds"))
+
+
 def decide_sequential(
     baseline: Sequence[float],
     current: Sequence[float],
@@ -520,111 +660,41 @@ def decide_sequential(
     concatenation): the comparison crosses runs, and the test is on the between-run difference of
     :mod:`pytest_llmserve.verdicts.between_runs` (its standard error carries the spread between runs, estimated
     from two or more runs, else ``prior_between_sd``) instead of the pooled within-run t."""
-    # lazy: scipy.stats takes ~0.85 s to import (-X importtime)
-    from scipy.stats import t as student_t
-
     base = check_samples(baseline, "baseline")
     cur = check_samples(current, "current")
-    if any(v <= 0 for v in base + cur):
-        raise ValueError("samples must be > 0 for a test on the log scale")
-    if not 0 < tolerance < 1:
-        raise ValueError(f"tolerance = {tolerance!r}: must be a fraction in (0, 1) (0.10 = a 10% change caught)")
-    margin = tolerance  # the change a pass excludes: the one the gate is built to catch
-    negligible = negligible_change(tolerance)
+    _check_sequential_samples(base, cur, tolerance)
     # The figures beside the verdict (median change, Mann-Whitney p, bootstrap CI, effect sizes) are the
     # fixed-sample rule's, so a reader sees the same numbers whichever rule decided.
-    fixed = decide(base, cur, higher_is_better=higher_is_better, tolerance=negligible, alpha=plan.alpha,
-                   min_samples=min_samples, metric=metric, n_resamples=n_resamples, confidence=confidence,
-                   seed=seed)
+    fixed = decide(base, cur, higher_is_better=higher_is_better, tolerance=negligible_change(tolerance),
+                   alpha=plan.alpha, min_samples=min_samples, metric=metric, n_resamples=n_resamples,
+                   confidence=confidence, seed=seed)
     look = plan.look_of(len(base), len(cur))
     name = metric or "the metric"
-    common: dict[str, Any] = {"rule": "sequential", "looks": len(plan.looks), "margin": margin, "beta": plan.beta,
-                              "alpha": plan.alpha, "tolerance": tolerance}
-    if len(base) < min_samples or look == 0:
-        why = (f"too few baseline samples to decide ({len(base)} < {min_samples})" if len(base) < min_samples
-               else f"{len(base)} baseline vs {len(cur)} current samples is not a look of the plan "
-                    f"{list(plan.looks)}")
+    common = _SequentialFields(rule="sequential", looks=len(plan.looks), margin=tolerance, beta=plan.beta,
+                               alpha=plan.alpha, tolerance=tolerance)
+    why = _not_a_look(len(base), len(cur), plan, min_samples)
+    if why is not None:
         return replace(fixed, outcome="inconclusive", reason=f"{name}: {why}; median change {_pct(fixed.change)}",
                        look=look, final_look=look == len(plan.looks) or len(cur) >= plan.looks[-1][1],
                        **common)
     final = look == len(plan.looks)
     sign = 1.0 if higher_is_better else -1.0
-    lb = [sign * math.log(v) for v in base]
-    lc = [sign * math.log(v) for v in cur]
-    aside = []
     if baseline_runs is not None and sum(len(run) for run in baseline_runs) != len(base):
         raise ValueError(f"baseline_runs hold {sum(len(run) for run in baseline_runs)} rounds, the baseline "
                          f"{len(base)}: they must be the same rounds, grouped by run")
-    # Across runs (a gate against a stored baseline) every round counts: a round slowed by other processes is
-    # found by measuring them and measured again (gates/rounds.RoundLoop), so a slow round left is the server's
-    # own (a stall is a regression too); the slowest is named if it is an outlier. Inside one run (the A/B
-    # runner, a bisect) the slowest round of a side is set aside as before, and named.
-    counted_slow = ""
-    if baseline_runs is not None:
-        slow_c = slow_round(lc, lb, SLOW_ROUND_LEVEL)
-        if slow_c is not None:
-            counted_slow = f"current round {slow_c + 1} ({_pct(math.expm1(lc[slow_c] - _mean(lc, slow_c)))})"
-    else:
-        drop_b = slow_round(lb, lc, SLOW_ROUND_LEVEL) if len(lb) > min_samples else None
-        if drop_b is not None:
-            aside.append(f"baseline round {drop_b + 1} ({_pct(math.expm1(lb[drop_b] - _mean(lb, drop_b)))})")
-            lb = lb[:drop_b] + lb[drop_b + 1:]
-        drop_c = slow_round(lc, lb, SLOW_ROUND_LEVEL)
-        if drop_c is not None:
-            aside.append(f"current round {drop_c + 1} ({_pct(math.expm1(lc[drop_c] - _mean(lc, drop_c)))})")
-            lc = lc[:drop_c] + lc[drop_c + 1:]
-    set_aside = "; ".join(aside)
+    rounds = _log_rounds(base, cur, sign, across_runs=baseline_runs is not None, min_samples=min_samples)
     counts = (f"{len(base)} baseline vs {len(cur)} current samples, look {look} of {len(plan.looks)}"
-              + (f"; set aside as slow: {set_aside}" if set_aside else "")
-              + (f"; slow and counted: {counted_slow}" if counted_slow else ""))
-    tol = f"±{negligible * 100:g}% (half the {tolerance * 100:g}% tolerance)"
-    change = fixed.change
-    if len(lc) < plan.looks[0][1]:
-        return replace(fixed, outcome="inconclusive", look=look, final_look=final, set_aside=set_aside, reason=(
-            f"{name} median change {_pct(change)}: too few current rounds left beside a slow one ({counts})"
-            + ("" if final else ": run more rounds")), **common)
-    df: float
-    if baseline_runs is None:
-        d, se, df = log_t(lb, lc)  # d > 0 = better, on the log scale
-    else:
-        spread = run_spread(baseline_runs, cur, prior_between_sd=prior_between_sd)
-        diff = between_run_difference(baseline_runs, cur, spread)
-        d, se, df = sign * diff.d, diff.se, diff.df
-        counts += f"; {spread.describe()}; the {diff.dominant} spread dominates the standard error"
-    t_stat = d / se if se > 0 else (0.0 if d == 0 else math.copysign(math.inf, d))
-    t_alpha = float(student_t.isf(plan.nominal_alpha, df))
-    t_beta = float(student_t.isf(plan.nominal_beta, df))
-    excluded = abs(d) + t_beta * se  # a change this large or larger is excluded at this look's level
-    evidence = (f"log-ratio t={t_stat:+.2f} (df {df:.3g}); significant beyond |t| >= {t_alpha:.2f} (nominal "
-                f"{plan.nominal_alpha:.3g} a look, alpha {plan.alpha:g} over {len(plan.looks)} looks)")
-    outcome: Outcome
-    if t_stat <= -t_alpha and change < -negligible:
-        outcome = "regressed"
-        reason = (f"{name} is worse by {_pct(change)[1:]}, beyond {tol}, and the drop is "
-                  f"significant at this look: {evidence} ({counts})")
-    elif t_stat >= t_alpha and change > negligible:
-        outcome = "improved"
-        reason = (f"{name} is better by {_pct(change)[1:]}, beyond {tol}, significant at this "
-                  f"look: {evidence} ({counts}); the baseline is stale: accept the new samples")
-    elif excluded < math.log1p(margin) and abs(change) <= negligible:
-        outcome = "pass"
-        reason = (f"{name} median change {_pct(change)} is within {tol}, and a change of ±{margin * 100:g}% "
-                  f"(the tolerance) is excluded at this look (|d| + {t_beta:.2f}·se = "
-                  f"{math.expm1(excluded) * 100:.1f}% < {margin * 100:g}%; nominal {plan.nominal_beta:.3g} a look, "
-                  f"beta {plan.beta:g} over the looks; {counts})")
-    elif not_worse and d - t_beta * se > -math.log1p(margin) and change >= -negligible:
-        outcome = "pass"
-        reason = (f"{name} median change {_pct(change)} is not worse than {tol}, and a drop of "
-                  f"{margin * 100:g}% (the tolerance) is excluded at this look (d - {t_beta:.2f}·se = "
-                  f"{math.expm1(d - t_beta * se) * 100:+.1f}% > -{margin * 100:g}%; nominal {plan.nominal_beta:.3g} "
-                  f"a look, beta {plan.beta:g} over the looks; {counts}); a gain is not what is sought here")
-    else:
-        outcome = "inconclusive"
-        reason = (f"{name} median change {_pct(change)}: no boundary crossed ({evidence}; a change of "
-                  f"±{margin * 100:g}% excluded only down to {math.expm1(excluded) * 100:.1f}%; {counts})"
-                  + ("" if final else ": run more rounds"))
-    return replace(fixed, outcome=outcome, reason=reason, look=look, final_look=final, t_stat=t_stat,
-                   t_alpha=t_alpha, t_beta=t_beta, set_aside=set_aside,
+              + (f"; set aside as slow: {rounds.set_aside}" if rounds.set_aside else "")
+              + (f"; slow and counted: {rounds.counted_slow}" if rounds.counted_slow else ""))
+    if len(rounds.current) < plan.looks[0][1]:
+        return replace(fixed, outcome="inconclusive", look=look, final_look=final, set_aside=rounds.set_aside,
+                       reason=(f"{name} median change {_pct(fixed.change)}: too few current rounds left beside a "
+                               f"slow one ({counts})" + ("" if final else ": run more rounds")), **common)
+    evidence, spread_words = _look_evidence(rounds, cur, sign, plan, baseline_runs, prior_between_sd)
+    outcome, reason = _sequential_outcome(evidence, fixed.change, plan=plan, tolerance=tolerance,
+                                          not_worse=not_worse, final=final, name=name, counts=counts + spread_words)
+    return replace(fixed, outcome=outcome, reason=reason, look=look, final_look=final, t_stat=evidence.t_stat,
+                   t_alpha=evidence.t_alpha, t_beta=evidence.t_beta, set_aside=rounds.set_aside,
                    test=f"group-sequential t on log values (Pocock boundaries, {len(plan.looks)} looks)",
                    min_samples=min_samples, **common)
 
@@ -692,7 +762,7 @@ class Resolution:
         change close to the tolerance)."""
         return self.resolvable_tolerance <= self.tolerance
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return asdict(self)
 
     def line(self, *, rounds_setting: str = "max_rounds", tolerance_setting: str = "tolerance",

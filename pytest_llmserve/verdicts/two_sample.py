@@ -15,7 +15,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import numpy as np
+    import numpy.typing as npt
+    from scipy.stats import PermutationMethod
 
 # Largest C(n + m, n) for which ties are handled by enumerating every permutation.
 _EXACT_PERMUTATION_LIMIT = 20000
@@ -62,7 +67,7 @@ def mann_whitney(
 
     n_b, n_c = len(baseline), len(current)
     has_ties = len(set(baseline + current)) < n_b + n_c
-    method: Any
+    method: str | PermutationMethod
     if not has_ties and max(n_b, n_c) <= _EXACT_LIMIT:
         method, name = "exact", "Mann-Whitney U (exact)"
     elif has_ties and math.comb(n_b + n_c, n_b) <= _EXACT_PERMUTATION_LIMIT:
@@ -106,16 +111,18 @@ def bootstrap_median_ci(values: list[float], *, n_resamples: int, confidence: fl
     return _percentile_interval(_resampled_medians(np.random.default_rng(seed), values, n_resamples), confidence)
 
 
-def _resampled_medians(rng: Any, values: list[float], n_resamples: int) -> Any:
+def _resampled_medians(rng: np.random.Generator, values: list[float], n_resamples: int) -> npt.NDArray[np.float64]:
     """The medians of ``n_resamples`` resamples (with replacement) of ``values``, drawn from ``rng``."""
     # lazy: numpy takes ~75 ms to import (-X importtime)
     import numpy as np
 
     data = np.asarray(values, dtype=float)
-    return np.median(data[rng.integers(0, data.size, size=(n_resamples, data.size))], axis=1)
+    medians: npt.NDArray[np.float64] = np.median(data[rng.integers(0, data.size, size=(n_resamples, data.size))],
+                                                 axis=1)
+    return medians
 
 
-def _percentile_interval(draws: Any, confidence: float) -> tuple[float, float]:
+def _percentile_interval(draws: npt.NDArray[np.float64], confidence: float) -> tuple[float, float]:
     # lazy: numpy takes ~75 ms to import (-X importtime)
     import numpy as np
 

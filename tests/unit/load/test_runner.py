@@ -19,6 +19,7 @@ import httpx
 import pytest
 
 from pytest_llmserve.config import Workload
+from pytest_llmserve.errors import LLMServeError
 from pytest_llmserve.load import runner
 from pytest_llmserve.load.metrics import InvalidRunError
 from pytest_llmserve.load.prompts import build_prompts
@@ -307,3 +308,16 @@ def test_progress_line_only_on_a_terminal() -> None:
     off = FakeTTY()
     Progress(4, "w", False, stream=off).update(1, 0, 1, force=True)
     assert off.getvalue() == ""
+
+
+def test_a_failed_client_process_fails_the_run_naming_each_process() -> None:
+    # Characterization (issue 36, before run_workload_multiprocess was split into steps): a child that raises aborts
+    # both barriers, and the parent fails the run with every child's message, in process order.
+    prompts = build_prompts(replace(SMALL, num_prompts=4, warmup=0))
+    with pytest.raises(LLMServeError) as caught:
+        run_workload_multiprocess("http://127.0.0.1:9", MODEL, replace(SMALL, num_prompts=4, warmup=0), processes=2,
+                                  prompts=prompts, transport="bogus", progress=False,  # type: ignore[arg-type]
+                                  timeout_s=5)
+    bogus = "ValueError: transport must be 'lean' or 'httpx', got 'bogus'"
+    assert str(caught.value) == (f"multi-process load generation failed: client process 0: {bogus}; "
+                                 f"client process 1: {bogus}")
