@@ -228,4 +228,9 @@ EXPECTED = {"required-only": {"test_id": "t.py::test_x",
 @pytest.mark.parametrize("name", list(CASES))
 def test_a_record_read_back(name: str) -> None:
     outcome = BenchOutcome.from_dict({**REQUIRED, **CASES[name]})
-    assert json.loads(outcome.to_json()) == EXPECTED[name]
+    written = json.loads(outcome.to_json())
+    # The outcome's own id (its identity in a session, not a results.json field) is made where none was read.
+    made = written.pop("outcome_id")
+    assert isinstance(made, str) and len(made) == 12
+    assert written == EXPECTED[name]
+    assert BenchOutcome.from_json(outcome.to_json()).outcome_id == made  # and kept across a process
