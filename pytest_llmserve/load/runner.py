@@ -133,11 +133,11 @@ async def _execute(base_url: str, model: str, prompts: Sequence[WorkloadPrompt],
                    api_key: str | None, transport: Transport, timeout_s: float,
                    on_done: Callable[[RequestRecord], None] | None = None,
                    between: Callable[[], Awaitable[None]] | None = None,
-                   on_progress: Callable[[int, int, int], None] | None = None,
+                   progress: Progress | None = None,
                    index_of: Sequence[int] | None = None, process: int = 0) -> _Execution:
     """Warm-up, then ``between()``, then the timed requests on the workload's schedule.
 
-    ``on_done(record)`` is called as each timed request ends; ``on_progress(done, failed, tokens)``
+    ``on_done(record)`` is called as each timed request ends; ``progress`` (a shown bar) is updated
     every 0.2 s with the chunks streamed so far (in-flight requests included)."""
     client = make_transport(transport, base_url, api_key, timeout_s)
     warm = [p for p in prompts if p.warmup]
@@ -186,10 +186,10 @@ async def _execute(base_url: str, model: str, prompts: Sequence[WorkloadPrompt],
         return rec
 
     async def ticker() -> None:
-        assert on_progress is not None
+        assert progress is not None
         while True:
             await asyncio.sleep(0.2)
-            on_progress(tally[0], tally[1], tally[2] + sum(p.chunks for p in active))
+            progress.update(tally[0], tally[1], tally[2] + sum(p.chunks for p in active))
 
     try:
         t0 = perf()
@@ -202,7 +202,7 @@ async def _execute(base_url: str, model: str, prompts: Sequence[WorkloadPrompt],
         # Connections for the timed requests are opened now, outside the clock (servers drop idle ones).
         await client.prewarm(min(limit or len(timed), len(timed), 1024))
         cpu0 = time.process_time()
-        tick = asyncio.create_task(ticker()) if on_progress is not None else None
+        tick = asyncio.create_task(ticker()) if progress is not None else None
         t0 = perf()
         try:
             records = list(await asyncio.gather(*(limited(indices[k], bodies[k], offsets[k], t0, True)
@@ -211,8 +211,8 @@ async def _execute(base_url: str, model: str, prompts: Sequence[WorkloadPrompt],
             if tick is not None:
                 tick.cancel()
         cpu_s = time.process_time() - cpu0
-        if on_progress is not None:
-            on_progress(tally[0], tally[1], tally[2])
+        if progress is not None:
+            progress.update(tally[0], tally[1], tally[2], force=True)
     finally:
         await client.close()
     return _Execution(records, warm_records, cpu_s)
@@ -402,13 +402,10 @@ async def run_workload_async(base_url: str, model: str, workload: Workload, *,
             contention.start()  # the timed phase only, as the gauge
         bar.started = time.monotonic()
 
-    def on_progress(done: int, failed: int, tokens: int) -> None:
-        bar.update(done, failed, tokens, force=done == n_timed)
-
     try:
         execution = await _execute(base_url, model, plist, workload, api_key=api_key, transport=transport,
                                    timeout_s=timeout_s, between=between,
-                                   on_progress=on_progress if bar.enabled else None)
+                                   progress=bar if bar.enabled else None)
     finally:
         bar.close()
         gauge_readings = await sampler.stop() if sampler is not None else []
