@@ -11,14 +11,14 @@ from __future__ import annotations
 import contextlib
 import logging
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 
 from pytest_llmserve.gates.ab import ABRunner
 from pytest_llmserve.gates.bench import BenchGate
-from pytest_llmserve.gates.rounds import log as bench_log
+from pytest_llmserve.progress import shown_by
 from pytest_llmserve.report.outcome import BenchOutcome
 
 
@@ -73,17 +73,7 @@ class _ToTerminal(logging.Handler):
         self.say(record.getMessage())
 
 
-@contextlib.contextmanager
-def progress_to(say: Callable[[str], None]) -> Iterator[None]:
-    """The benchmark's progress lines to ``say`` (the terminal) while the block runs; they reach pytest's own
-    logging (live log, captured log) as well, at INFO."""
-    handler = _ToTerminal(say)
-    level = bench_log.level
-    bench_log.addHandler(handler)
-    if bench_log.getEffectiveLevel() > logging.INFO:
-        bench_log.setLevel(logging.INFO)
-    try:
-        yield
-    finally:
-        bench_log.removeHandler(handler)
-        bench_log.setLevel(level)
+def progress_to(say: Callable[[str], None]) -> contextlib.AbstractContextManager[None]:
+    """The gates' progress lines to ``say`` (the terminal) while the block runs; they reach pytest's own logging
+    (live log, captured log) as well, at INFO."""
+    return shown_by(_ToTerminal(say))

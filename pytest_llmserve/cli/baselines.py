@@ -12,7 +12,6 @@ comparison means part of the answer is missing.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -23,7 +22,7 @@ from pytest_llmserve.errors import BaselineError
 from pytest_llmserve.json_encoding import dumps
 from pytest_llmserve.metrics import higher_is_better
 from pytest_llmserve.options import BenchDefaults
-from pytest_llmserve.report.json import RESULTS_FORMAT, read_results_json
+from pytest_llmserve.report.json import RESULTS_FORMAT, load_json_file, read_results_json
 from pytest_llmserve.report.outcome import BenchOutcome
 from pytest_llmserve.report.text import aligned_columns, format_markdown, format_table
 from pytest_llmserve.store.baselines import (
@@ -292,12 +291,7 @@ class _Side:
 
 def _load_sides(path_text: str, records: int) -> list[_Side]:
     path = Path(path_text)
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise BaselineError(f"{path}: no such file") from None
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
-        raise BaselineError(f"{path}: not a readable JSON file ({exc})") from None
+    data = load_json_file(path)
     if isinstance(data, list) or (isinstance(data, dict) and data.get("format") == RESULTS_FORMAT):
         _, outcomes = read_results_json(path)
         sides = [

@@ -12,13 +12,13 @@ import contextlib
 import logging
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pytest_llmserve.config import ServerSpec, Workload, parse_build, parse_builds
 from pytest_llmserve.errors import ConfigError
 from pytest_llmserve.metrics import METRICS
+from pytest_llmserve.progress import shown_by
 
 if TYPE_CHECKING:
     from pytest_llmserve.gates.builds import RunSettings
@@ -99,20 +99,11 @@ def _base() -> ServerSpec:
     return embedded.default_spec()
 
 
-@contextlib.contextmanager
-def progress_on_stderr() -> Iterator[None]:
-    """The build runs' progress (the ``pytest_llmserve`` loggers, at INFO) on stderr as ``[llmserve] ...`` lines."""
+def progress_on_stderr() -> contextlib.AbstractContextManager[None]:
+    """The build runs' progress (the package's loggers, at INFO) on stderr as ``[llmserve] ...`` lines."""
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("[llmserve] %(message)s"))
-    root = logging.getLogger("pytest_llmserve")
-    level = root.level
-    root.addHandler(handler)
-    root.setLevel(logging.INFO)
-    try:
-        yield
-    finally:
-        root.removeHandler(handler)
-        root.setLevel(level)
+    return shown_by(handler)
 
 
 def _compare(args: argparse.Namespace) -> int:

@@ -16,19 +16,9 @@ from typing import TYPE_CHECKING, Literal
 
 from pytest_llmserve.config import LLMServeConfig, ServerSpec
 from pytest_llmserve.errors import ConfigError
+from pytest_llmserve.gates import rounds as gates_rounds  # `rounds` is run()'s count of rounds
 from pytest_llmserve.gates.bench import format_values, measured_resolution, resolution_record, until_verdict
 from pytest_llmserve.gates.context import configuration_differences
-from pytest_llmserve.gates.rounds import (
-    Confounded,
-    Invalid,
-    Measured,
-    RoundLoop,
-    RoundMeasure,
-    RoundsEnded,
-    log,
-    measure_round,
-    sample_series,
-)
 from pytest_llmserve.load.contention import wait_until_quiet
 from pytest_llmserve.metrics import higher_is_better
 from pytest_llmserve.options import BenchDefaults
@@ -36,6 +26,8 @@ from pytest_llmserve.report.outcome import BenchOutcome, Ending
 from pytest_llmserve.server.handle import RunningServer
 from pytest_llmserve.store.baselines import BenchKey
 from pytest_llmserve.verdicts import stats
+
+log = gates_rounds.log
 
 if TYPE_CHECKING:
     from pytest_llmserve.server.pool import ServerPool
@@ -46,7 +38,7 @@ class ABStop:
     """Why an A/B's rounds ended before a verdict, and on which side the round that ended them ran."""
 
     side: Literal["A", "B"]
-    stop: Invalid | Confounded
+    stop: gates_rounds.Invalid | gates_rounds.Confounded
 
 
 class ABRunner:
@@ -58,7 +50,7 @@ class ABRunner:
     """
 
     def __init__(self, *, pool: ServerPool, cfg: LLMServeConfig, test_id: str, results_dir: Path,
-                 measure: RoundMeasure = measure_round) -> None:
+                 measure: gates_rounds.RoundMeasure = gates_rounds.measure_round) -> None:
         self.pool = pool
         self.cfg = cfg
         self.test_id = test_id
@@ -83,9 +75,10 @@ class ABRunner:
         ``judged_by_caller``: these rounds are a part of a comparison the caller decides (a bisect step's
         attempt, pooled with the attempts before it): their own verdict is recorded but neither announced
         as the answer nor failed on. ``contention_bound`` (default the setting's default): a round during which
-        other processes took more of the host is measured again (:class:`RoundLoop`), and so is one invalid only
-        for measurement artefacts of the machine. Rounds that end before a verdict (an invalid round, a host that
-        stayed busy) end the outcome "fail", and :attr:`stop` says on which side and why, as a value."""
+        other processes took more of the host is measured again (:class:`~pytest_llmserve.gates.rounds.RoundLoop`),
+        and so is one invalid only for measurement artefacts of the machine. Rounds that end before a verdict (an
+        invalid round, a host that stayed busy) end the outcome "fail", and :attr:`stop` says on which side and why,
+        as a value."""
         spec_a, spec_b = self.spec(a), self.spec(b)
         wl = self.cfg.workload(workload, where=self.test_id)
         server_a = self.pool.get(spec_a)
@@ -100,7 +93,7 @@ class ABRunner:
         started = time.monotonic()
         done = 0
         bound = BenchDefaults().contention_bound if contention_bound is None else contention_bound
-        loop = RoundLoop(wl, metric=metric, contention_bound=bound, measure=self.measure_round)
+        loop = gates_rounds.RoundLoop(wl, metric=metric, contention_bound=bound, measure=self.measure_round)
         self.stop = None
 
         def pair() -> None:
@@ -109,9 +102,9 @@ class ABRunner:
                 server = servers[name]
                 settle(servers["B" if name == "A" else "A"], server)
                 got = loop.measure(server, f"A/B round {done + 1} on {name} ({server.spec.id})")
-                if not isinstance(got, Measured):
+                if not isinstance(got, gates_rounds.Measured):
                     self.stop = ABStop("A" if name == "A" else "B", got)
-                    raise RoundsEnded(got, side["B"])
+                    raise gates_rounds.RoundsEnded(got, side["B"])
                 if done >= warmup_rounds:  # the first round of each side warms caches and is not counted
                     side[name].append(got.samples)
                     log.info("A/B round %d/%d..%d: %s %s %.2f", done + 1 - warmup_rounds, rounds, cap, name, metric,
@@ -143,11 +136,11 @@ class ABRunner:
             for _ in range(warmup_rounds + rounds):
                 pair()
             verdict = until_verdict(judge, pair, lambda: len(side["B"]), cap)
-        except RoundsEnded as ended:
+        except gates_rounds.RoundsEnded as ended:
             assert self.stop is not None
             where = f"workload: {asdict(wl)}\nserver: {servers[self.stop.side].describe()}"
             return self._ended(outcome, ended.stop, side, loop, started, where)
-        series_a, series_b = sample_series(side["A"]), sample_series(side["B"])
+        series_a, series_b = gates_rounds.sample_series(side["A"]), gates_rounds.sample_series(side["B"])
         outcome.verdict, outcome.samples, outcome.baseline_series = verdict, series_b, series_a
         outcome.baseline_samples = list(series_a.get(metric, []))
         outcome.rounds, outcome.note, outcome.seconds = len(side["B"]), verdict.reason, time.monotonic() - started
@@ -175,15 +168,16 @@ class ABRunner:
                 f"  configurations differ in: {'; '.join(d.describe() for d in diffs) or 'nothing'}"))
         return outcome
 
-    def _ended(self, outcome: BenchOutcome, stop: Invalid | Confounded, side: dict[str, list[dict[str, float]]],
-               loop: RoundLoop, started: float, where: str) -> BenchOutcome:
+    def _ended(self, outcome: BenchOutcome, stop: gates_rounds.Invalid | gates_rounds.Confounded,
+               side: dict[str, list[dict[str, float]]], loop: gates_rounds.RoundLoop, started: float,
+               where: str) -> BenchOutcome:
         """The outcome of rounds that ended before a verdict: an invalid round (not a number), or a host that stayed
         busy (confounded); the rounds measured before it are kept."""
-        outcome.samples, outcome.rounds = sample_series(side["B"]), len(side["B"])
-        outcome.baseline_series = sample_series(side["A"])
+        outcome.samples, outcome.rounds = gates_rounds.sample_series(side["B"]), len(side["B"])
+        outcome.baseline_series = gates_rounds.sample_series(side["A"])
         outcome.baseline_samples = list(outcome.baseline_series.get(outcome.metric, []))
         outcome.seconds = time.monotonic() - started
-        if isinstance(stop, Invalid):
+        if isinstance(stop, gates_rounds.Invalid):
             message = stop.describe(where) + loop.discarded_note()
             outcome.error = f"{stop.what} is INVALID (not a number): " + " | ".join(stop.reasons)
         else:

@@ -114,15 +114,21 @@ def write_results_json(
     return p
 
 
+def load_json_file(path: Path, what: str = "file") -> object:
+    """A JSON file's data; a missing or unreadable file is a :class:`BaselineError` naming the path and ``what`` it
+    was to be ("results file": ``no such results file``, ``not a readable JSON results file (...)``)."""
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise BaselineError(f"{path}: no such {what}") from None
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise BaselineError(f"{path}: not a readable JSON {what} ({exc})") from None
+
+
 def read_results_json(path: str | os.PathLike[str]) -> tuple[dict[str, Any], list[BenchOutcome]]:
     """The header (everything but ``benchmarks``) and the outcomes of a results file."""
     p = Path(path)
-    try:
-        data = json.loads(p.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise BaselineError(f"{p}: no such results file") from None
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
-        raise BaselineError(f"{p}: not a readable JSON results file ({exc})") from None
+    data = load_json_file(p, "results file")
     if isinstance(data, list):  # a bare list of outcomes
         try:
             return {"format": "gate-outcomes"}, [
