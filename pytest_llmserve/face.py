@@ -285,10 +285,13 @@ class LLMServeFace:
         names each): a chain's skip never stops the checks after it, so it is raised here, after all of them. A
         check that failed (:class:`~pytest_llmserve.gates.decode.CheckFailed`) fails the test with its message, as
         ``pytest.fail`` without a traceback; a body that raised anything else is reported as it is."""
+        failed_message = None
         try:
             yield
         except CheckFailed as failed:
-            pytest.fail(failed.message, pytrace=False)
+            failed_message = failed.message
+        if failed_message is not None:  # outside the except: a fail raised in it would chain the message twice
+            pytest.fail(failed_message, pytrace=False)
         check = item.stash.get(DECODE_CHECK_KEY, None)
         kept = check.finish() if check is not None else None
         if kept:

@@ -94,3 +94,26 @@ def test_the_fixtures_are_listed_in_a_project_that_does_not_use_llmserve(pyteste
                  "llm_bench", "llm_ab"):
         assert f"{name} -- " in out or f"{name} [" in out or f"\n{name}\n" in out, (name, out)
     result.stdout.fnmatch_lines(["*The running server for this test's configuration.*"])
+
+
+def test_a_failed_check_is_reported_once_without_a_traceback(pytester: pytest.Pytester) -> None:
+    """A check that failed (CheckFailed) fails its test with its message, once: not chained to the exception it
+    replaced ("During handling of the above exception ..."), which doubled every failure's text in junit."""
+    pytester.makepyfile(test_failing="""
+import pytest
+
+from pytest_llmserve.gates.decode import CheckFailed
+
+
+@pytest.mark.llmserve_correctness
+def test_check():
+    raise CheckFailed("nan-check FAILED on server a: the one message")
+""")
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--junitxml=junit.xml")
+    result.assert_outcomes(failed=1)
+    out = result.stdout.str()
+    assert out.count("nan-check FAILED on server a: the one message") == 2, out  # the failure and the summary
+    assert "During handling" not in out and "Traceback" not in out, out
+    junit = (pytester.path / "junit.xml").read_text(encoding="utf-8")
+    # the first-finding property, the failure's message attribute and its text: each once
+    assert junit.count("the one message") == 3, junit
