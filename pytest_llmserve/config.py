@@ -711,13 +711,17 @@ MatrixValue = ServerValue | CudaGraphSpec | BuildSpec
 _NOT_VARYING = ("engine", "url", "log", "argv", "name")
 
 
-def _variant_label(value: object) -> str:
+def _variant_label(key: str, value: object) -> str:
+    """How one varied value reads in a combination's id (a test id, shown everywhere): secrets masked as in every
+    other record of a spec (an ``--api-key`` in ``args``, a ``HF_TOKEN`` in ``env``)."""
     if isinstance(value, BuildSpec | CudaGraphSpec):
         return value.label
     if isinstance(value, bool):
         return "on" if value else "off"
+    if key == "env" and isinstance(value, tuple):  # (name, value) pairs
+        return " ".join(f"{name}={shown}" for name, shown in redact_env(value).items())
     if isinstance(value, tuple):
-        return " ".join(value)
+        return " ".join(redact_argv(str(arg) for arg in value))
     return str(value)
 
 
@@ -785,7 +789,7 @@ def _combinations(base: ServerSpec, axes: Sequence[tuple[str, Sequence[MatrixVal
 def _combination(base: ServerSpec, values: Mapping[str, MatrixValue]) -> ServerSpec:
     """``base`` with one combination's values; a build is its interpreter (once installed) plus the server
     arguments it declares."""
-    variant = tuple((key, _variant_label(value)) for key, value in values.items())
+    variant = tuple((key, _variant_label(key, value)) for key, value in values.items())
     changes: dict[str, Any] = dict(values)  # each value checked for its key by _matrix_axis
     build = values.get("build")
     if isinstance(build, BuildSpec):

@@ -90,6 +90,22 @@ def test_matrix_expands_with_readable_stable_ids() -> None:
     assert [s.id for s in cfg.all_specs()] == ids
 
 
+def test_a_matrix_varying_env_or_args_names_each_combination_with_its_secrets_masked() -> None:
+    """``env`` and ``args`` vary like any other key: each combination's id reads its values (an env's pairs
+    once crashed the id with a raw TypeError; env sorted by name as parsed), and a secret is masked there as in every other record."""
+    table = {"servers": {"m": {"engine": "vllm", "model": "/m"}},
+             "matrix": {"m": {"env": [{"VLLM_X": "1", "HF_TOKEN": "hf_abc"}, {"VLLM_X": "2"}],
+                              "args": [["--seed", "1"], ["--api-key", "sk-456"]]}}}
+    specs = config_from_table(table, "x.toml").expanded("m")
+    assert [s.id for s in specs] == [
+        "m[env=HF_TOKEN=*** VLLM_X=1,args=--seed 1]",
+        "m[env=HF_TOKEN=*** VLLM_X=1,args=--api-key ***]",
+        "m[env=VLLM_X=2,args=--seed 1]",
+        "m[env=VLLM_X=2,args=--api-key ***]",
+    ]
+    assert specs[1].env_dict["HF_TOKEN"] == "hf_abc" and specs[1].args[-1] == "sk-456"  # launched as given
+
+
 def test_secrets_are_redacted_from_public_views() -> None:
     spec = ServerSpec(name="a", model="/m", api_key="sk-123", env=(("HF_TOKEN", "hf_abc"), ("X", "1")),
                       args=("--api-key", "sk-456", "--hf-token=hf_x", "--seed", "1"))
