@@ -92,7 +92,8 @@ def test_matrix_expands_with_readable_stable_ids() -> None:
 
 def test_a_matrix_varying_env_or_args_names_each_combination_with_its_secrets_masked() -> None:
     """``env`` and ``args`` vary like any other key: each combination's id reads its values (an env's pairs
-    once crashed the id with a raw TypeError; env sorted by name as parsed), and a secret is masked there as in every other record."""
+    once crashed the id with a raw TypeError; env sorted by name as parsed), and a secret is masked there as in
+    every other record."""
     table = {"servers": {"m": {"engine": "vllm", "model": "/m"}},
              "matrix": {"m": {"env": [{"VLLM_X": "1", "HF_TOKEN": "hf_abc"}, {"VLLM_X": "2"}],
                               "args": [["--seed", "1"], ["--api-key", "sk-456"]]}}}
