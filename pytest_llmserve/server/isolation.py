@@ -189,8 +189,10 @@ def group_of(pgid: int, created_after: float | None = None) -> list[psutil.Proce
         with contextlib.suppress(psutil.Error):
             if proc.status() == psutil.STATUS_ZOMBIE:
                 continue
-            if created_after is not None and proc.create_time() < created_after - 1.0:
-                continue
+            if created_after is not None:
+                start = procs.start_on_clock_of(proc.pid, created_after)
+                if start is None or start < created_after - procs.start_slack(created_after):
+                    continue
             out.append(proc)
     return out
 

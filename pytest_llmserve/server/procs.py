@@ -150,12 +150,68 @@ def who_listens(port: int) -> str | None:
     return None
 
 
+#: Clock ticks a second: the unit of the start time in /proc/<pid>/stat.
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+#: A recorded start above this is seconds since the epoch (psutil's clock: a record written before starts were
+#: counted from boot, or a host without /proc); below it, seconds since boot.
+EPOCH_STARTS = 1e9
+#: How far two readings of one process's start on psutil's clock may differ (it moves; see ``create_time``).
+WALL_CLOCK_SLACK_S = 1.0
+
+
+def _stat(pid: int) -> str | None:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read()
+    except OSError:
+        return None
+
+
+def _stat_fields(stat: str) -> list[str]:
+    """The fields of a /proc/<pid>/stat line after the command name (field 3, the state, first): the name
+    may hold spaces and parentheses."""
+    return stat.rsplit(")", 1)[1].split()
+
+
 def create_time(pid: int) -> float | None:
-    """When ``pid`` started (psutil's clock), or None if it is gone: with the pid, a process identity."""
+    """When ``pid`` started, in seconds since the machine booted, or None if it is gone: with the pid, a
+    process identity that every process reads alike.
+
+    Not psutil's ``create_time()`` on Linux: it adds /proc/stat's ``btime``, which the kernel recomputes at
+    every read as the wall clock less the uptime, in whole seconds, so an NTP adjustment moves it and two
+    processes can read one start a second or more apart (psutil issue #2526). CI, 2026-12-07: an xdist
+    worker took the live server another worker had booted for dead, and ``kill-stale`` took a live run for
+    gone. The start in /proc/<pid>/stat is counted in clock ticks since boot and never moves. Where there is
+    no /proc, psutil's clock stands (seconds since the epoch; ``same_start`` reads either)."""
+    stat = _stat(pid)
+    if stat is not None:
+        with contextlib.suppress(IndexError, ValueError):
+            return int(_stat_fields(stat)[19]) / CLOCK_TICKS  # field 22, starttime
     try:
         return float(psutil.Process(pid).create_time())
     except (psutil.Error, OSError):
         return None
+
+
+def start_on_clock_of(pid: int, recorded: float) -> float | None:
+    """When ``pid`` started, on the clock ``recorded`` was taken on (see ``EPOCH_STARTS``)."""
+    if recorded < EPOCH_STARTS:
+        return create_time(pid)
+    try:
+        return float(psutil.Process(pid).create_time())
+    except (psutil.Error, OSError):
+        return None
+
+
+def start_slack(recorded: float) -> float:
+    """How far a start read again may be from ``recorded`` and still be the same process's."""
+    return 0.5 / CLOCK_TICKS if recorded < EPOCH_STARTS else WALL_CLOCK_SLACK_S
+
+
+def same_start(pid: int, recorded: float) -> bool:
+    """True when ``pid`` is the process whose start was recorded (a pid, once free, is given to another)."""
+    now = start_on_clock_of(pid, recorded)
+    return now is not None and abs(now - recorded) <= start_slack(recorded)
 
 
 #: The kernel's flag on a task that has begun to exit (include/linux/sched.h), field 9 of /proc/<pid>/stat.
@@ -166,8 +222,7 @@ def exiting(stat: str) -> bool:
     """True when a /proc/<pid>/stat line says its main thread has begun to exit: killed, it may still be
     tearing down its address space, not yet a zombie (seen in a fresh-clone run, 2026-12-05: a SIGKILLed
     server's sockets had closed, its main thread last out and not yet a zombie, and it was taken for alive)."""
-    fields = stat.rsplit(")", 1)[1].split()  # after the command name, which may hold spaces and parentheses
-    return bool(int(fields[6]) & PF_EXITING)
+    return bool(int(_stat_fields(stat)[6]) & PF_EXITING)
 
 
 def pid_alive(pid: int, created: float | None = None) -> bool:
@@ -181,14 +236,14 @@ def pid_alive(pid: int, created: float | None = None) -> bool:
         return False
     try:
         proc = psutil.Process(pid)
-        if created is not None and abs(proc.create_time() - created) > 1.0:
+        if created is not None and not same_start(pid, created):
             return False
         if not _is_alive(proc):
             return False
     except (psutil.Error, OSError):
         return False
+    stat = _stat(pid)
     try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return not exiting(stat.read())
-    except (OSError, IndexError, ValueError):
-        return True  # no /proc (not Linux), or gone since: psutil's answer stands
+        return stat is None or not exiting(stat)  # no /proc (not Linux), or gone since: psutil's answer stands
+    except (IndexError, ValueError):
+        return True

@@ -156,7 +156,8 @@ def story(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Story]:
     wd.write("test_alone.py", TESTS)
     try:
         run = wd.run("X", "-n", "2", "-rA", timeout_s=900)
-        assert (wd.path / "rounds.json").exists(), run.out
+        for written in ("rounds.json", "requests.json"):  # each worker's record, or its run's output
+            assert (wd.path / written).exists(), f"{written} was not written:\n{run.out}"
         yield Story(run, json.loads((wd.path / "rounds.json").read_text()),
                     [tuple(r) for r in json.loads((wd.path / "requests.json").read_text())],
                     ((wd.path / "bench-worker").read_text(), (wd.path / "correctness-worker").read_text()))

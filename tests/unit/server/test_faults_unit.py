@@ -27,7 +27,7 @@ from pytest_llmserve.config import ServerSpec, Workload
 from pytest_llmserve.errors import PreflightError, RequestError, ServerDiedError, ServerStartError
 from pytest_llmserve.load.runner import run_workload
 from pytest_llmserve.server import handle as server
-from pytest_llmserve.server import procs
+from pytest_llmserve.server import isolation, procs
 from pytest_llmserve.server.handle import ServerHandle
 from pytest_llmserve.server.pool import ServerPool, stop_shared_servers
 from tests.standins.helpers import MARK_ENV, marked_processes, standin_argv, wait_for
@@ -182,6 +182,33 @@ def test_the_exiting_flag_is_read_after_a_command_name_with_spaces_and_parenthes
     rest = " R 1 2 3 0 -1 {} 100 0 0 0 0"
     assert procs.exiting("42 (a ) b (c)" + rest.format(0x400104)) is True  # PF_EXITING among other flags
     assert procs.exiting("42 (a ) b (c)" + rest.format(0x400100)) is False
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="a start counted from boot is read from /proc")
+def test_a_process_is_known_by_its_start_when_the_wall_clock_moves(monkeypatch: pytest.MonkeyPatch) -> None:
+    """psutil's ``create_time()`` adds /proc/stat's ``btime``, which the kernel recomputes at every read as the
+    wall clock less the uptime: an NTP step moves every start it reports (psutil issue #2526). CI, 2026-12-07:
+    an xdist worker took the server another worker had booted for dead, and ``kill-stale`` took a live run's
+    pytest for gone. Here the wall clock is stepped by 2 s (psutil's ``boot_time``, the one place it reads
+    ``btime``): a start recorded on psutil's clock no longer names the live process, the start counted from
+    boot does."""
+    import psutil._pslinux as pslinux  # the platform module psutil's create_time() reads btime through
+
+    me = os.getpid()
+    recorded = procs.create_time(me)
+    on_wall_clock = psutil.Process(me).create_time()
+    assert recorded is not None and 0 < recorded < time.clock_gettime(time.CLOCK_BOOTTIME)
+    assert procs.pid_alive(me, recorded) and procs.pid_alive(me, on_wall_clock)
+    assert not procs.pid_alive(me, recorded + 1 / procs.CLOCK_TICKS)  # one tick later: another process
+    assert isolation.owner_alive(f"{me}:{recorded:.3f}")
+
+    booted = pslinux.boot_time()
+    monkeypatch.setattr(pslinux, "boot_time", lambda: booted + 2.0)
+    assert psutil.Process(me).create_time() == pytest.approx(on_wall_clock + 2.0)  # the step is seen
+    assert not procs.pid_alive(me, on_wall_clock)  # the fault: psutil's clock takes the live process for gone
+    assert procs.pid_alive(me, recorded)  # counted from boot, the start holds
+    assert isolation.owner_alive(f"{me}:{recorded:.3f}")
+    assert procs.create_time(me) == recorded
 
 
 # --------------------------------------------------------------------------- 5: ports and the registry
@@ -419,7 +446,7 @@ def test_registry_entry_is_written_atomically_and_only_under_the_cache(tmp_path:
         entries = list(private_registry.iterdir())
         assert [p.name for p in entries] == [f"{handle.pid}.json"]  # no temporary file left
         entry = json.loads(entries[0].read_text())
-        assert entry["create_time"] == pytest.approx(psutil.Process(handle.pid).create_time())
+        assert handle.pid is not None and entry["create_time"] == procs.create_time(handle.pid)
         assert entry["run_pid"] == os.getpid()
     assert not list(private_registry.iterdir())
 

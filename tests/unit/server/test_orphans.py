@@ -161,7 +161,7 @@ def test_a_launched_server_carries_the_marker_and_teardown_stops_what_left_its_g
         marked = isolation.marked_processes(handle.marker)
         assert len(marked) == 2  # the server and its helper in another session
         env = psutil.Process(handle.pid or 0).environ()
-        assert env[isolation.RUN_OWNER_ENV] == f"{os.getpid()}:{psutil.Process().create_time():.3f}"
+        assert env[isolation.RUN_OWNER_ENV] == f"{os.getpid()}:{procs.create_time(os.getpid()):.3f}"
         assert env[isolation.RUN_REGISTRY_ENV] == str(private_registry)
         record = json.loads((private_registry / f"{handle.pid}.json").read_text())
         assert record["marker"] == handle.marker
