@@ -522,7 +522,8 @@ CRASH_TESTS = """
 
 
     def test_hold(llm_server, llm_client):
-        deadline = time.monotonic() + 300
+        # A bound against a lost SIGTERM only: a slow host's worker restart must not end the hold first.
+        deadline = time.monotonic() + 1200
         while not pathlib.Path("crash.json").exists() and time.monotonic() < deadline:
             time.sleep(0.1)
         assert llm_client.complete("Hello", 2).ok  # the server outlived the crashed worker
@@ -614,7 +615,9 @@ SECURE_TESTS = """
             "pid": llm_server.pid, "port": llm_server.port, "url": llm_server.base_url,
             "listening": listening, "cmdline": psutil.Process(llm_server.pid).cmdline(),
             "without_key": httpx.get(llm_server.base_url + "/v1/models", timeout=30).status_code}))
-        deadline = time.monotonic() + 400
+        # Held until the outer test resumes it (C, W1-W3 run meanwhile): the bound only keeps a lost "resume"
+        # from running forever, and must not end the hold before a slow host has run them.
+        deadline = time.monotonic() + 1800
         while time.monotonic() < deadline and not pathlib.Path("resume").exists():
             time.sleep(0.1)
         assert llm_server.is_alive(), "a concurrent run killed this server"
