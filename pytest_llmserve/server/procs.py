@@ -187,6 +187,10 @@ def create_time(pid: int) -> float | None:
     if stat is not None:
         with contextlib.suppress(IndexError, ValueError):
             return int(_stat_fields(stat)[19]) / CLOCK_TICKS  # field 22, starttime
+    return _start_on_psutil_clock(pid)
+
+
+def _start_on_psutil_clock(pid: int) -> float | None:
     try:
         return float(psutil.Process(pid).create_time())
     except (psutil.Error, OSError):
@@ -195,12 +199,7 @@ def create_time(pid: int) -> float | None:
 
 def start_on_clock_of(pid: int, recorded: float) -> float | None:
     """When ``pid`` started, on the clock ``recorded`` was taken on (see ``EPOCH_STARTS``)."""
-    if recorded < EPOCH_STARTS:
-        return create_time(pid)
-    try:
-        return float(psutil.Process(pid).create_time())
-    except (psutil.Error, OSError):
-        return None
+    return create_time(pid) if recorded < EPOCH_STARTS else _start_on_psutil_clock(pid)
 
 
 def start_slack(recorded: float) -> float:
